@@ -1,0 +1,87 @@
+package capabilities
+
+import (
+	"path"
+	"strings"
+)
+
+// FSGrant gives a tool one directory of the host. The tool sees it at
+// GuestPath; nothing outside HostPath is reachable through it.
+type FSGrant struct {
+	HostPath  string `json:"host_path"`
+	GuestPath string `json:"guest_path"`
+	ReadOnly  bool   `json:"read_only"`
+}
+
+// Grants is everything a tool may touch beyond its own memory, the clock
+// and randomness. The zero value grants nothing.
+type Grants struct {
+	FS      []FSGrant `json:"fs,omitempty"`
+	Network []string  `json:"network,omitempty"` // scheme://host:port patterns
+	Env     []string  `json:"env,omitempty"`     // names of environment values
+}
+
+// Empty reports whether g grants nothing.
+func (g Grants) Empty() bool {
+	return len(g.FS) == 0 && len(g.Network) == 0 && len(g.Env) == 0
+}
+
+// GuestPathAllowed reports whether a guest path lies inside a granted
+// root and, if so, whether it may be written. The path is cleaned first,
+// so ".." cannot climb out of a root.
+func (g Grants) GuestPathAllowed(p string) (allowed, writable bool) {
+	clean := path.Clean("/" + p)
+	for _, fs := range g.FS {
+		root := path.Clean("/" + fs.GuestPath)
+		if clean == root || root == "/" || strings.HasPrefix(clean, root+"/") {
+			allowed = true
+			if !fs.ReadOnly {
+				writable = true
+			}
+		}
+	}
+	return allowed, writable
+}
+
+// ModelDecl is one model an environment offers.
+type ModelDecl struct {
+	Name          string   `json:"name"`
+	Capabilities  []string `json:"capabilities"`
+	ContextLength int      `json:"context_length"`
+}
+
+// ProviderDecl is one model provider and whether it answered.
+type ProviderDecl struct {
+	Name      string      `json:"name"`
+	Kind      string      `json:"kind"` // "local" or "cloud"
+	Endpoint  string      `json:"endpoint"`
+	Reachable bool        `json:"reachable"`
+	Error     string      `json:"error,omitempty"`
+	Hint      string      `json:"hint,omitempty"` // what to do when unreachable
+	Models    []ModelDecl `json:"models,omitempty"`
+}
+
+// ToolDecl is one installed tool and what it was granted.
+type ToolDecl struct {
+	Name        string `json:"name"`
+	Version     string `json:"version,omitempty"`
+	SideEffects string `json:"side_effects"`
+	SHA256      string `json:"sha256,omitempty"`
+	Grants      Grants `json:"grants"`
+}
+
+// Environment is what a runtime declares about itself: its model
+// providers, tools, grants and network stance. A client reads it to learn
+// what it can ask for.
+type Environment struct {
+	Runtime      string         `json:"runtime"` // "keel"
+	Version      string         `json:"version"`
+	Protocol     string         `json:"protocol"`
+	DataDir      string         `json:"data_dir,omitempty"`
+	URL          string         `json:"url,omitempty"`
+	DefaultModel string         `json:"default_model,omitempty"`
+	Providers    []ProviderDecl `json:"providers"`
+	Tools        []ToolDecl     `json:"tools"`
+	// Network is the daemon's own stance: "loopback" unless configured.
+	Network string `json:"network"`
+}

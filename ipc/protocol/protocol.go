@@ -1,0 +1,198 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+)
+
+// Version is the protocol version. It changes when a method or event
+// changes incompatibly; additions keep it.
+const Version = "keel/1"
+
+// Path is the URL path the daemon serves the WebSocket at.
+const Path = "/v1/ws"
+
+// Subprotocol is the WebSocket subprotocol every client offers.
+const Subprotocol = "keel.v1"
+
+// TokenSubprotocolPrefix lets browsers, which cannot set headers on a
+// WebSocket, present the token: they offer the subprotocols
+// [Subprotocol, TokenSubprotocolPrefix+TOKEN]. The server only ever
+// selects Subprotocol, so the token is not echoed back.
+const TokenSubprotocolPrefix = "keel.token."
+
+// MaxFrameBytes is the largest frame the server reads; a larger one
+// closes the connection with status 1009 (message too big).
+const MaxFrameBytes = 1 << 20
+
+// DaemonFile is the name of the discovery file in the data directory.
+const DaemonFile = "daemon.json"
+
+// DaemonInfo is the content of daemon.json, written by a daemon once it
+// accepts connections and removed on clean shutdown.
+type DaemonInfo struct {
+	URL       string    `json:"url"`
+	PID       int       `json:"pid"`
+	Protocol  string    `json:"protocol"`
+	TokenFile string    `json:"token_file"`
+	DataDir   string    `json:"data_dir"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Request is a JSON-RPC 2.0 request; a request without ID is a
+// notification and gets no response.
+type Request struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params,omitempty"`
+}
+
+// Response is a JSON-RPC 2.0 response: exactly one of Result and Error.
+type Response struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   *Error          `json:"error,omitempty"`
+}
+
+// Notification is a server-to-client message without ID.
+type Notification struct {
+	JSONRPC string          `json:"jsonrpc"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params,omitempty"`
+}
+
+// Error is a JSON-RPC error object. Code is one of the Code constants.
+type Error struct {
+	Code    int             `json:"code"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("keel: %s (code %d)", e.Message, e.Code) }
+
+// Error codes. The -327xx/-326xx codes are JSON-RPC's own; the -320xx
+// codes are keel's. docs/protocol.md documents each.
+const (
+	CodeParseError     = -32700 // the frame is not JSON
+	CodeInvalidRequest = -32600 // JSON, but not a JSON-RPC 2.0 request
+	CodeMethodNotFound = -32601 // no such method
+	CodeInvalidParams  = -32602 // params missing, of the wrong type or out of range
+	CodeInternal       = -32603 // a bug or an unexpected failure; details are in the daemon log
+
+	CodeNotFound         = -32001 // the run or tool named does not exist
+	CodeConflict         = -32002 // the request conflicts with the current state
+	CodeUnavailable      = -32003 // the daemon is shutting down or a dependency is down
+	CodeToolError        = -32010 // the tool failed; data is a keel.ToolError
+	CodeInvalidToolInput = -32011 // tool arguments break its input schema; data is a keel.ToolError
+	CodeModelUnavailable = -32020 // the model provider is unreachable or lacks the model
+)
+
+// Method names.
+const (
+	MethodInitialize     = "initialize"
+	MethodRunStart       = "run.start"
+	MethodRunCancel      = "run.cancel"
+	MethodRunList        = "run.list"
+	MethodRunGet         = "run.get"
+	MethodRunSubscribe   = "run.subscribe"
+	MethodRunUnsubscribe = "run.unsubscribe"
+	MethodToolsList      = "tools.list"
+	MethodToolsCall      = "tools.call"
+	MethodEnvDescribe    = "env.describe"
+
+	// NotifyRunEvent carries one keel.Event to a subscriber.
+	NotifyRunEvent = "run.event"
+)
+
+// InitializeParams is sent by a client first; all fields are optional.
+type InitializeParams struct {
+	Client string `json:"client,omitempty"` // e.g. "keel-cli/0.1", "vscode-keel/1.2"
+}
+
+// InitializeResult tells the client what it is talking to.
+type InitializeResult struct {
+	Protocol string   `json:"protocol"`
+	Server   string   `json:"server"`
+	Version  string   `json:"version"`
+	Methods  []string `json:"methods"`
+}
+
+// RunStartParams starts a run.
+type RunStartParams struct {
+	Goal string `json:"goal"`
+	// Model names the model; empty means the daemon's default.
+	Model string `json:"model,omitempty"`
+	// MaxSteps bounds model calls; 0 means the daemon's default (8).
+	MaxSteps int `json:"max_steps,omitempty"`
+}
+
+// RunRef names a run.
+type RunRef struct {
+	RunID keel.RunID `json:"run_id"`
+}
+
+// RunListParams filters run.list.
+type RunListParams struct {
+	Limit int `json:"limit,omitempty"` // default 50, newest first
+}
+
+// RunListResult is the result of run.list.
+type RunListResult struct {
+	Runs []keel.Run `json:"runs"`
+}
+
+// RunDetail is the result of run.get: the run, its journal and its trace.
+type RunDetail struct {
+	Run    keel.Run     `json:"run"`
+	Events []keel.Event `json:"events"`
+	Spans  []keel.Span  `json:"spans"`
+}
+
+// SubscribeParams asks for a run's events after AfterSeq (0 = from the
+// start): stored ones first, then live ones, each exactly once, as
+// run.event notifications. A client that reconnects passes the last Seq
+// it saw.
+type SubscribeParams struct {
+	RunID    keel.RunID `json:"run_id"`
+	AfterSeq int64      `json:"after_seq"`
+}
+
+// SubscribeResult acknowledges a subscription.
+type SubscribeResult struct {
+	RunID  keel.RunID     `json:"run_id"`
+	Status keel.RunStatus `json:"status"`
+}
+
+// ToolInfo is a tool as tools.list shows it.
+type ToolInfo struct {
+	keel.ToolSpec
+	Grants capabilities.Grants `json:"grants"`
+	SHA256 string              `json:"sha256,omitempty"`
+}
+
+// ToolsListResult is the result of tools.list.
+type ToolsListResult struct {
+	Tools []ToolInfo `json:"tools"`
+}
+
+// ToolsCallParams calls a tool directly, with no model.
+type ToolsCallParams struct {
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// ToolsCallResult is the result of tools.call.
+type ToolsCallResult struct {
+	Output     json.RawMessage `json:"output"`
+	DurationMS int64           `json:"duration_ms"`
+}
+
+// EnvDescribeResult is the result of env.describe.
+type EnvDescribeResult = capabilities.Environment

@@ -1,0 +1,220 @@
+package keel
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// RunID identifies a run. It is opaque to clients.
+type RunID string
+
+// RunStatus is the lifecycle state of a run.
+type RunStatus string
+
+// Run states. A run starts queued, runs, and ends in exactly one terminal
+// state. RunInterrupted marks a run that was in flight when the daemon
+// stopped; a later start may resume it.
+const (
+	RunQueued      RunStatus = "queued"
+	RunRunning     RunStatus = "running"
+	RunInterrupted RunStatus = "interrupted"
+	RunSucceeded   RunStatus = "succeeded"
+	RunFailed      RunStatus = "failed"
+	RunCancelled   RunStatus = "cancelled"
+)
+
+// Terminal reports whether no further transition is possible from s.
+func (s RunStatus) Terminal() bool {
+	switch s {
+	case RunSucceeded, RunFailed, RunCancelled:
+		return true
+	}
+	return false
+}
+
+// Run is the persisted summary of one agent run.
+type Run struct {
+	ID        RunID     `json:"id"`
+	Goal      string    `json:"goal"`
+	Model     string    `json:"model"`
+	Status    RunStatus `json:"status"`
+	Result    string    `json:"result,omitempty"` // final answer when succeeded
+	Error     string    `json:"error,omitempty"`  // failure or cancel reason
+	MaxSteps  int       `json:"max_steps"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// LastSeq is the sequence number of the newest event of the run.
+	LastSeq int64 `json:"last_seq"`
+}
+
+// EventType names what an Event records. The set is documented in
+// docs/protocol.md; clients must ignore types they do not know.
+type EventType string
+
+// Event types of a run.
+const (
+	EventRunStarted     EventType = "run.started"     // data: RunStartedData
+	EventModelDelta     EventType = "model.delta"     // data: ModelDeltaData (not persisted)
+	EventModelResult    EventType = "model.result"    // data: ModelResultData
+	EventToolCall       EventType = "tool.call"       // data: ToolCallData
+	EventToolResult     EventType = "tool.result"     // data: ToolResultData
+	EventRunSucceeded   EventType = "run.succeeded"   // data: RunEndData
+	EventRunFailed      EventType = "run.failed"      // data: RunEndData
+	EventRunCancelled   EventType = "run.cancelled"   // data: RunEndData
+	EventRunInterrupted EventType = "run.interrupted" // data: RunEndData
+)
+
+// Event is one entry of a run's journal. Seq starts at 1 and grows by one
+// per persisted event of the run, so a client that saw Seq n asks for
+// events after n and gets each later event exactly once.
+type Event struct {
+	RunID RunID           `json:"run_id"`
+	Seq   int64           `json:"seq"`
+	Type  EventType       `json:"type"`
+	Time  time.Time       `json:"time"`
+	Data  json.RawMessage `json:"data,omitempty"`
+}
+
+// RunStartedData is the payload of EventRunStarted.
+type RunStartedData struct {
+	Goal     string   `json:"goal"`
+	Model    string   `json:"model"`
+	Tools    []string `json:"tools"`
+	MaxSteps int      `json:"max_steps"`
+}
+
+// ModelDeltaData is a streamed fragment of model output. Deltas are sent
+// live to subscribers but not journaled; the ModelResult that follows
+// holds the whole message.
+type ModelDeltaData struct {
+	Step    int    `json:"step"`
+	Content string `json:"content"`
+}
+
+// ModelResultData is the payload of EventModelResult.
+type ModelResultData struct {
+	Step             int        `json:"step"`
+	Model            string     `json:"model"`
+	Content          string     `json:"content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
+	PromptTokens     int        `json:"prompt_tokens"`
+	CompletionTokens int        `json:"completion_tokens"`
+	DurationMS       int64      `json:"duration_ms"`
+}
+
+// ToolCallData is the payload of EventToolCall: the intent, recorded
+// before the tool runs.
+type ToolCallData struct {
+	Step int      `json:"step"`
+	Call ToolCall `json:"call"`
+}
+
+// ToolResultData is the payload of EventToolResult.
+type ToolResultData struct {
+	Step       int             `json:"step"`
+	CallID     string          `json:"call_id"`
+	Name       string          `json:"name"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *ToolError      `json:"error,omitempty"`
+	DurationMS int64           `json:"duration_ms"`
+}
+
+// RunEndData is the payload of the terminal and interrupted events.
+type RunEndData struct {
+	Status RunStatus `json:"status"`
+	Result string    `json:"result,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// ToolCall is a model's request to run a tool.
+type ToolCall struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// SideEffect classifies what a tool may change outside itself.
+type SideEffect string
+
+// Side-effect classes, from harmless to irreversible.
+const (
+	SideEffectReadOnly           SideEffect = "read_only"
+	SideEffectIdempotentWrite    SideEffect = "idempotent_write"
+	SideEffectNonIdempotentWrite SideEffect = "non_idempotent_write"
+	SideEffectExternal           SideEffect = "external"
+)
+
+// ToolSpec describes a tool to callers and models.
+type ToolSpec struct {
+	Name         string          `json:"name"`
+	Version      string          `json:"version,omitempty"`
+	Description  string          `json:"description"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
+	SideEffects  SideEffect      `json:"side_effects"`
+}
+
+// ToolErrorCode classifies why a tool call failed.
+type ToolErrorCode string
+
+// Tool error codes.
+const (
+	ToolInvalidInput      ToolErrorCode = "invalid_input"
+	ToolPermissionDenied  ToolErrorCode = "permission_denied"
+	ToolTimeout           ToolErrorCode = "timeout"
+	ToolResourceExhausted ToolErrorCode = "resource_exhausted"
+	ToolFailed            ToolErrorCode = "tool_error"
+	ToolCrashed           ToolErrorCode = "crashed"
+	ToolNotFound          ToolErrorCode = "not_found"
+)
+
+// ToolError is a classified tool failure. Its message is written for both
+// a model and a human to act on.
+type ToolError struct {
+	Code    ToolErrorCode `json:"code"`
+	Message string        `json:"message"`
+	// Path is the JSON pointer of the failing input field, for invalid_input.
+	Path string `json:"path,omitempty"`
+}
+
+func (e *ToolError) Error() string {
+	if e.Path != "" {
+		return string(e.Code) + ": " + e.Path + ": " + e.Message
+	}
+	return string(e.Code) + ": " + e.Message
+}
+
+// SpanKind names what a trace span measured.
+type SpanKind string
+
+// Span kinds.
+const (
+	SpanModelCall SpanKind = "model.call"
+	SpanToolCall  SpanKind = "tool.call"
+)
+
+// SpanStatus is the outcome of a span.
+type SpanStatus string
+
+// Span outcomes. SpanRunning marks a span whose end was never recorded
+// (the daemon stopped while it was open).
+const (
+	SpanRunning SpanStatus = "running"
+	SpanOK      SpanStatus = "ok"
+	SpanError   SpanStatus = "error"
+)
+
+// Span is one timed unit of work in a run's trace.
+type Span struct {
+	ID               string        `json:"id"`
+	RunID            RunID         `json:"run_id"`
+	Kind             SpanKind      `json:"kind"`
+	Name             string        `json:"name"` // model or tool name
+	Step             int           `json:"step"`
+	Start            time.Time     `json:"start"`
+	Duration         time.Duration `json:"duration_ns"`
+	Status           SpanStatus    `json:"status"`
+	Error            string        `json:"error,omitempty"`
+	PromptTokens     int           `json:"prompt_tokens,omitempty"`
+	CompletionTokens int           `json:"completion_tokens,omitempty"`
+}

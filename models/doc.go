@@ -1,0 +1,6 @@
+// Package models owns the model layer: the Provider interface every model
+// backend implements, the capability and model descriptors callers select
+// by, and the errors callers branch on. Backends live in sub-packages
+// (models/ollama); models/scripted is a deterministic fake for tests and
+// models/modelstest is the conformance suite every provider passes.
+package models
