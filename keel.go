@@ -218,3 +218,11 @@ type Span struct {
 	PromptTokens     int           `json:"prompt_tokens,omitempty"`
 	CompletionTokens int           `json:"completion_tokens,omitempty"`
 }
+
+// RunUpdate changes a run's status together with the event that records
+// the change, so the two are never out of step.
+type RunUpdate struct {
+	Status RunStatus
+	Result string
+	Error  string
+}

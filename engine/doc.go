@@ -1,0 +1,16 @@
+// Package engine runs agent runs. It owns the lifecycle of a run (queued,
+// running, then succeeded, failed or cancelled; interrupted when the daemon
+// stops under it), the order of its steps, and its journal: every model
+// result and tool result is appended to the store before it is used or
+// sent to any client.
+//
+// The agent loop: the engine sends the goal and the tool list to the
+// model; when the model asks for tools, the engine records the intent,
+// runs the tool (which validates its arguments against its schema),
+// records the result and feeds it back, until the model answers or the
+// step limit is reached. Every model and tool call is a trace span.
+//
+// The engine consumes small interfaces defined here (Store, Model, Tools)
+// and takes its clock and ID source from Config so runs are reproducible.
+// Each run has one goroutine, started by Start and joined by Close.
+package engine

@@ -1,0 +1,335 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+)
+
+// Store is the persistence the engine needs.
+type Store interface {
+	CreateRun(ctx context.Context, r keel.Run) error
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error)
+	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
+	StartSpan(ctx context.Context, sp keel.Span) error
+	FinishSpan(ctx context.Context, sp keel.Span) error
+}
+
+// Model is the model provider the engine calls.
+type Model interface {
+	Models(ctx context.Context) ([]models.ModelInfo, error)
+	Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error)
+}
+
+// Tools runs tools. Call validates input against the tool's schema and
+// returns a *keel.ToolError on failure.
+type Tools interface {
+	Specs() []keel.ToolSpec
+	Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+}
+
+// Config configures an Engine. Store, Model and Tools are required.
+type Config struct {
+	Store Store
+	Model Model
+	Tools Tools
+	// DefaultModel is used when a run names none. When empty, the first
+	// local model with native tool calling is used, else the first model.
+	DefaultModel string
+	// DefaultMaxSteps bounds model calls per run; default 8.
+	DefaultMaxSteps int
+	// SystemPrompt opens every run's context; default DefaultSystemPrompt.
+	SystemPrompt string
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// NewID returns a fresh unique ID; default random hex.
+	NewID func() string
+	// Logger; default discards.
+	Logger *slog.Logger
+}
+
+// DefaultSystemPrompt is the system message of a run unless configured.
+const DefaultSystemPrompt = "You are an agent running inside keel. Use the tools when they help; " +
+	"when you have the answer, reply with it directly."
+
+// MaxStepsLimit is the largest step limit a run may ask for.
+const MaxStepsLimit = 100
+
+var (
+	errShutdown = errors.New("daemon shutting down")
+	errCanceled = errors.New("cancelled by client")
+)
+
+// Engine runs agent runs. It is safe for concurrent use.
+type Engine struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	active  map[keel.RunID]context.CancelCauseFunc
+	closed  bool
+	subs    map[int]func(keel.Event)
+	nextSub int
+	wg      sync.WaitGroup
+}
+
+// New returns an Engine. Call Recover once before serving, and Close to
+// stop every run.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Store == nil || cfg.Model == nil || cfg.Tools == nil {
+		return nil, errors.New("engine: Store, Model and Tools are required")
+	}
+	if cfg.DefaultMaxSteps <= 0 {
+		cfg.DefaultMaxSteps = 8
+	}
+	if cfg.SystemPrompt == "" {
+		cfg.SystemPrompt = DefaultSystemPrompt
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = randomID
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, subs: map[int]func(keel.Event){}}, nil
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Subscribe calls fn for every event of every run: journaled events after
+// they are stored, and live-only model.delta events (Seq 0). fn is called
+// from run goroutines and must not block. The returned func unregisters.
+func (e *Engine) Subscribe(fn func(keel.Event)) (cancel func()) {
+	e.mu.Lock()
+	id := e.nextSub
+	e.nextSub++
+	e.subs[id] = fn
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		delete(e.subs, id)
+		e.mu.Unlock()
+	}
+}
+
+func (e *Engine) publish(ev keel.Event) {
+	e.mu.Lock()
+	fns := make([]func(keel.Event), 0, len(e.subs))
+	for _, fn := range e.subs {
+		fns = append(fns, fn)
+	}
+	e.mu.Unlock()
+	for _, fn := range fns {
+		fn(ev)
+	}
+}
+
+// Recover marks runs left queued or running by a previous daemon (which
+// crashed or was killed) as interrupted, so a later issue's resume can
+// pick them up and clients see an honest state. It returns how many runs
+// it marked.
+func (e *Engine) Recover(ctx context.Context) (int, error) {
+	runs, err := e.cfg.Store.RunsWithStatus(ctx, keel.RunQueued, keel.RunRunning)
+	if err != nil {
+		return 0, fmt.Errorf("recover: %w", err)
+	}
+	for _, r := range runs {
+		if _, err := e.appendEvent(ctx, r.ID, keel.EventRunInterrupted,
+			keel.RunEndData{Status: keel.RunInterrupted, Reason: "daemon stopped while the run was in flight"},
+			&keel.RunUpdate{Status: keel.RunInterrupted, Error: "daemon stopped while the run was in flight"}); err != nil {
+			return 0, fmt.Errorf("recover %s: %w", r.ID, err)
+		}
+	}
+	return len(runs), nil
+}
+
+// StartRequest asks for a new run.
+type StartRequest struct {
+	Goal     string
+	Model    string
+	MaxSteps int
+}
+
+// Start validates req, stores the run and starts it in the background.
+// Errors wrap keel.ErrInvalid (bad request), keel.ErrModelUnavailable (no
+// such model, or the provider is down) or keel.ErrUnavailable (closing).
+func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) {
+	req.Goal = strings.TrimSpace(req.Goal)
+	if req.Goal == "" {
+		return keel.Run{}, fmt.Errorf("goal is empty: %w", keel.ErrInvalid)
+	}
+	if req.MaxSteps < 0 || req.MaxSteps > MaxStepsLimit {
+		return keel.Run{}, fmt.Errorf("max_steps %d out of range 0..%d: %w", req.MaxSteps, MaxStepsLimit, keel.ErrInvalid)
+	}
+	if req.MaxSteps == 0 {
+		req.MaxSteps = e.cfg.DefaultMaxSteps
+	}
+	model, err := e.resolveModel(ctx, req.Model)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	now := e.cfg.Now()
+	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Goal: req.Goal, Model: model, Status: keel.RunQueued,
+		MaxSteps: req.MaxSteps, CreatedAt: now, UpdatedAt: now}
+
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return keel.Run{}, fmt.Errorf("engine closed: %w", keel.ErrUnavailable)
+	}
+	runCtx, cancel := context.WithCancelCause(context.Background())
+	e.active[run.ID] = cancel
+	e.wg.Add(1)
+	e.mu.Unlock()
+
+	if err := e.cfg.Store.CreateRun(ctx, run); err != nil {
+		e.finish(run.ID)
+		cancel(nil)
+		return keel.Run{}, fmt.Errorf("start run: %w", err)
+	}
+	go func() {
+		defer cancel(nil)
+		defer e.finish(run.ID)
+		e.loop(runCtx, run)
+	}()
+	return run, nil
+}
+
+func (e *Engine) finish(id keel.RunID) {
+	e.mu.Lock()
+	delete(e.active, id)
+	e.mu.Unlock()
+	e.wg.Done()
+}
+
+func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) {
+	if name == "" {
+		name = e.cfg.DefaultModel
+	}
+	list, err := e.cfg.Model.Models(ctx)
+	if err != nil {
+		return "", fmt.Errorf("list models: %w: %w", keel.ErrModelUnavailable, err)
+	}
+	if name == "" {
+		for _, m := range list {
+			if m.Has(models.CapTools) {
+				return m.Name, nil
+			}
+		}
+		for _, m := range list {
+			if m.Has(models.CapCompletion) {
+				return m.Name, nil
+			}
+		}
+		return "", fmt.Errorf("no local model can chat; pull one (for example `ollama pull qwen2.5:0.5b`) or pass --model: %w", keel.ErrModelUnavailable)
+	}
+	var names []string
+	for _, m := range list {
+		if m.Name == name || strings.TrimSuffix(m.Name, ":latest") == name {
+			return m.Name, nil
+		}
+		names = append(names, m.Name)
+	}
+	return "", fmt.Errorf("model %q is not available (have: %s); pull it with `ollama pull %s`: %w",
+		name, strings.Join(names, ", "), name, keel.ErrModelUnavailable)
+}
+
+// Cancel stops a run. Cancelling a run that already ended fails with
+// keel.ErrConflict; an unknown run with keel.ErrNotFound.
+func (e *Engine) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	e.mu.Lock()
+	cancel, ok := e.active[id]
+	e.mu.Unlock()
+	if !ok {
+		r, err := e.cfg.Store.GetRun(ctx, id)
+		if err != nil {
+			return keel.Run{}, err
+		}
+		if r.Status == keel.RunInterrupted {
+			// Nothing runs it; cancelling it makes the decision final.
+			_, err := e.appendEvent(ctx, id, keel.EventRunCancelled, keel.RunEndData{Status: keel.RunCancelled, Reason: errCanceled.Error()},
+				&keel.RunUpdate{Status: keel.RunCancelled, Error: errCanceled.Error()})
+			if err != nil {
+				return keel.Run{}, err
+			}
+			return e.cfg.Store.GetRun(ctx, id)
+		}
+		return r, fmt.Errorf("run %s already %s: %w", id, r.Status, keel.ErrConflict)
+	}
+	cancel(errCanceled)
+	return e.cfg.Store.GetRun(ctx, id)
+}
+
+// Wait blocks until the run is no longer active in this engine or ctx ends.
+func (e *Engine) Wait(ctx context.Context, id keel.RunID) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		e.mu.Lock()
+		_, ok := e.active[id]
+		e.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops every run in flight, leaving each interrupted with its
+// journal intact, and waits for their goroutines. Start fails afterwards.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	e.closed = true
+	for _, cancel := range e.active {
+		cancel(errShutdown)
+	}
+	e.mu.Unlock()
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("engine close: %w", ctx.Err())
+	}
+}
+
+// appendEvent journals an event and then publishes it. Journal writes use
+// a context detached from the run's cancellation so a cancel or shutdown
+// still records its own ending.
+func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate) (keel.Event, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return keel.Event{}, fmt.Errorf("encode %s: %w", typ, err)
+	}
+	ev, err := e.cfg.Store.Append(context.WithoutCancel(ctx), id, typ, e.cfg.Now(), raw, upd)
+	if err != nil {
+		return keel.Event{}, err
+	}
+	e.publish(ev)
+	return ev, nil
+}

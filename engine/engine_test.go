@@ -1,0 +1,389 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/store"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echoTools is a hand-written tool runner: "echo" returns its input
+// wrapped, "slow" waits for cancellation. Input must be an object with a
+// string "text", like a schema check would demand.
+type echoTools struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (t *echoTools) Specs() []keel.ToolSpec {
+	return []keel.ToolSpec{
+		{Name: "echo", Description: "echo text", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`), SideEffects: keel.SideEffectReadOnly},
+		{Name: "slow", Description: "waits", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectReadOnly},
+	}
+}
+
+func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	t.mu.Lock()
+	t.calls++
+	t.mu.Unlock()
+	switch name {
+	case "echo":
+		var in struct {
+			Text *string `json:"text"`
+		}
+		if json.Unmarshal(input, &in) != nil || in.Text == nil {
+			return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Message: "text is required", Path: "/text"}
+		}
+		return json.Marshal(map[string]string{"echoed": *in.Text})
+	case "slow":
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}
+}
+
+type harness struct {
+	eng   *engine.Engine
+	st    *store.Store
+	model *scripted.Provider
+	tools *echoTools
+
+	mu     sync.Mutex
+	events map[keel.RunID][]keel.Event
+}
+
+func newHarness(t *testing.T, p *scripted.Provider) *harness {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{st: st, model: p, tools: &echoTools{}, events: map[keel.RunID][]keel.Event{}}
+	h.eng, err = engine.New(engine.Config{Store: st, Model: p, Tools: h.tools, DefaultMaxSteps: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsub := h.eng.Subscribe(func(ev keel.Event) {
+		h.mu.Lock()
+		h.events[ev.RunID] = append(h.events[ev.RunID], ev)
+		h.mu.Unlock()
+	})
+	t.Cleanup(func() {
+		unsub()
+		if err := h.eng.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		st.Close()
+	})
+	return h
+}
+
+func (h *harness) runToEnd(t *testing.T, goal string) keel.Run {
+	t.Helper()
+	ctx := context.Background()
+	r, err := h.eng.Start(ctx, engine.StartRequest{Goal: goal})
+	if err != nil {
+		t.Fatalf("Start(%q) = %v", goal, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := h.eng.Wait(wctx, r.ID); err != nil {
+		t.Fatalf("run %s did not end: %v", r.ID, err)
+	}
+	r, err = h.st.GetRun(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func types(evs []keel.Event) []keel.EventType {
+	var out []keel.EventType
+	for _, ev := range evs {
+		out = append(out, ev.Type)
+	}
+	return out
+}
+
+func journal(t *testing.T, st *store.Store, id keel.RunID) []keel.Event {
+	t.Helper()
+	evs, err := st.Events(context.Background(), id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+func eqTypes(a, b []keel.EventType) bool {
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+func TestToolThenAnswer(t *testing.T) {
+	p := scripted.New(nil, scripted.CallTool("echo", `{"text":"hello wasm"}`), scripted.Answer("the tool said hello wasm"))
+	h := newHarness(t, p)
+	r := h.runToEnd(t, "say hello")
+	if r.Status != keel.RunSucceeded || r.Result != "the tool said hello wasm" {
+		t.Fatalf("run = %s %q (%s), want succeeded with the answer", r.Status, r.Result, r.Error)
+	}
+	evs := journal(t, h.st, r.ID)
+	want := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall, keel.EventToolResult, keel.EventModelResult, keel.EventRunSucceeded}
+	if !eqTypes(types(evs), want) {
+		t.Fatalf("journal = %v, want %v", types(evs), want)
+	}
+	for i, ev := range evs {
+		if ev.Seq != int64(i+1) {
+			t.Errorf("event %d has seq %d", i, ev.Seq)
+		}
+	}
+	// The tool's output reached the model in the second request.
+	reqs := p.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("model got %d requests, want 2", len(reqs))
+	}
+	last := reqs[1].Messages[len(reqs[1].Messages)-1]
+	if last.Role != models.RoleTool || last.Content != `{"echoed":"hello wasm"}` || last.ToolName != "echo" {
+		t.Errorf("last message of 2nd request = %+v, want the echo tool's output", last)
+	}
+	if len(reqs[0].Tools) != 2 {
+		t.Errorf("first request offered %d tools, want 2", len(reqs[0].Tools))
+	}
+	// Every live subscriber saw the journaled events in order, plus deltas.
+	h.mu.Lock()
+	var live []keel.Event
+	for _, ev := range h.events[r.ID] {
+		if ev.Seq > 0 {
+			live = append(live, ev)
+		}
+	}
+	h.mu.Unlock()
+	if !eqTypes(types(live), want) {
+		t.Errorf("published = %v, want %v", types(live), want)
+	}
+	spans, err := h.st.Spans(context.Background(), r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, s := range spans {
+		kinds = append(kinds, string(s.Kind)+"/"+string(s.Status))
+		if s.Kind == keel.SpanModelCall && s.PromptTokens == 0 {
+			t.Errorf("model span %s has no prompt tokens", s.ID)
+		}
+	}
+	if fmt.Sprint(kinds) != "[model.call/ok tool.call/ok model.call/ok]" {
+		t.Errorf("spans = %v", kinds)
+	}
+}
+
+func TestToolErrorGoesBackToModel(t *testing.T) {
+	p := scripted.New(nil, scripted.CallTool("echo", `{"wrong":1}`), scripted.Answer("sorry"))
+	h := newHarness(t, p)
+	r := h.runToEnd(t, "bad args")
+	if r.Status != keel.RunSucceeded {
+		t.Fatalf("status = %s (%s), want succeeded: a tool error is the model's to handle", r.Status, r.Error)
+	}
+	evs := journal(t, h.st, r.ID)
+	var res keel.ToolResultData
+	if err := json.Unmarshal(evs[3].Data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Error == nil || res.Error.Code != keel.ToolInvalidInput || res.Error.Path != "/text" {
+		t.Errorf("tool.result = %+v, want invalid_input at /text", res)
+	}
+	last := p.Requests()[1].Messages
+	if got := last[len(last)-1].Content; !strings.Contains(got, "invalid_input") {
+		t.Errorf("model saw %q, want the classified error", got)
+	}
+}
+
+func TestEndings(t *testing.T) {
+	tests := []struct {
+		name   string
+		steps  []scripted.Step
+		status keel.RunStatus
+		reason string
+	}{
+		{"step limit", []scripted.Step{scripted.Repeat(scripted.CallTool("echo", `{"text":"again"}`))}, keel.RunFailed, "step limit reached: 4"},
+		{"model error", []scripted.Step{scripted.Fail(fmt.Errorf("boom: %w", models.ErrUnavailable))}, keel.RunFailed, "boom"},
+		{"direct answer", []scripted.Step{scripted.Answer("42")}, keel.RunSucceeded, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, scripted.New(nil, tt.steps...))
+			r := h.runToEnd(t, "goal")
+			if r.Status != tt.status || !strings.Contains(r.Error, tt.reason) {
+				t.Errorf("run = %s %q, want %s containing %q", r.Status, r.Error, tt.status, tt.reason)
+			}
+			evs := journal(t, h.st, r.ID)
+			if last := evs[len(evs)-1]; !keel.RunStatus(strings.TrimPrefix(string(last.Type), "run.")).Terminal() {
+				t.Errorf("last event %s is not terminal", last.Type)
+			}
+		})
+	}
+}
+
+func TestStartValidation(t *testing.T) {
+	h := newHarness(t, scripted.New(nil))
+	ctx := context.Background()
+	if _, err := h.eng.Start(ctx, engine.StartRequest{Goal: "  "}); !errors.Is(err, keel.ErrInvalid) {
+		t.Errorf("Start(empty goal) = %v, want ErrInvalid", err)
+	}
+	if _, err := h.eng.Start(ctx, engine.StartRequest{Goal: "x", MaxSteps: -1}); !errors.Is(err, keel.ErrInvalid) {
+		t.Errorf("Start(max_steps -1) = %v, want ErrInvalid", err)
+	}
+	if _, err := h.eng.Start(ctx, engine.StartRequest{Goal: "x", Model: "nope"}); !errors.Is(err, keel.ErrModelUnavailable) {
+		t.Errorf("Start(unknown model) = %v, want ErrModelUnavailable", err)
+	}
+	if _, err := h.eng.Cancel(ctx, "run_missing"); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("Cancel(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestCancelStopsModelAndTool(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		steps []scripted.Step
+	}{
+		{"while the model streams", []scripted.Step{scripted.Block()}},
+		{"while a tool runs", []scripted.Step{scripted.CallTool("slow", `{}`)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, scripted.New(nil, tt.steps...))
+			ctx := context.Background()
+			r, err := h.eng.Start(ctx, engine.StartRequest{Goal: "wait"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool {
+				// Wait until the run is blocked in the model or the tool.
+				if tt.name == "while a tool runs" {
+					h.tools.mu.Lock()
+					defer h.tools.mu.Unlock()
+					return h.tools.calls > 0
+				}
+				return len(h.model.Requests()) > 0
+			})
+			if _, err := h.eng.Cancel(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := h.eng.Wait(wctx, r.ID); err != nil {
+				t.Fatal("cancel did not stop the run promptly")
+			}
+			got, _ := h.st.GetRun(ctx, r.ID)
+			if got.Status != keel.RunCancelled {
+				t.Errorf("status = %s, want cancelled", got.Status)
+			}
+			if _, err := h.eng.Cancel(ctx, r.ID); !errors.Is(err, keel.ErrConflict) {
+				t.Errorf("second Cancel = %v, want ErrConflict", err)
+			}
+		})
+	}
+}
+
+func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p := scripted.New(nil, scripted.Block())
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "long"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(p.Requests()) > 0 })
+	if err := eng.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.GetRun(ctx, r.ID)
+	if got.Status != keel.RunInterrupted {
+		t.Errorf("after Close status = %s, want interrupted", got.Status)
+	}
+	if _, err := eng.Start(ctx, engine.StartRequest{Goal: "late"}); !errors.Is(err, keel.ErrUnavailable) {
+		t.Errorf("Start after Close = %v, want ErrUnavailable", err)
+	}
+
+	// A crash leaves a run "running" in the store; Recover marks it.
+	now := time.Now()
+	crashed := keel.Run{ID: "run_crashed", Goal: "g", Model: "scripted", Status: keel.RunQueued, MaxSteps: 2, CreatedAt: now, UpdatedAt: now}
+	if err := st.CreateRun(ctx, crashed); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Append(ctx, crashed.ID, keel.EventRunStarted, now, json.RawMessage(`{}`), &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	eng2, _ := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}})
+	defer eng2.Close(ctx)
+	n, err := eng2.Recover(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Recover = %d, %v; want 1 run", n, err)
+	}
+	evs := journal(t, st, crashed.ID)
+	if len(evs) != 2 || evs[1].Type != keel.EventRunInterrupted || evs[1].Seq != 2 {
+		t.Errorf("journal after Recover = %v", types(evs))
+	}
+	// An interrupted run can be cancelled for good.
+	if c, err := eng2.Cancel(ctx, crashed.ID); err != nil || c.Status != keel.RunCancelled {
+		t.Errorf("Cancel(interrupted) = %s, %v; want cancelled", c.Status, err)
+	}
+}
+
+func TestManyConcurrentRuns(t *testing.T) {
+	p := scripted.ByGoal(nil, func(goal string) []scripted.Step {
+		return []scripted.Step{scripted.CallTool("echo", fmt.Sprintf(`{"text":%q}`, goal)), scripted.Answer("done " + goal)}
+	})
+	h := newHarness(t, p)
+	const n = 50
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			goal := fmt.Sprint("goal-", i)
+			r := h.runToEnd(t, goal)
+			if r.Status != keel.RunSucceeded || r.Result != "done "+goal {
+				t.Errorf("run %s = %s %q", goal, r.Status, r.Result)
+			}
+			evs := journal(t, h.st, r.ID)
+			var res keel.ToolResultData
+			json.Unmarshal(evs[3].Data, &res)
+			if string(res.Output) != fmt.Sprintf(`{"echoed":%q}`, goal) {
+				t.Errorf("run %s tool output %s: runs crossed", goal, res.Output)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

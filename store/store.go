@@ -1,0 +1,323 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// ErrDiskFull is returned when SQLite cannot write because the disk is
+// full. Nothing of the failed write is stored; earlier data is intact.
+var ErrDiskFull = errors.New("disk full")
+
+// Store is the SQLite-backed repository of runs, events and spans.
+type Store struct {
+	w *sql.DB // single writer connection
+	r *sql.DB // reader pool
+}
+
+// Open opens or creates the database at path and applies pending
+// migrations.
+func Open(ctx context.Context, path string) (*Store, error) {
+	dsn := func(extra string) string {
+		q := url.Values{}
+		for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"} {
+			q.Add("_pragma", p)
+		}
+		if extra != "" {
+			q.Set("_txlock", extra)
+		}
+		return "file:" + path + "?" + q.Encode()
+	}
+	w, err := sql.Open("sqlite", dsn("immediate"))
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetConnMaxIdleTime(0)
+	r, err := sql.Open("sqlite", dsn(""))
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	r.SetMaxOpenConns(4)
+	s := &Store{w: w, r: r}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	return errors.Join(s.w.Close(), s.r.Close())
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	var version int
+	if err := s.w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return mapErr(err)
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		base := strings.TrimPrefix(name, "migrations/")
+		n, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("migration %s: bad name", base)
+		}
+		if n <= version {
+			continue
+		}
+		body, err := migrations.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return mapErr(err)
+		}
+		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %s: %w", base, mapErr(err))
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", n)); err != nil {
+			tx.Rollback()
+			return mapErr(err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migration %s: %w", base, mapErr(err))
+		}
+	}
+	return nil
+}
+
+func mapErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return keel.ErrNotFound
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_FULL:
+			return fmt.Errorf("%w: %v", ErrDiskFull, err)
+		case sqlite3.SQLITE_CONSTRAINT:
+			return fmt.Errorf("%w: %v", keel.ErrConflict, err)
+		}
+	}
+	return err
+}
+
+func nanos(t time.Time) int64 { return t.UTC().UnixNano() }
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// CreateRun stores a new run. It fails with keel.ErrConflict if the ID
+// exists.
+func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
+		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt))
+	if err != nil {
+		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
+	}
+	return nil
+}
+
+// Append adds an event to the run's journal with the next sequence number
+// and, when upd is not nil, changes the run's status in the same
+// transaction. It returns the stored event.
+func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	defer tx.Rollback()
+	var last int64
+	if err := tx.QueryRowContext(ctx, `SELECT last_seq FROM runs WHERE id = ?`, string(id)).Scan(&last); err != nil {
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	ev := keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`,
+		string(id), ev.Seq, string(typ), nanos(at), []byte(data)); err != nil {
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	if upd != nil {
+		_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`,
+			ev.Seq, nanos(at), string(upd.Status), upd.Result, upd.Error, string(id))
+	} else {
+		_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`, ev.Seq, nanos(at), string(id))
+	}
+	if err != nil {
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	return ev, nil
+}
+
+const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq`
+
+func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
+	var r keel.Run
+	var id, status string
+	var created, updated int64
+	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq); err != nil {
+		return keel.Run{}, err
+	}
+	r.ID, r.Status = keel.RunID(id), keel.RunStatus(status)
+	r.CreatedAt, r.UpdatedAt = fromNanos(created), fromNanos(updated)
+	return r, nil
+}
+
+// GetRun returns one run or keel.ErrNotFound.
+func (s *Store) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runCols+` FROM runs WHERE id = ?`, string(id)))
+	if err != nil {
+		return keel.Run{}, fmt.Errorf("run %s: %w", id, mapErr(err))
+	}
+	return r, nil
+}
+
+// ListRuns returns up to limit runs, newest first.
+func (s *Store) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
+	return s.queryRuns(ctx, `SELECT `+runCols+` FROM runs ORDER BY created_at DESC, id DESC LIMIT ?`, limit)
+}
+
+// RunsWithStatus returns every run in one of the given states, oldest first.
+func (s *Store) RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(states))
+	for i, st := range states {
+		args[i] = string(st)
+	}
+	q := `SELECT ` + runCols + ` FROM runs WHERE status IN (?` + strings.Repeat(",?", len(states)-1) + `) ORDER BY created_at, id`
+	return s.queryRuns(ctx, q, args...)
+}
+
+func (s *Store) queryRuns(ctx context.Context, q string, args ...any) ([]keel.Run, error) {
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var out []keel.Run
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list runs: %w", mapErr(err))
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list runs: %w", mapErr(err))
+	}
+	return out, nil
+}
+
+// Events returns the run's events with Seq > afterSeq in order. It
+// returns keel.ErrNotFound if the run does not exist.
+func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error) {
+	if _, err := s.GetRun(ctx, id); err != nil {
+		return nil, err
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, type, time, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq`, string(id), afterSeq)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", id, mapErr(err))
+	}
+	defer rows.Close()
+	var out []keel.Event
+	for rows.Next() {
+		ev := keel.Event{RunID: id}
+		var typ string
+		var at int64
+		var data []byte
+		if err := rows.Scan(&ev.Seq, &typ, &at, &data); err != nil {
+			return nil, fmt.Errorf("events of %s: %w", id, mapErr(err))
+		}
+		ev.Type, ev.Time = keel.EventType(typ), fromNanos(at)
+		if len(data) > 0 {
+			ev.Data = json.RawMessage(data)
+		}
+		out = append(out, ev)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("events of %s: %w", id, mapErr(err))
+	}
+	return out, nil
+}
+
+// StartSpan records an open span (status running). FinishSpan closes it.
+func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), string(keel.SpanRunning))
+	if err != nil {
+		return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
+	}
+	return nil
+}
+
+// FinishSpan records a span's outcome: duration, status, error and tokens.
+func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
+	res, err := s.w.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ? WHERE id = ?`,
+		int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens, sp.ID)
+	if err != nil {
+		return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("finish span %s: %w", sp.ID, keel.ErrNotFound)
+	}
+	return nil
+}
+
+// Spans returns the run's spans in start order.
+func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens
+		FROM spans WHERE run_id = ? ORDER BY start, id`, string(id))
+	if err != nil {
+		return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
+	}
+	defer rows.Close()
+	var out []keel.Span
+	for rows.Next() {
+		sp := keel.Span{RunID: id}
+		var kind, status string
+		var start, dur int64
+		if err := rows.Scan(&sp.ID, &kind, &sp.Name, &sp.Step, &start, &dur, &status, &sp.Error, &sp.PromptTokens, &sp.CompletionTokens); err != nil {
+			return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
+		}
+		sp.Kind, sp.Status = keel.SpanKind(kind), keel.SpanStatus(status)
+		sp.Start, sp.Duration = fromNanos(start), time.Duration(dur)
+		out = append(out, sp)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
+	}
+	return out, nil
+}

@@ -1,0 +1,165 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/store"
+)
+
+func open(t *testing.T, path string) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatalf("Open(%s) = %v", path, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newRun(id string) keel.Run {
+	now := time.Unix(1700000000, 0).UTC()
+	return keel.Run{ID: keel.RunID(id), Goal: "g", Model: "m", Status: keel.RunQueued, MaxSteps: 3, CreatedAt: now, UpdatedAt: now}
+}
+
+func TestAppendSequencesAndStatus(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if err := s.CreateRun(ctx, newRun("r1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateRun(ctx, newRun("r1")); !errors.Is(err, keel.ErrConflict) {
+		t.Fatalf("CreateRun(duplicate) = %v, want ErrConflict", err)
+	}
+	at := time.Unix(1700000001, 0)
+	for i, typ := range []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventRunSucceeded} {
+		var upd *keel.RunUpdate
+		if typ == keel.EventRunSucceeded {
+			upd = &keel.RunUpdate{Status: keel.RunSucceeded, Result: "42"}
+		}
+		ev, err := s.Append(ctx, "r1", typ, at, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), upd)
+		if err != nil {
+			t.Fatalf("Append(%s) = %v", typ, err)
+		}
+		if ev.Seq != int64(i+1) {
+			t.Errorf("Append(%s).Seq = %d, want %d", typ, ev.Seq, i+1)
+		}
+	}
+	if _, err := s.Append(ctx, "nope", keel.EventRunStarted, at, nil, nil); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("Append(unknown run) = %v, want ErrNotFound", err)
+	}
+	s.Close()
+
+	// Everything survives a reopen.
+	s = open(t, path)
+	r, err := s.GetRun(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != keel.RunSucceeded || r.Result != "42" || r.LastSeq != 3 {
+		t.Errorf("GetRun = %+v, want succeeded/42/last_seq 3", r)
+	}
+	evs, err := s.Events(ctx, "r1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || evs[0].Seq != 2 || evs[1].Type != keel.EventRunSucceeded || string(evs[1].Data) != `{"i":2}` {
+		t.Errorf("Events(after 1) = %+v", evs)
+	}
+	if _, err := s.GetRun(ctx, "nope"); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("GetRun(unknown) = %v, want ErrNotFound", err)
+	}
+	if _, err := s.Events(ctx, "nope", 0); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("Events(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestConcurrentAppendsAreGapless(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	const runs, per = 4, 25
+	for r := 0; r < runs; r++ {
+		if err := s.CreateRun(ctx, newRun(fmt.Sprint("r", r))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for r := 0; r < runs; r++ {
+		for w := 0; w < 2; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < per; i++ {
+					if _, err := s.Append(ctx, keel.RunID(fmt.Sprint("r", r)), keel.EventModelResult, time.Now(), nil, nil); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for r := 0; r < runs; r++ {
+		evs, err := s.Events(ctx, keel.RunID(fmt.Sprint("r", r)), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) != 2*per {
+			t.Fatalf("run %d has %d events, want %d", r, len(evs), 2*per)
+		}
+		for i, ev := range evs {
+			if ev.Seq != int64(i+1) {
+				t.Fatalf("run %d event %d has seq %d", r, i, ev.Seq)
+			}
+		}
+	}
+}
+
+func TestSpansAndStatusQueries(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	for _, id := range []string{"a", "b"} {
+		if err := s.CreateRun(ctx, newRun(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Append(ctx, "a", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.RunsWithStatus(ctx, keel.RunRunning)
+	if err != nil || len(got) != 1 || got[0].ID != "a" {
+		t.Errorf("RunsWithStatus(running) = %v, %v; want [a]", got, err)
+	}
+	start := time.Unix(1700000000, 5).UTC()
+	sp := keel.Span{ID: "s1", RunID: "a", Kind: keel.SpanModelCall, Name: "tiny", Step: 1, Start: start}
+	if err := s.StartSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	sp.Duration, sp.Status, sp.PromptTokens, sp.CompletionTokens = 1500*time.Millisecond, keel.SpanOK, 12, 34
+	if err := s.FinishSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishSpan(ctx, keel.Span{ID: "missing"}); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("FinishSpan(missing) = %v, want ErrNotFound", err)
+	}
+	spans, err := s.Spans(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := keel.Span{ID: "s1", RunID: "a", Kind: keel.SpanModelCall, Name: "tiny", Step: 1, Start: start,
+		Duration: 1500 * time.Millisecond, Status: keel.SpanOK, PromptTokens: 12, CompletionTokens: 34}
+	if len(spans) != 1 || spans[0] != want {
+		t.Errorf("Spans(a) = %+v, want [%+v]", spans, want)
+	}
+	if err := s.StartSpan(ctx, keel.Span{ID: "s2", RunID: "nope", Kind: keel.SpanToolCall, Start: start}); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("StartSpan(unknown run) = %v, want ErrConflict (foreign key)", err)
+	}
+}
