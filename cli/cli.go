@@ -1,0 +1,102 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes of Main.
+const (
+	ExitOK        = 0
+	ExitFailure   = 1 // a command or run failed
+	ExitUsage     = 2 // bad arguments
+	ExitCancelled = 130
+)
+
+// exitError carries a specific exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// Main runs the keel command line with args (without the program name)
+// and returns the exit code. extra commands (such as `keel daemon`, which
+// lives in the composition root) are added to the root command.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...*cobra.Command) int {
+	root := newRoot()
+	for _, c := range extra {
+		root.AddCommand(c)
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "keel:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "keel:", describe(err))
+	return ExitFailure
+}
+
+// describe turns protocol errors into a message for a person.
+func describe(err error) string {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe.Message
+	}
+	return err.Error()
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "keel",
+		Short:         "keel: a local agent runtime",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Long: `keel runs agents on your machine: models through Ollama, tools as sandboxed
+WebAssembly, every run journaled and traced in SQLite.
+
+Start the runtime with 'keel daemon'; the other commands talk to it.`,
+	}
+	root.PersistentFlags().String("data-dir", "", "keel data directory (default "+client.DefaultDataDir()+")")
+	root.AddCommand(runCmd(), runsCmd(), showCmd(), toolsCmd(), toolCmd(), doctorCmd(), versionCmd())
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: ExitUsage, err: err} })
+	return root
+}
+
+func dataDir(cmd *cobra.Command) string {
+	dir, _ := cmd.Flags().GetString("data-dir")
+	if dir == "" {
+		dir = client.DefaultDataDir()
+	}
+	return dir
+}
+
+// connect dials the daemon of the command's data dir.
+func connect(cmd *cobra.Command) (*client.Client, error) {
+	c, err := client.DialDataDir(cmd.Context(), dataDir(cmd))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Initialize(cmd.Context(), protocol.InitializeParams{Client: "keel-cli"}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel"
+)
+
+// eventPrinter renders run events for a terminal. Streamed model deltas
+// are printed as they come; the model.result that follows then only adds
+// what the deltas did not show (tool calls, token counts).
+type eventPrinter struct {
+	w         io.Writer
+	streaming bool // a delta line is open
+	streamed  bool // deltas were shown for the current step
+}
+
+func (p *eventPrinter) closeStream() {
+	if p.streaming {
+		fmt.Fprintln(p.w)
+		p.streaming = false
+	}
+}
+
+func (p *eventPrinter) print(ev keel.Event) {
+	switch ev.Type {
+	case keel.EventModelDelta:
+		var d keel.ModelDeltaData
+		if json.Unmarshal(ev.Data, &d) != nil {
+			return
+		}
+		if !p.streaming {
+			fmt.Fprintf(p.w, "  model  │ ")
+			p.streaming, p.streamed = true, true
+		}
+		fmt.Fprint(p.w, strings.ReplaceAll(d.Content, "\n", "\n         │ "))
+		return
+	case keel.EventRunStarted:
+		var d keel.RunStartedData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d run started  model=%s tools=[%s] max_steps=%d\n", ev.Seq, d.Model, strings.Join(d.Tools, " "), d.MaxSteps)
+	case keel.EventModelResult:
+		p.closeStream()
+		var d keel.ModelResultData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d model step %d  %s  tokens %d in / %d out  %s\n", ev.Seq, d.Step, d.Model, d.PromptTokens, d.CompletionTokens, ms(d.DurationMS))
+		if !p.streamed && d.Content != "" {
+			fmt.Fprintf(p.w, "      │ %s\n", clip(d.Content, 2000))
+		}
+		for _, c := range d.ToolCalls {
+			fmt.Fprintf(p.w, "      │ wants tool %s %s\n", c.Name, clip(string(c.Arguments), 300))
+		}
+		p.streamed = false
+	case keel.EventToolCall:
+		var d keel.ToolCallData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d tool  → %s %s\n", ev.Seq, d.Call.Name, clip(string(d.Call.Arguments), 300))
+	case keel.EventToolResult:
+		var d keel.ToolResultData
+		_ = json.Unmarshal(ev.Data, &d)
+		if d.Error != nil {
+			fmt.Fprintf(p.w, "%3d tool  ← %s failed (%s): %s  %s\n", ev.Seq, d.Name, d.Error.Code, d.Error.Message, ms(d.DurationMS))
+		} else {
+			fmt.Fprintf(p.w, "%3d tool  ← %s %s  %s\n", ev.Seq, d.Name, clip(string(d.Output), 300), ms(d.DurationMS))
+		}
+	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted:
+		p.closeStream()
+		var d keel.RunEndData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d run %s", ev.Seq, d.Status)
+		if d.Reason != "" {
+			fmt.Fprintf(p.w, ": %s", d.Reason)
+		}
+		fmt.Fprintln(p.w)
+		if d.Result != "" {
+			fmt.Fprintf(p.w, "\n%s\n", d.Result)
+		}
+	default:
+		p.closeStream()
+		fmt.Fprintf(p.w, "%3d %s %s\n", ev.Seq, ev.Type, clip(string(ev.Data), 300))
+	}
+}
+
+func ms(n int64) string { return (time.Duration(n) * time.Millisecond).String() }
+
+func clip(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

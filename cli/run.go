@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/spf13/cobra"
+)
+
+func runCmd() *cobra.Command {
+	var p protocol.RunStartParams
+	cmd := &cobra.Command{
+		Use:   "run GOAL",
+		Short: "Start a run and stream its events until it ends (Ctrl-C cancels it)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p.Goal = strings.Join(args, " ")
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx := cmd.Context()
+			run, err := c.StartRun(ctx, p)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "run %s (model %s)\n", run.ID, run.Model)
+			if _, err := c.Subscribe(ctx, run.ID, 0); err != nil {
+				return err
+			}
+			pr := &eventPrinter{w: out}
+			interrupted := ctx.Done()
+			var deadline <-chan time.Time
+			for {
+				select {
+				case ev, ok := <-c.Events():
+					if !ok {
+						return &exitError{code: ExitFailure, err: errors.New("connection to the daemon closed before the run ended; see `keel show " + string(run.ID) + "`")}
+					}
+					if ev.RunID != run.ID {
+						continue
+					}
+					pr.print(ev)
+					if code, done := endCode(ev.Type); done {
+						return &exitError{code: code}
+					}
+				case <-interrupted:
+					interrupted = nil
+					fmt.Fprintln(cmd.ErrOrStderr(), "\ncancelling run", run.ID)
+					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					_, err := c.CancelRun(cctx, run.ID)
+					cancel()
+					if err != nil {
+						return &exitError{code: ExitCancelled, err: fmt.Errorf("cancel %s: %s", run.ID, describe(err))}
+					}
+					deadline = time.After(10 * time.Second)
+				case <-deadline:
+					return &exitError{code: ExitCancelled, err: fmt.Errorf("run %s did not confirm cancellation in time", run.ID)}
+				}
+			}
+		},
+	}
+	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
+	cmd.Flags().IntVar(&p.MaxSteps, "max-steps", 0, "most model calls the run may make (default 8)")
+	return cmd
+}
+
+// endCode maps a run's final event to the CLI's exit code.
+func endCode(t keel.EventType) (int, bool) {
+	switch t {
+	case keel.EventRunSucceeded:
+		return ExitOK, true
+	case keel.EventRunFailed, keel.EventRunInterrupted:
+		return ExitFailure, true
+	case keel.EventRunCancelled:
+		return ExitCancelled, true
+	}
+	return 0, false
+}

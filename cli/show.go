@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/spf13/cobra"
+)
+
+func runsCmd() *cobra.Command {
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "runs",
+		Short: "List runs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			runs, err := c.ListRuns(cmd.Context(), limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd, runs)
+			}
+			if len(runs) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no runs yet; start one with: keel run \"your goal\"")
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN\tSTATUS\tMODEL\tSTARTED\tGOAL")
+			for _, r := range runs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 50, "most runs to list")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func showCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show RUN",
+		Short: "Show one run: its events and its trace spans with tokens and durations",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			d, err := c.GetRun(cmd.Context(), keel.RunID(args[0]))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd, d)
+			}
+			out := cmd.OutOrStdout()
+			r := d.Run
+			fmt.Fprintf(out, "run     %s\nstatus  %s\nmodel   %s\ngoal    %s\nstarted %s\n", r.ID, r.Status, r.Model, r.Goal, r.CreatedAt.Local().Format(time.DateTime))
+			if r.Error != "" {
+				fmt.Fprintf(out, "reason  %s\n", r.Error)
+			}
+			fmt.Fprintf(out, "\nevents (%d)\n", len(d.Events))
+			pr := &eventPrinter{w: out}
+			for _, ev := range d.Events {
+				pr.print(ev)
+			}
+			fmt.Fprintf(out, "\ntrace (%d spans)\n", len(d.Spans))
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "STEP\tKIND\tNAME\tSTATUS\tDURATION\tTOKENS IN\tTOKENS OUT\tERROR")
+			var in, outTok int
+			var model, tool time.Duration
+			for _, s := range d.Spans {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Step, s.Kind, s.Name, s.Status, s.Duration.Round(time.Microsecond), s.PromptTokens, s.CompletionTokens, clip(s.Error, 80))
+				in, outTok = in+s.PromptTokens, outTok+s.CompletionTokens
+				switch s.Kind {
+				case keel.SpanModelCall:
+					model += s.Duration
+				case keel.SpanToolCall:
+					tool += s.Duration
+				}
+			}
+			tw.Flush()
+			fmt.Fprintf(out, "total: %d tokens in, %d out; model time %s, tool time %s\n", in, outTok, model.Round(time.Millisecond), tool.Round(time.Microsecond))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func writeJSON(cmd *cobra.Command, v any) error {
+	enc := json.NewEncoder(cmd.OutOrStdout())
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

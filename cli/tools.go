@@ -1,0 +1,111 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+)
+
+func toolsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "tools", Short: "Installed tools"}
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List installed tools with their schemas and grants",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			tools, err := c.ListTools(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd, tools)
+			}
+			out := cmd.OutOrStdout()
+			if len(tools) == 0 {
+				fmt.Fprintln(out, "no tools installed")
+				return nil
+			}
+			for _, t := range tools {
+				fmt.Fprintf(out, "%s %s  (%s)\n  %s\n", t.Name, t.Version, t.SideEffects, t.Description)
+				if t.Grants.Empty() {
+					fmt.Fprintln(out, "  grants: none")
+				}
+				for _, g := range t.Grants.FS {
+					mode := "read-write"
+					if g.ReadOnly {
+						mode = "read-only"
+					}
+					fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, mode)
+				}
+				for _, n := range t.Grants.Network {
+					fmt.Fprintf(out, "  grants: network %s\n", n)
+				}
+				fmt.Fprintf(out, "  input:  %s\n", compact(t.InputSchema))
+				if len(t.OutputSchema) > 0 {
+					fmt.Fprintf(out, "  output: %s\n", compact(t.OutputSchema))
+				}
+				fmt.Fprintln(out)
+			}
+			return nil
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(list, callCmd())
+	return cmd
+}
+
+// toolCmd is `keel tool call`, the singular spelling.
+func toolCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "tool", Short: "Use one tool directly"}
+	cmd.AddCommand(callCmd())
+	return cmd
+}
+
+func callCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "call NAME JSON",
+		Short: "Run a tool directly with JSON input, no model involved",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !json.Valid([]byte(args[1])) {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("input is not valid JSON: %s", clip(args[1], 80))}
+			}
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			res, err := c.CallTool(cmd.Context(), args[0], json.RawMessage(args[1]))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), indent(res.Output))
+			fmt.Fprintf(cmd.ErrOrStderr(), "(%s in %dms)\n", args[0], res.DurationMS)
+			return nil
+		},
+	}
+}
+
+func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+func indent(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}

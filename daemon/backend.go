@@ -1,0 +1,106 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+)
+
+// backend adapts the engine, store and tool registry to ipc.Backend.
+type backend struct {
+	st       *store.Store
+	eng      *engine.Engine
+	reg      *wasmtools.Registry
+	provider models.Provider
+	endpoint string
+	url      string
+	cfg      Config
+}
+
+func (b *backend) StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error) {
+	return b.eng.Start(ctx, engine.StartRequest{Goal: p.Goal, Model: p.Model, MaxSteps: p.MaxSteps})
+}
+
+func (b *backend) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	return b.eng.Cancel(ctx, id)
+}
+
+func (b *backend) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	return b.st.ListRuns(ctx, limit)
+}
+
+func (b *backend) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	return b.st.GetRun(ctx, id)
+}
+
+func (b *backend) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error) {
+	return b.st.Events(ctx, id, afterSeq)
+}
+
+func (b *backend) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
+	return b.st.Spans(ctx, id)
+}
+
+func (b *backend) Subscribe(fn func(keel.Event)) (cancel func()) {
+	return b.eng.Subscribe(fn)
+}
+
+func (b *backend) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
+	tools := b.reg.Tools()
+	out := make([]protocol.ToolInfo, len(tools))
+	for i, t := range tools {
+		out[i] = protocol.ToolInfo{ToolSpec: t.Spec, Grants: t.Grants, SHA256: t.SHA256}
+	}
+	return out, nil
+}
+
+func (b *backend) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	return b.reg.Call(ctx, name, input)
+}
+
+// Describe declares this environment: providers (and whether they
+// answer), models, tools with their grants, the data dir and URL.
+func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error) {
+	env := capabilities.Environment{Runtime: "keel", Version: Version, Protocol: protocol.Version,
+		DataDir: b.cfg.DataDir, URL: b.url, DefaultModel: b.cfg.DefaultModel, Network: "loopback"}
+	if b.cfg.AllowNonLoopback {
+		env.Network = "any"
+	}
+	pd := capabilities.ProviderDecl{Name: b.provider.Name(), Kind: "local", Endpoint: b.endpoint}
+	mctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	list, err := b.provider.Models(mctx)
+	if err != nil {
+		pd.Error = err.Error()
+		pd.Hint = "start Ollama (`ollama serve`), or point keel at it with OLLAMA_HOST / --ollama-host; without it keel still runs tools directly (`keel tool call`)"
+	} else {
+		pd.Reachable = true
+		if len(list) == 0 {
+			pd.Hint = "no models yet: pull one, e.g. `ollama pull qwen2.5:0.5b`"
+		}
+		for _, m := range list {
+			caps := make([]string, len(m.Capabilities))
+			for i, c := range m.Capabilities {
+				caps[i] = string(c)
+			}
+			pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: caps, ContextLength: m.ContextLength})
+		}
+	}
+	env.Providers = []capabilities.ProviderDecl{pd}
+	for _, t := range b.reg.Tools() {
+		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
+			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, Grants: t.Grants})
+	}
+	return env, nil
+}

@@ -1,0 +1,44 @@
+package daemon
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Command returns the `keel daemon` command, which runs Run with flags.
+func Command() *cobra.Command {
+	var cfg Config
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "Start the keel runtime (listens on loopback; Ctrl-C stops it)",
+		Long: `Start the keel runtime.
+
+The daemon keeps its database, tools and access token in the data directory
+and writes DATA_DIR/daemon.json once it accepts connections, so clients
+(the keel CLI, IDE extensions, browser pages) can find it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir, _ := cmd.Flags().GetString("data-dir"); dir != "" {
+				cfg.DataDir = dir
+			}
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			return Run(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Addr, "addr", DefaultAddr, "listen address HOST:PORT (port 0 picks a free port)")
+	f.BoolVar(&cfg.AllowNonLoopback, "allow-non-loopback", false, "allow a non-loopback --addr (other machines could connect)")
+	f.StringSliceVar(&cfg.AllowedOrigins, "allow-origin", nil, "browser origin allowed to connect, e.g. http://localhost:5173 (repeatable)")
+	f.StringVar(&cfg.OllamaHost, "ollama-host", os.Getenv("OLLAMA_HOST"), "Ollama server (default $OLLAMA_HOST or http://127.0.0.1:11434)")
+	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
+	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}

@@ -1,0 +1,311 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/ollama"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
+)
+
+// Version is keel's version, reported in daemon.json and initialize.
+const Version = "0.1.0-dev"
+
+// DefaultAddr is where the daemon listens unless told otherwise.
+const DefaultAddr = "127.0.0.1:7433"
+
+// Config configures a daemon. The zero value is usable: default data
+// directory, DefaultAddr, loopback only, Ollama from OLLAMA_HOST.
+type Config struct {
+	// DataDir holds the database, tools, token and daemon.json; default
+	// client.DefaultDataDir().
+	DataDir string
+	// Addr is the listen address; default DefaultAddr. Port 0 picks a
+	// free port.
+	Addr string
+	// AllowNonLoopback permits a non-loopback Addr. Default false: keel
+	// refuses to listen where other machines can reach it.
+	AllowNonLoopback bool
+	// AllowedOrigins are browser origins allowed to connect, exactly as
+	// sent in the Origin header. Default none: only native clients.
+	AllowedOrigins []string
+	// OllamaHost is the Ollama server; default OLLAMA_HOST or
+	// http://127.0.0.1:11434.
+	OllamaHost string
+	// DefaultModel is used for runs that name none; default: the first
+	// local model with tool calling.
+	DefaultModel string
+	// Workspace is granted read-only to the example tools at /workspace;
+	// default DataDir/workspace.
+	Workspace string
+	// CacheDir holds compiled tools (wazero's compilation cache), so a
+	// restart does not recompile; default DataDir/cache/wazero.
+	CacheDir string
+	// Provider replaces the Ollama provider (tests use a scripted one).
+	Provider models.Provider
+	// Logger; default text to stderr at info level.
+	Logger *slog.Logger
+	// Ready, when set, is called once the daemon accepts connections.
+	Ready func(protocol.DaemonInfo)
+}
+
+// ErrAlreadyRunning is returned when another daemon holds the data dir.
+var ErrAlreadyRunning = errors.New("another keel daemon is already running on this data directory")
+
+// Run starts the daemon and serves until ctx is cancelled, then stops
+// cleanly: runs in flight are journaled as interrupted, daemon.json is
+// removed, the database is closed.
+func Run(ctx context.Context, cfg Config) (err error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = client.DefaultDataDir()
+	}
+	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
+		return err
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = filepath.Join(cfg.DataDir, "cache", "wazero")
+	}
+	if cfg.Workspace == "" {
+		cfg.Workspace = filepath.Join(cfg.DataDir, "workspace")
+	}
+	if err := checkLoopback(cfg.Addr, cfg.AllowNonLoopback); err != nil {
+		return err
+	}
+	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "tools"), filepath.Join(cfg.DataDir, "cache"), cfg.Workspace} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	token, tokenFile, err := ensureToken(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"))
+	if err != nil {
+		return fmt.Errorf("open database: %w", err)
+	}
+	defer st.Close()
+
+	provider := cfg.Provider
+	var endpoint string
+	if provider == nil {
+		op, err := ollama.New(ollama.Config{Host: cfg.OllamaHost, Logger: log.With("component", "ollama")})
+		if err != nil {
+			return fmt.Errorf("ollama provider: %w", err)
+		}
+		provider, endpoint = op, op.Endpoint()
+	}
+
+	toolsDir := filepath.Join(cfg.DataDir, "tools")
+	if err := builtin.Install(toolsDir); err != nil {
+		return fmt.Errorf("install example tools: %w", err)
+	}
+	reg, err := wasmtools.Open(ctx, wasmtools.Config{
+		Dir:      toolsDir,
+		CacheDir: cfg.CacheDir,
+		Grants:   exampleGrants(cfg.Workspace),
+		Logger:   log.With("component", "wasmtools"),
+	})
+	if err != nil {
+		return fmt.Errorf("load tools: %w", err)
+	}
+	defer reg.Close(context.WithoutCancel(ctx))
+
+	eng, err := engine.New(engine.Config{Store: st, Model: provider, Tools: reg, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	if err != nil {
+		return err
+	}
+	if n, err := eng.Recover(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("marked runs left unfinished by a previous daemon as interrupted", "runs", n)
+	}
+
+	b := &backend{st: st, eng: eng, reg: reg, provider: provider, endpoint: endpoint, cfg: cfg}
+	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another program using the port? pick another with --addr 127.0.0.1:PORT, or port 0 for any free port)", cfg.Addr, err)
+	}
+	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: tokenFile,
+		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
+	b.url = info.URL
+
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Run(srvCtx, ln) }()
+
+	infoPath := filepath.Join(cfg.DataDir, protocol.DaemonFile)
+	if err := writeFileAtomic(infoPath, mustJSON(info), 0o600); err != nil {
+		stopSrv()
+		<-srvDone
+		return fmt.Errorf("write %s: %w", infoPath, err)
+	}
+	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tools", len(reg.Specs()))
+	if cfg.Ready != nil {
+		cfg.Ready(info)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-srvDone:
+		stopSrv()
+		os.Remove(infoPath)
+		return errors.Join(fmt.Errorf("server stopped: %w", err), eng.Close(context.WithoutCancel(ctx)))
+	}
+	log.Info("keel daemon stopping")
+	os.Remove(infoPath)
+	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	engErr := eng.Close(closeCtx)
+	stopSrv()
+	srvErr := <-srvDone
+	if errors.Is(srvErr, context.Canceled) || errors.Is(srvErr, net.ErrClosed) {
+		srvErr = nil
+	}
+	log.Info("keel daemon stopped")
+	return errors.Join(engErr, srvErr)
+}
+
+// exampleGrants is the skeleton's grant table: the bundled read-file tool
+// sees the workspace read-only; every other tool gets nothing.
+func exampleGrants(workspace string) map[string]capabilities.Grants {
+	return map[string]capabilities.Grants{
+		"readfile": {FS: []capabilities.FSGrant{{HostPath: workspace, GuestPath: "/workspace", ReadOnly: true}}},
+	}
+}
+
+func checkLoopback(addr string, allow bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--addr %q: %w (want HOST:PORT, e.g. 127.0.0.1:7433)", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	if allow {
+		return nil
+	}
+	return fmt.Errorf("refusing to listen on %s: it is not a loopback address, so other machines could reach keel; use 127.0.0.1, or pass --allow-non-loopback if you really mean it", addr)
+}
+
+func lockDataDir(dir string) (unlock func(), err error) {
+	path := filepath.Join(dir, "daemon.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			msg := ""
+			if info, rerr := client.ReadDaemonInfo(dir); rerr == nil {
+				msg = fmt.Sprintf(" (pid %d, %s)", info.PID, info.URL)
+			}
+			return nil, fmt.Errorf("%w%s; stop it first, or use another --data-dir", ErrAlreadyRunning, msg)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// ensureToken returns the client token, creating it (mode 0600) on first
+// start. A token file readable by others is tightened, not trusted blindly.
+func ensureToken(dir string) (token, path string, err error) {
+	path = filepath.Join(dir, "token")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		token = strings.TrimSpace(string(b))
+		if len(token) < 32 {
+			return "", "", fmt.Errorf("token file %s is too short; delete it and restart to make a new one", path)
+		}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(path, 0o600); err != nil {
+				return "", "", fmt.Errorf("token file %s is readable by others and cannot be fixed: %w", path, err)
+			}
+		}
+		return token, path, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", "", fmt.Errorf("read token: %w", err)
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", "", err
+	}
+	token = hex.EncodeToString(raw[:])
+	if err := writeFileAtomic(path, []byte(token+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("write token: %w", err)
+	}
+	return token, path, nil
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return append(b, '\n')
+}

@@ -1,0 +1,448 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cli"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/store"
+)
+
+// cacheDir is one wazero compilation cache shared by every daemon of the
+// test binary, so each test does not recompile the bundled tools.
+var cacheDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "keel-daemon-test-cache")
+	if err != nil {
+		panic(err)
+	}
+	cacheDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// started is a daemon running in the test process on a temp data dir.
+type started struct {
+	info protocol.DaemonInfo
+	dir  string
+	stop func() error // cancels and waits for Run to return
+}
+
+func startDaemon(t *testing.T, cfg daemon.Config) *started {
+	t.Helper()
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = cacheDir
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ready := make(chan protocol.DaemonInfo, 1)
+	cfg.Ready = func(i protocol.DaemonInfo) { ready <- i }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon.Run(ctx, cfg) }()
+	s := &started{dir: cfg.DataDir}
+	var once bool
+	var runErr error
+	s.stop = func() error {
+		if once {
+			return runErr
+		}
+		once = true
+		cancel()
+		select {
+		case runErr = <-done:
+		case <-time.After(30 * time.Second):
+			runErr = errors.New("daemon did not stop within 30s")
+		}
+		return runErr
+	}
+	select {
+	case s.info = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("daemon.Run returned before ready: %v", err)
+	case <-time.After(120 * time.Second):
+		cancel()
+		t.Fatal("daemon not ready within 120s")
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("daemon stop: %v", err)
+		}
+	})
+	return s
+}
+
+func dial(t *testing.T, dir string) *client.Client {
+	t.Helper()
+	c, err := client.DialDataDir(context.Background(), dir)
+	if err != nil {
+		t.Fatalf("DialDataDir: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// follow subscribes to a run and collects its events until the run ends.
+func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := c.Subscribe(ctx, id, 0); err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	var evs []keel.Event
+	for {
+		select {
+		case ev, ok := <-c.Events():
+			if !ok {
+				t.Fatalf("connection closed; got %v", evTypes(evs))
+			}
+			if ev.RunID != id || ev.Seq == 0 {
+				continue
+			}
+			evs = append(evs, ev)
+			switch ev.Type {
+			case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted:
+				return evs
+			}
+		case <-ctx.Done():
+			t.Fatalf("run %s did not end; got %v", id, evTypes(evs))
+		}
+	}
+}
+
+func evTypes(evs []keel.Event) []keel.EventType {
+	var out []keel.EventType
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+// checkJournal opens the SQLite file itself (after the daemon stopped) and
+// checks that it holds exactly the events the client saw, in order.
+func checkJournal(t *testing.T, dir string, id keel.RunID, seen []keel.Event) {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	stored, err := st.Events(context.Background(), id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != len(seen) {
+		t.Fatalf("SQLite has %d events, client saw %d: %v vs %v", len(stored), len(seen), evTypes(stored), evTypes(seen))
+	}
+	for i := range stored {
+		if stored[i].Seq != int64(i+1) || stored[i].Seq != seen[i].Seq || stored[i].Type != seen[i].Type || !bytes.Equal(stored[i].Data, seen[i].Data) {
+			t.Errorf("event %d: stored %d %s, seen %d %s", i, stored[i].Seq, stored[i].Type, seen[i].Seq, seen[i].Type)
+		}
+	}
+}
+
+// TestRunWithScriptedModel drives a run over the real WebSocket, with the
+// real bundled wordcount tool, and a scripted model that calls the tool
+// and then answers with what the tool returned.
+func TestRunWithScriptedModel(t *testing.T) {
+	p := scripted.New(nil,
+		scripted.CallTool("wordcount", `{"text":"the quick brown fox\njumps"}`),
+		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+			last := req.Messages[len(req.Messages)-1]
+			return models.ChatResponse{Message: models.Message{Content: "tool said " + last.Content}}, nil
+		}))
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count the words"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := follow(t, c, run.ID)
+	want := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall, keel.EventToolResult, keel.EventModelResult, keel.EventRunSucceeded}
+	if fmt.Sprint(evTypes(evs)) != fmt.Sprint(want) {
+		t.Fatalf("events = %v, want %v", evTypes(evs), want)
+	}
+	var res keel.ToolResultData
+	if err := json.Unmarshal(evs[3].Data, &res); err != nil || res.Error != nil {
+		t.Fatalf("tool.result = %s (%v)", evs[3].Data, err)
+	}
+	var counts struct{ Words, Lines int }
+	if err := json.Unmarshal(res.Output, &counts); err != nil || counts.Words != 5 || counts.Lines != 2 {
+		t.Errorf("wordcount output = %s, want 5 words on 2 lines", res.Output)
+	}
+	// The tool's real output reached the model, and the model's answer the run.
+	detail, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if detail.Run.Status != keel.RunSucceeded || detail.Run.Result != "tool said "+string(res.Output) {
+		t.Errorf("run = %s %q, want succeeded with the tool's output", detail.Run.Status, detail.Run.Result)
+	}
+	if len(detail.Spans) != 3 {
+		t.Errorf("spans = %d, want model, tool, model", len(detail.Spans))
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkJournal(t, d.dir, run.ID, evs)
+}
+
+// TestRunWithRealOllama runs against the real Ollama and the real tools,
+// with a native-tools model and a completion-only one (whose tool calls
+// come from schema-constrained JSON).
+func TestRunWithRealOllama(t *testing.T) {
+	if os.Getenv("OLLAMA_HOST") == "" {
+		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
+	}
+	d := startDaemon(t, daemon.Config{})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	var runs [][]keel.Event
+	var ids []keel.RunID
+	for _, model := range []string{envOr("KEEL_TEST_OLLAMA_TOOLS_MODEL", "keel-tiny-tools"), envOr("KEEL_TEST_OLLAMA_MODEL", "keel-tiny")} {
+		run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "Count the words in: once upon a time", Model: model, MaxSteps: 3})
+		if err != nil {
+			t.Fatalf("StartRun(%s): %v", model, err)
+		}
+		evs := follow(t, c, run.ID)
+		last := evs[len(evs)-1]
+		if last.Type != keel.EventRunSucceeded && last.Type != keel.EventRunFailed {
+			t.Errorf("%s: run ended with %s, want succeeded or failed", model, last.Type)
+		}
+		detail, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var modelSpans int
+		for _, s := range detail.Spans {
+			if s.Kind != keel.SpanModelCall {
+				continue
+			}
+			modelSpans++
+			if s.Status != keel.SpanOK || s.PromptTokens <= 0 || s.CompletionTokens <= 0 || s.Duration <= 0 {
+				t.Errorf("%s: model span %+v lacks status/tokens/duration", model, s)
+			}
+		}
+		if modelSpans == 0 {
+			t.Errorf("%s: no model spans", model)
+		}
+		runs, ids = append(runs, evs), append(ids, run.ID)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range runs {
+		checkJournal(t, d.dir, ids[i], runs[i])
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func TestDaemonFilesAndSingleInstance(t *testing.T) {
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
+	info, err := client.ReadDaemonInfo(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.PID != os.Getpid() || info.Protocol != protocol.Version || !strings.HasPrefix(info.URL, "ws://127.0.0.1:") || !strings.HasSuffix(info.URL, protocol.Path) {
+		t.Errorf("daemon.json = %+v", info)
+	}
+	fi, err := os.Stat(info.TokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("token file mode = %v, want 0600", fi.Mode().Perm())
+	}
+	// A second daemon on the same data dir refuses, and leaves the first alone.
+	err = daemon.Run(context.Background(), daemon.Config{DataDir: d.dir, Addr: "127.0.0.1:0", Provider: scripted.New(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if !errors.Is(err, daemon.ErrAlreadyRunning) {
+		t.Fatalf("second daemon = %v, want ErrAlreadyRunning", err)
+	}
+	if _, err := dial(t, d.dir).Describe(context.Background()); err != nil {
+		t.Fatalf("first daemon stopped answering: %v", err)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, protocol.DaemonFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("daemon.json still there after clean shutdown: %v", err)
+	}
+	// A stale daemon.json (dead pid) is replaced by the next start.
+	stale := `{"url":"ws://127.0.0.1:1/v1/ws","pid":999999999,"protocol":"keel/1","token_file":"x"}`
+	if err := os.WriteFile(filepath.Join(d.dir, protocol.DaemonFile), []byte(stale), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DialDataDir(context.Background(), d.dir); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("DialDataDir(stale) = %v, want 'not running'", err)
+	}
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
+	if d2.info.URL == "ws://127.0.0.1:1/v1/ws" {
+		t.Error("stale daemon.json was not replaced")
+	}
+	dial(t, d.dir)
+}
+
+func TestNonLoopbackRefused(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", ":0", "192.0.2.1:0"} {
+		err := daemon.Run(context.Background(), daemon.Config{DataDir: t.TempDir(), Addr: addr, Provider: scripted.New(nil)})
+		if err == nil || !strings.Contains(err.Error(), "not a loopback address") {
+			t.Errorf("Run(addr %s) = %v, want a refusal", addr, err)
+		}
+	}
+}
+
+// TestShutdownLeavesRunsInterrupted stops the daemon while a run waits on
+// the model; the run is journaled as interrupted and a restarted daemon
+// serves it with its events intact.
+func TestShutdownLeavesRunsInterrupted(t *testing.T) {
+	p := scripted.New(nil, scripted.Block())
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "wait forever"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("model never called")
+		}
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
+	detail, err := dial(t, d2.dir).GetRun(context.Background(), run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if detail.Run.Status != keel.RunInterrupted {
+		t.Errorf("status after restart = %s, want interrupted", detail.Run.Status)
+	}
+	got := evTypes(detail.Events)
+	if fmt.Sprint(got) != fmt.Sprint([]keel.EventType{keel.EventRunStarted, keel.EventRunInterrupted}) {
+		t.Errorf("events after restart = %v", got)
+	}
+	if len(detail.Spans) != 1 || detail.Spans[0].Status != keel.SpanError {
+		t.Errorf("spans = %+v, want the model span closed with an error", detail.Spans)
+	}
+}
+
+// TestBadInputKeepsDaemonAndData sends invalid tool arguments, an unknown
+// tool and a run for a missing model through the daemon; each gets its
+// documented code, and earlier runs stay intact.
+func TestBadInputKeepsDaemonAndData(t *testing.T) {
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, scripted.Answer("ok"))})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, run.ID)
+	cases := []struct {
+		name   string
+		method string
+		params any
+		code   int
+	}{
+		{"invalid tool arguments", protocol.MethodToolsCall, protocol.ToolsCallParams{Name: "wordcount", Input: json.RawMessage(`{"text":7}`)}, protocol.CodeInvalidToolInput},
+		{"unknown tool", protocol.MethodToolsCall, protocol.ToolsCallParams{Name: "nope", Input: json.RawMessage(`{}`)}, protocol.CodeNotFound},
+		{"missing model", protocol.MethodRunStart, protocol.RunStartParams{Goal: "x", Model: "no-such-model"}, protocol.CodeModelUnavailable},
+		{"unknown run", protocol.MethodRunGet, protocol.RunRef{RunID: "run_nope"}, protocol.CodeNotFound},
+		{"cancel ended run", protocol.MethodRunCancel, protocol.RunRef{RunID: run.ID}, protocol.CodeConflict},
+		{"unknown method", "run.explode", struct{}{}, protocol.CodeMethodNotFound},
+	}
+	for _, tt := range cases {
+		var out json.RawMessage
+		err := c.Call(ctx, tt.method, tt.params, &out)
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != tt.code {
+			t.Errorf("%s: err = %v, want code %d", tt.name, err, tt.code)
+		}
+	}
+	detail, err := c.GetRun(ctx, run.ID)
+	if err != nil || detail.Run.Status != keel.RunSucceeded || len(detail.Events) != 3 {
+		t.Errorf("earlier run after bad input = %+v, %v", detail.Run, err)
+	}
+}
+
+// TestCLI runs the real command line against a daemon in the process.
+func TestCLI(t *testing.T) {
+	p := scripted.New(nil, scripted.CallTool("wordcount", `{"text":"a b c"}`), scripted.Answer("three words"))
+	d := startDaemon(t, daemon.Config{Provider: p})
+	keelCLI := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		code := cli.Main(context.Background(), append(args, "--data-dir", d.dir), &out, &errb)
+		return out.String(), errb.String(), code
+	}
+	out, errs, code := keelCLI("run", "count", "a b c")
+	if code != cli.ExitOK || !strings.Contains(out, "run succeeded") || !strings.Contains(out, "three words") || !strings.Contains(out, `tool  ← wordcount {"words":3,"lines":1,"chars":5}`) {
+		t.Errorf("keel run: code %d\n%s\n%s", code, out, errs)
+	}
+	out, _, code = keelCLI("runs")
+	if code != 0 || !strings.Contains(out, "succeeded") || !strings.Contains(out, "count a b c") {
+		t.Errorf("keel runs: code %d\n%s", code, out)
+	}
+	id := strings.Fields(strings.Split(out, "\n")[1])[0]
+	out, _, code = keelCLI("show", id)
+	if code != 0 || !strings.Contains(out, "tool.call") || !strings.Contains(out, "wordcount") || !strings.Contains(out, "total:") {
+		t.Errorf("keel show: code %d\n%s", code, out)
+	}
+	out, _, code = keelCLI("tools", "list")
+	if code != 0 || !strings.Contains(out, "wordcount") || !strings.Contains(out, "readfile") || !strings.Contains(out, `"required"`) {
+		t.Errorf("keel tools list: code %d\n%s", code, out)
+	}
+	out, _, code = keelCLI("tool", "call", "wordcount", `{"text":"x y"}`)
+	if code != 0 || !strings.Contains(out, `"words": 2`) {
+		t.Errorf("keel tool call: code %d\n%s", code, out)
+	}
+	_, errs, code = keelCLI("tool", "call", "wordcount", `{"text":1}`)
+	if code != cli.ExitFailure || !strings.Contains(errs, "/text") {
+		t.Errorf("keel tool call (bad input): code %d, stderr %s", code, errs)
+	}
+	out, _, code = keelCLI("doctor")
+	if code != 0 || !strings.Contains(out, "provider  scripted") || !strings.Contains(out, d.info.URL) || !strings.Contains(out, "readfile") {
+		t.Errorf("keel doctor: code %d\n%s", code, out)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code = keelCLI("doctor")
+	if code != cli.ExitFailure || !strings.Contains(out, "not running") || !strings.Contains(out, "keel daemon --data-dir") {
+		t.Errorf("keel doctor without daemon: code %d\n%s", code, out)
+	}
+}

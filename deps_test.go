@@ -1,0 +1,102 @@
+package keel_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDependencyDirection enforces the layering of STYLE.md: lower layers
+// never import higher ones. It lists every package's transitive deps with
+// `go list -deps` and fails on a forbidden edge.
+func TestDependencyDirection(t *testing.T) {
+	const mod = "github.com/keel-runtime/keel"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Deps " "}}`, "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	// forbidden[pkg] lists module packages (prefixes) pkg must not depend on.
+	all := []string{"capabilities", "store", "models", "wasmtools", "engine", "ipc", "daemon", "cli", "cmd", "examples"}
+	except := func(allowed ...string) []string {
+		var f []string
+	next:
+		for _, p := range all {
+			for _, a := range allowed {
+				if p == a {
+					continue next
+				}
+			}
+			f = append(f, p)
+		}
+		return f
+	}
+	rules := map[string][]string{
+		"":             except(), // the root vocabulary imports nothing of keel
+		"capabilities": except(),
+		"store":        except(),
+		"models":       except("models"),
+		"wasmtools":    except("capabilities", "wasmtools"),
+		"engine":       append(except("models", "engine"), "models/ollama", "models/scripted"),
+		"ipc/protocol": except("capabilities"),
+		"ipc/client":   except("capabilities", "ipc"),
+		"ipc":          except("capabilities", "ipc"),
+		"cli":          except("ipc", "capabilities", "cli"),
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, deps, _ := strings.Cut(line, "|")
+		rel := strings.TrimPrefix(strings.TrimPrefix(pkg, mod), "/")
+		rule, ok := ruleFor(rules, rel)
+		if !ok {
+			continue
+		}
+		checked++
+		for _, d := range strings.Fields(deps) {
+			if !strings.HasPrefix(d, mod+"/") {
+				if rel == "" || rel == "capabilities" {
+					if strings.Contains(strings.SplitN(d, "/", 2)[0], ".") {
+						t.Errorf("%s imports third-party %s; it must use the standard library only", pkg, d)
+					}
+				}
+				continue
+			}
+			drel := strings.TrimPrefix(d, mod+"/")
+			if rel == "ipc/client" && drel == "ipc" {
+				t.Errorf("%s depends on the server package %s; the client speaks wire types only", pkg, d)
+			}
+			for _, f := range rule {
+				if drel == f || strings.HasPrefix(drel, f+"/") {
+					t.Errorf("%s depends on %s: forbidden by the layering in STYLE.md", pkg, d)
+				}
+			}
+		}
+	}
+	if checked < 8 {
+		t.Fatalf("checked only %d packages; the rules no longer match the layout", checked)
+	}
+	// Only cmd/ may import the composition root.
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, deps, _ := strings.Cut(line, "|")
+		if strings.HasPrefix(pkg, mod+"/cmd/") || pkg == mod+"/daemon" {
+			continue
+		}
+		for _, d := range strings.Fields(deps) {
+			if d == mod+"/daemon" {
+				t.Errorf("%s imports the composition root daemon; only cmd/ may", pkg)
+			}
+		}
+	}
+}
+
+// ruleFor finds the most specific rule for a package path.
+func ruleFor(rules map[string][]string, rel string) ([]string, bool) {
+	best, found := "", false
+	for k := range rules {
+		if rel == k || (k != "" && strings.HasPrefix(rel, k+"/")) {
+			if !found || len(k) > len(best) {
+				best, found = k, true
+			}
+		}
+	}
+	return rules[best], found
+}
