@@ -1,0 +1,69 @@
+// Command wordcount is an example keel tool: pure computation, no grants.
+// It counts the words, lines and characters of a text.
+//
+// Build it with GOOS=wasip1 GOARCH=wasm go build -o wordcount.wasm; see
+// ../README.md.
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/keel-runtime/keel/wasmtools/toolkit"
+)
+
+var manifest = toolkit.Manifest{
+	Name:        "wordcount",
+	Version:     "0.1.0",
+	Description: "Count the words (runs of non-space characters), lines and characters (Unicode code points) of a text.",
+	InputSchema: json.RawMessage(`{
+		"type": "object",
+		"properties": {
+			"text": {"type": "string", "description": "The text to count."}
+		},
+		"required": ["text"],
+		"additionalProperties": false
+	}`),
+	OutputSchema: json.RawMessage(`{
+		"type": "object",
+		"properties": {
+			"words": {"type": "integer", "minimum": 0},
+			"lines": {"type": "integer", "minimum": 0},
+			"chars": {"type": "integer", "minimum": 0}
+		},
+		"required": ["words", "lines", "chars"],
+		"additionalProperties": false
+	}`),
+	SideEffects: toolkit.ReadOnly,
+}
+
+type input struct {
+	Text string `json:"text"`
+}
+
+type output struct {
+	Words int `json:"words"`
+	Lines int `json:"lines"`
+	Chars int `json:"chars"`
+}
+
+func main() {
+	toolkit.Main(manifest, toolkit.Typed(func(in input) (output, error) {
+		return count(in.Text), nil
+	}))
+}
+
+// count counts s. A final line without a trailing newline still counts;
+// the empty text has no lines.
+func count(s string) output {
+	lines := strings.Count(s, "\n")
+	if s != "" && !strings.HasSuffix(s, "\n") {
+		lines++
+	}
+	return output{
+		Words: len(strings.Fields(s)),
+		Lines: lines,
+		Chars: utf8.RuneCountInString(s),
+	}
+}

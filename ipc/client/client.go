@@ -1,0 +1,436 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+const (
+	// readLimit is the largest frame the client reads; run.get of a long
+	// run can be big.
+	readLimit = 64 << 20
+	// eventBuffer is the capacity of the Events channel.
+	eventBuffer = 1024
+	// writeTimeout bounds writing one request.
+	writeTimeout = 30 * time.Second
+)
+
+// ErrDaemonNotRunning is wrapped by DialDataDir's error when no daemon
+// serves the data directory.
+var ErrDaemonNotRunning = errors.New("keel daemon is not running")
+
+// ErrClosed is wrapped by the errors of calls made on, or cut short by,
+// a connection that has ended.
+var ErrClosed = errors.New("connection closed")
+
+// Client is a connection to a keel daemon. Its methods are safe for
+// concurrent use.
+type Client struct {
+	ws     *websocket.Conn
+	nextID atomic.Int64
+
+	mu      sync.Mutex
+	pending map[int64]chan *protocol.Response
+	err     error // why the connection ended; set before done is closed
+
+	events    chan keel.Event
+	closing   chan struct{} // closed by Close
+	closeOnce sync.Once
+	done      chan struct{} // closed when the reader has exited
+}
+
+// Dial connects to the daemon at url (as in daemon.json, such as
+// "ws://127.0.0.1:PORT/v1/ws") with token, which it sends as a bearer
+// token. ctx bounds the handshake only.
+func Dial(ctx context.Context, url, token string) (*Client, error) {
+	// A transport of its own, never proxied, whose idle connections (left
+	// by a refused handshake) are closed before Dial returns.
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
+		HTTPClient:   &http.Client{Transport: tr},
+		HTTPHeader:   http.Header{"Authorization": []string{"Bearer " + token}},
+		Subprotocols: []string{protocol.Subprotocol},
+	})
+	if err != nil {
+		if resp != nil {
+			switch resp.StatusCode {
+			case http.StatusUnauthorized:
+				return nil, fmt.Errorf("keel: connect to %s: the daemon refused the token (HTTP 401)", url)
+			case http.StatusForbidden:
+				return nil, fmt.Errorf("keel: connect to %s: the daemon refused the connection (HTTP 403: Host or Origin not allowed)", url)
+			}
+		}
+		return nil, fmt.Errorf("keel: connect to %s: %w", url, err)
+	}
+	ws.SetReadLimit(readLimit)
+	c := &Client{
+		ws:      ws,
+		pending: make(map[int64]chan *protocol.Response),
+		events:  make(chan keel.Event, eventBuffer),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go c.readLoop()
+	return c, nil
+}
+
+// DialDataDir connects to the daemon serving dataDir, found through
+// dataDir/daemon.json and the token file it names. If there is no
+// daemon.json, or the process it names has exited, the error (which
+// wraps ErrDaemonNotRunning) says how to start one.
+func DialDataDir(ctx context.Context, dataDir string) (*Client, error) {
+	info, err := ReadDaemonInfo(dataDir)
+	infoPath := filepath.Join(dataDir, protocol.DaemonFile)
+	start := "start it with: keel daemon --data-dir " + shellQuote(dataDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w (no %s); %s", ErrDaemonNotRunning, infoPath, start)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if info.PID > 0 && !processAlive(info.PID) {
+		return nil, fmt.Errorf("%w (%s names pid %d, which has exited); %s", ErrDaemonNotRunning, infoPath, info.PID, start)
+	}
+	if info.Protocol != "" && info.Protocol != protocol.Version {
+		return nil, fmt.Errorf("keel: the daemon speaks protocol %s, this client %s", info.Protocol, protocol.Version)
+	}
+	tokenFile := info.TokenFile
+	if tokenFile == "" {
+		return nil, fmt.Errorf("keel: %s names no token_file", infoPath)
+	}
+	if !filepath.IsAbs(tokenFile) {
+		tokenFile = filepath.Join(dataDir, tokenFile)
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("keel: read daemon token: %w", err)
+	}
+	c, err := Dial(ctx, info.URL, strings.TrimSpace(string(tok)))
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w (nothing listens at %s, named by %s); %s", ErrDaemonNotRunning, info.URL, infoPath, start)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// ReadDaemonInfo reads dataDir/daemon.json. A missing file gives an
+// error wrapping os.ErrNotExist.
+func ReadDaemonInfo(dataDir string) (protocol.DaemonInfo, error) {
+	path := filepath.Join(dataDir, protocol.DaemonFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return protocol.DaemonInfo{}, fmt.Errorf("keel: read daemon info: %w", err)
+	}
+	var info protocol.DaemonInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return protocol.DaemonInfo{}, fmt.Errorf("keel: parse %s: %w", path, err)
+	}
+	if info.URL == "" {
+		return protocol.DaemonInfo{}, fmt.Errorf("keel: %s has no url", path)
+	}
+	return info, nil
+}
+
+// processAlive reports whether a process with pid exists. Where that
+// cannot be checked it reports true, and dialling tells.
+func processAlive(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return false // on Windows: no such process
+	}
+	if runtime.GOOS == "windows" {
+		p.Release()
+		return true
+	}
+	err = p.Signal(syscall.Signal(0))
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// shellQuote quotes s for a POSIX shell if it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@+=,", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// Events returns the channel of run.event notifications of this
+// connection's subscriptions, in the order the daemon sent them. It is
+// closed when the connection ends; Err then says why. Drain it while
+// subscribed: when its buffer (1024 events) is full the client stops
+// reading, responses included, and the daemon eventually drops a client
+// that does not keep up.
+func (c *Client) Events() <-chan keel.Event { return c.events }
+
+// Err returns why the connection ended, or nil while it is open.
+func (c *Client) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+// Close closes the connection and waits for the reader goroutine to
+// exit. It is safe to call more than once.
+func (c *Client) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		close(c.closing)
+		err = c.ws.Close(websocket.StatusNormalClosure, "")
+	})
+	<-c.done
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Call calls method with params and decodes the result into result,
+// which may be nil to discard it. An error response is returned as a
+// *protocol.Error. If ctx ends first, Call returns ctx's error; the
+// request may still take effect.
+func (c *Client) Call(ctx context.Context, method string, params, result any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	id := c.nextID.Add(1)
+	req := protocol.Request{JSONRPC: "2.0", ID: json.RawMessage(strconv.FormatInt(id, 10)), Method: method}
+	if params != nil {
+		raw, err := json.Marshal(params)
+		if err != nil {
+			return fmt.Errorf("keel: %s: encode params: %w", method, err)
+		}
+		req.Params = raw
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("keel: %s: %w", method, err)
+	}
+
+	ch := make(chan *protocol.Response, 1)
+	c.mu.Lock()
+	if c.pending == nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.pending[id] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+	}()
+
+	// Cancelling a websocket write closes the connection, so the write
+	// gets a context of its own rather than the caller's.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	err = c.ws.Write(wctx, websocket.MessageText, data)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("keel: %s: send: %w", method, err)
+	}
+
+	select {
+	case resp := <-ch:
+		if resp.Error != nil {
+			return resp.Error
+		}
+		if result == nil {
+			return nil
+		}
+		if err := json.Unmarshal(resp.Result, result); err != nil {
+			return fmt.Errorf("keel: %s: decode result: %w", method, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.err
+	}
+}
+
+// incoming is any frame the daemon sends.
+type incoming struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  *protocol.Error `json:"error"`
+}
+
+// readLoop reads frames until the connection ends, routing responses to
+// their callers and events to the Events channel.
+func (c *Client) readLoop() {
+	var cause error
+	defer func() {
+		c.mu.Lock()
+		c.err = cause
+		c.pending = nil
+		c.mu.Unlock()
+		close(c.events)
+		close(c.done)
+	}()
+	for {
+		_, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			cause = closeCause(err, c.isClosing())
+			c.ws.CloseNow()
+			return
+		}
+		var m incoming
+		if err := json.Unmarshal(data, &m); err != nil {
+			continue // not JSON-RPC; nothing to route it to
+		}
+		if m.Method != "" {
+			if m.Method != protocol.NotifyRunEvent {
+				continue // clients ignore notifications they do not know
+			}
+			var ev keel.Event
+			if err := json.Unmarshal(m.Params, &ev); err != nil {
+				continue
+			}
+			select {
+			case c.events <- ev:
+			case <-c.closing:
+				cause = fmt.Errorf("keel: %w", ErrClosed)
+				c.ws.CloseNow()
+				return
+			}
+			continue
+		}
+		id, err := strconv.ParseInt(string(m.ID), 10, 64)
+		if err != nil {
+			continue // a response to no request of ours (id null)
+		}
+		c.mu.Lock()
+		ch := c.pending[id]
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- &protocol.Response{JSONRPC: "2.0", ID: m.ID, Result: m.Result, Error: m.Error}
+		}
+	}
+}
+
+func (c *Client) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeCause turns the reader's error into the error calls report.
+func closeCause(err error, closedByUs bool) error {
+	if closedByUs {
+		return fmt.Errorf("keel: %w", ErrClosed)
+	}
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		if ce.Reason != "" {
+			return fmt.Errorf("keel: the daemon closed the connection (status %d: %s): %w", ce.Code, ce.Reason, ErrClosed)
+		}
+		return fmt.Errorf("keel: the daemon closed the connection (status %d): %w", ce.Code, ErrClosed)
+	}
+	return fmt.Errorf("keel: connection lost (%v): %w", err, ErrClosed)
+}
+
+// Initialize tells the daemon who is calling and returns what it serves.
+func (c *Client) Initialize(ctx context.Context, p protocol.InitializeParams) (protocol.InitializeResult, error) {
+	var r protocol.InitializeResult
+	err := c.Call(ctx, protocol.MethodInitialize, p, &r)
+	return r, err
+}
+
+// StartRun starts a run.
+func (c *Client) StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunStart, p, &r)
+	return r, err
+}
+
+// CancelRun asks a run to stop and returns its state.
+func (c *Client) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunCancel, protocol.RunRef{RunID: id}, &r)
+	return r, err
+}
+
+// ListRuns returns up to limit runs, newest first; limit 0 means the
+// daemon's default (50).
+func (c *Client) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
+	var r protocol.RunListResult
+	err := c.Call(ctx, protocol.MethodRunList, protocol.RunListParams{Limit: limit}, &r)
+	return r.Runs, err
+}
+
+// GetRun returns a run with its events and spans.
+func (c *Client) GetRun(ctx context.Context, id keel.RunID) (protocol.RunDetail, error) {
+	var r protocol.RunDetail
+	err := c.Call(ctx, protocol.MethodRunGet, protocol.RunRef{RunID: id}, &r)
+	return r, err
+}
+
+// Subscribe asks for the events of run id with Seq > afterSeq, then its
+// live ones, on Events. To resume after a reconnect, pass the last Seq
+// received.
+func (c *Client) Subscribe(ctx context.Context, id keel.RunID, afterSeq int64) (protocol.SubscribeResult, error) {
+	var r protocol.SubscribeResult
+	err := c.Call(ctx, protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: id, AfterSeq: afterSeq}, &r)
+	return r, err
+}
+
+// Unsubscribe stops the events of run id. Events already sent may still
+// arrive on Events.
+func (c *Client) Unsubscribe(ctx context.Context, id keel.RunID) error {
+	return c.Call(ctx, protocol.MethodRunUnsubscribe, protocol.RunRef{RunID: id}, nil)
+}
+
+// ListTools returns the installed tools.
+func (c *Client) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
+	var r protocol.ToolsListResult
+	err := c.Call(ctx, protocol.MethodToolsList, nil, &r)
+	return r.Tools, err
+}
+
+// CallTool runs a tool directly, without a model. A tool failure is a
+// *protocol.Error whose Data is the keel.ToolError.
+func (c *Client) CallTool(ctx context.Context, name string, input json.RawMessage) (protocol.ToolsCallResult, error) {
+	var r protocol.ToolsCallResult
+	err := c.Call(ctx, protocol.MethodToolsCall, protocol.ToolsCallParams{Name: name, Input: input}, &r)
+	return r, err
+}
+
+// Describe returns what the daemon's environment declares: model
+// providers, tools and their grants, network stance.
+func (c *Client) Describe(ctx context.Context) (protocol.EnvDescribeResult, error) {
+	var r protocol.EnvDescribeResult
+	err := c.Call(ctx, protocol.MethodEnvDescribe, nil, &r)
+	return r, err
+}

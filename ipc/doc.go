@@ -1,0 +1,13 @@
+// Package ipc is keel's loopback WebSocket JSON-RPC 2.0 server: the one
+// way clients (the CLI, IDE extensions, browser UIs) talk to a daemon.
+//
+// It owns the transport and its security (bearer token, Origin and Host
+// checks made before the upgrade, a frame size limit), the method table,
+// the mapping of keel's errors to the canonical error codes of package
+// protocol, and one bounded outbound queue per client, so that a slow
+// client is dropped instead of stalling the engine.
+//
+// The server reaches the rest of keel only through Backend, an interface
+// it defines; the daemon provides the implementation. The wire types live
+// in ipc/protocol and the protocol is specified in docs/protocol.md.
+package ipc

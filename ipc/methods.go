@@ -1,0 +1,253 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// methodFunc handles one method. It returns the result to send, a
+// followUp, or an error: a *protocol.Error is sent as is, anything else
+// goes through rpcError.
+type methodFunc func(ctx context.Context, c *conn, params json.RawMessage) (any, error)
+
+// methods is the method table.
+var methods map[string]methodFunc
+
+func init() {
+	// Assigned in init because initialize lists the table's own keys.
+	methods = map[string]methodFunc{
+		protocol.MethodInitialize:     handleInitialize,
+		protocol.MethodRunStart:       handleRunStart,
+		protocol.MethodRunCancel:      handleRunCancel,
+		protocol.MethodRunList:        handleRunList,
+		protocol.MethodRunGet:         handleRunGet,
+		protocol.MethodRunSubscribe:   handleRunSubscribe,
+		protocol.MethodRunUnsubscribe: handleRunUnsubscribe,
+		protocol.MethodToolsList:      handleToolsList,
+		protocol.MethodToolsCall:      handleToolsCall,
+		protocol.MethodEnvDescribe:    handleEnvDescribe,
+	}
+}
+
+// methodNames returns the method table's names, sorted.
+func methodNames() []string {
+	names := make([]string, 0, len(methods))
+	for name := range methods {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func handleInitialize(_ context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.InitializeParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Client != "" {
+		c.log.Debug("ipc: initialize", logKeyClient, p.Client)
+	}
+	return protocol.InitializeResult{
+		Protocol: protocol.Version,
+		Server:   "keel",
+		Version:  c.s.cfg.Version,
+		Methods:  methodNames(),
+	}, nil
+}
+
+func handleRunStart(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunStartParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(p.Goal) == "" {
+		return nil, paramError("goal", "must not be empty")
+	}
+	if p.MaxSteps < 0 {
+		return nil, paramError("max_steps", "must not be negative")
+	}
+	return c.s.b.StartRun(ctx, p)
+}
+
+// decodeRunRef decodes and checks params naming a run.
+func decodeRunRef(params json.RawMessage) (keel.RunID, error) {
+	var p protocol.RunRef
+	if err := decodeParams(params, &p); err != nil {
+		return "", err
+	}
+	if p.RunID == "" {
+		return "", paramError("run_id", "must not be empty")
+	}
+	return p.RunID, nil
+}
+
+func handleRunCancel(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.b.CancelRun(ctx, id)
+}
+
+func handleRunList(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunListParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Limit < 0 || p.Limit > maxListLimit {
+		return nil, paramError("limit", fmt.Sprintf("must be between 0 and %d", maxListLimit))
+	}
+	if p.Limit == 0 {
+		p.Limit = defaultListLimit
+	}
+	runs, err := c.s.b.ListRuns(ctx, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.RunListResult{Runs: nonNil(runs)}, nil
+}
+
+func handleRunGet(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	run, err := c.s.b.GetRun(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	events, err := c.s.b.Events(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	spans, err := c.s.b.Spans(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.RunDetail{Run: run, Events: nonNil(events), Spans: nonNil(spans)}, nil
+}
+
+func handleRunSubscribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.SubscribeParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.RunID == "" {
+		return nil, paramError("run_id", "must not be empty")
+	}
+	if p.AfterSeq < 0 {
+		return nil, paramError("after_seq", "must not be negative")
+	}
+	return c.subscribe(ctx, p)
+}
+
+func handleRunUnsubscribe(_ context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	c.unsubscribe(id)
+	return struct{}{}, nil
+}
+
+func handleToolsList(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	if err := decodeParams(params, &struct{}{}); err != nil {
+		return nil, err
+	}
+	tools, err := c.s.b.ListTools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.ToolsListResult{Tools: nonNil(tools)}, nil
+}
+
+func handleToolsCall(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsCallParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Name == "" {
+		return nil, paramError("name", "must not be empty")
+	}
+	if len(p.Input) == 0 {
+		p.Input = json.RawMessage("{}")
+	}
+	start := time.Now()
+	out, err := c.s.b.CallTool(ctx, p.Name, p.Input)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.ToolsCallResult{Output: out, DurationMS: time.Since(start).Milliseconds()}, nil
+}
+
+func handleEnvDescribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	if err := decodeParams(params, &struct{}{}); err != nil {
+		return nil, err
+	}
+	env, err := c.s.b.Describe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if env.Protocol == "" {
+		env.Protocol = protocol.Version
+	}
+	return protocol.EnvDescribeResult(env), nil
+}
+
+// nonNil makes a nil slice encode as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// rpcError maps a handler's error to the protocol error sent to the
+// client. Unexpected errors are logged and reported without detail.
+func rpcError(log *slog.Logger, method string, err error) *protocol.Error {
+	if pe, ok := errors.AsType[*protocol.Error](err); ok {
+		return pe
+	}
+	if te, ok := errors.AsType[*keel.ToolError](err); ok {
+		code := protocol.CodeToolError
+		switch te.Code {
+		case keel.ToolInvalidInput:
+			code = protocol.CodeInvalidToolInput
+		case keel.ToolNotFound:
+			code = protocol.CodeNotFound
+		}
+		data, _ := json.Marshal(te)
+		return &protocol.Error{Code: code, Message: te.Error(), Data: data}
+	}
+	code := 0
+	switch {
+	case errors.Is(err, keel.ErrNotFound):
+		code = protocol.CodeNotFound
+	case errors.Is(err, keel.ErrConflict):
+		code = protocol.CodeConflict
+	case errors.Is(err, keel.ErrInvalid):
+		code = protocol.CodeInvalidParams
+	case errors.Is(err, keel.ErrModelUnavailable):
+		code = protocol.CodeModelUnavailable
+	case errors.Is(err, keel.ErrUnavailable):
+		code = protocol.CodeUnavailable
+	}
+	if code != 0 {
+		return &protocol.Error{Code: code, Message: err.Error()}
+	}
+	log.Error("ipc: request failed", logKeyMethod, method, logKeyErr, err)
+	return internalError()
+}
+
+func internalError() *protocol.Error {
+	return &protocol.Error{Code: protocol.CodeInternal, Message: "internal error; the daemon log has the details"}
+}

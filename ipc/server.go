@@ -1,0 +1,419 @@
+package ipc
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// Backend is what the server needs from the rest of keel. The daemon
+// implements it on top of the engine, the store and the tool runtime.
+//
+// Every ctx passed to a Backend method is cancelled when the client's
+// connection ends or the server stops; methods must honour it, because
+// Server.Run waits for every call in flight before it returns. Errors
+// are mapped to protocol error codes with errors.Is/As (see
+// docs/protocol.md): wrap keel.ErrNotFound, keel.ErrConflict,
+// keel.ErrInvalid, keel.ErrUnavailable or keel.ErrModelUnavailable, or
+// return a *keel.ToolError from CallTool. Any other error is reported to
+// the client as an internal error and logged.
+type Backend interface {
+	// StartRun creates a run and starts it in the background; the run
+	// outlives ctx. The returned Run is its state right after creation.
+	StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error)
+	// CancelRun asks a run to stop and returns its state.
+	CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// ListRuns returns up to limit runs, newest first.
+	ListRuns(ctx context.Context, limit int) ([]keel.Run, error)
+	// GetRun returns one run.
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// Events returns the persisted events of a run with Seq > afterSeq,
+	// in Seq order.
+	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	// Spans returns the trace spans of a run.
+	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
+	// Subscribe calls fn for every event of every run as it happens:
+	// persisted events (Seq > 0) after they are stored, and live-only
+	// events (Seq == 0, such as model.delta). For one run, fn is called
+	// in Seq order, never concurrently. fn does not block. After cancel
+	// returns, fn is not called again.
+	Subscribe(fn func(keel.Event)) (cancel func())
+	// ListTools returns the installed tools.
+	ListTools(ctx context.Context) ([]protocol.ToolInfo, error)
+	// CallTool runs one tool with input. A tool failure is a
+	// *keel.ToolError.
+	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// Describe returns what this environment declares about itself.
+	Describe(ctx context.Context) (capabilities.Environment, error)
+}
+
+// Config configures a Server. Token is required; the zero value of every
+// other field selects a safe default.
+type Config struct {
+	// Token is the secret every client must present, either as
+	// "Authorization: Bearer TOKEN" or, for browsers, as the WebSocket
+	// subprotocol protocol.TokenSubprotocolPrefix+TOKEN. Required.
+	Token string
+	// AllowedOrigins lists the exact origins (scheme://host[:port], as a
+	// browser sends them, such as "http://localhost:5173") whose pages
+	// may connect. By default no origin is allowed: only clients that
+	// send no Origin header (native programs) can connect.
+	AllowedOrigins []string
+	// Logger receives the server's log: rejected handshakes and dropped
+	// clients at Warn, unexpected errors (with the detail clients do not
+	// get) at Error. Default: logs are discarded.
+	Logger *slog.Logger
+	// QueueSize bounds, per client: the queued live event notifications,
+	// the queued responses and replayed events (separately), and the live
+	// events a subscription buffers while it replays history. A client
+	// whose live events overflow is disconnected; responses and replayed
+	// events wait for room instead. Default 256.
+	QueueSize int
+	// Version is the server version reported by initialize. Default "dev".
+	Version string
+}
+
+const (
+	defaultQueueSize = 256
+	// maxInFlight bounds the requests one connection may have running at
+	// once; the connection is not read while it is reached.
+	maxInFlight = 64
+	// shutdownGrace is how long Run waits for clients to finish the
+	// close handshake before it closes their connections outright.
+	shutdownGrace = 2 * time.Second
+	// maxListLimit is the largest limit run.list accepts.
+	maxListLimit = 1000
+	// defaultListLimit is run.list's limit when none is given.
+	defaultListLimit = 50
+)
+
+// Log attribute keys.
+const (
+	logKeyRemote = "remote"
+	logKeyMethod = "method"
+	logKeyErr    = "err"
+	logKeyReason = "reason"
+	logKeyAddr   = "addr"
+	logKeyStack  = "stack"
+	logKeyClient = "client"
+)
+
+// reasonTooSlow is the close reason of a client whose queue overflowed.
+const reasonTooSlow = "client too slow: event queue full"
+
+// Server serves the keel protocol over WebSocket on a loopback listener.
+// Create it with NewServer and serve with Run. Its methods are safe for
+// concurrent use.
+type Server struct {
+	b       Backend
+	cfg     Config
+	log     *slog.Logger
+	token   [sha256.Size]byte
+	origins map[string]bool
+
+	ran atomic.Bool
+
+	mu      sync.Mutex
+	closing bool
+	conns   map[*conn]struct{}
+	connWG  sync.WaitGroup
+}
+
+// NewServer returns a server that serves b. It fails if cfg.Token is
+// empty, an allowed origin is not of the form scheme://host[:port], or b
+// is nil.
+func NewServer(b Backend, cfg Config) (*Server, error) {
+	if b == nil {
+		return nil, errors.New("ipc: nil Backend")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("ipc: Config.Token is required")
+	}
+	origins := make(map[string]bool, len(cfg.AllowedOrigins))
+	for _, o := range cfg.AllowedOrigins {
+		norm, err := normalizeOrigin(o)
+		if err != nil {
+			return nil, fmt.Errorf("ipc: allowed origin %q: %w", o, err)
+		}
+		origins[norm] = true
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = defaultQueueSize
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg.AllowedOrigins = append([]string(nil), cfg.AllowedOrigins...)
+	return &Server{
+		b:       b,
+		cfg:     cfg,
+		log:     log,
+		token:   sha256.Sum256([]byte(cfg.Token)),
+		origins: origins,
+		conns:   make(map[*conn]struct{}),
+	}, nil
+}
+
+// normalizeOrigin checks that o is a bare origin and lower-cases it.
+func normalizeOrigin(o string) (string, error) {
+	u, err := url.Parse(o)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme == "" || u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return "", errors.New("want scheme://host[:port]")
+	}
+	return strings.ToLower(u.Scheme + "://" + u.Host), nil
+}
+
+// URL returns the WebSocket URL clients use to reach a server listening
+// on ln, such as "ws://127.0.0.1:PORT/v1/ws". A listener bound to all
+// interfaces is reached through 127.0.0.1.
+func (s *Server) URL(ln net.Listener) string {
+	host := "127.0.0.1"
+	port := ""
+	if a, ok := ln.Addr().(*net.TCPAddr); ok {
+		if a.IP != nil && !a.IP.IsUnspecified() {
+			host = a.IP.String()
+		}
+		port = strconv.Itoa(a.Port)
+	} else if h, p, err := net.SplitHostPort(ln.Addr().String()); err == nil {
+		host, port = h, p
+	}
+	return "ws://" + net.JoinHostPort(host, port) + protocol.Path
+}
+
+// Run serves on ln, which must be a TCP listener (normally bound to a
+// loopback address), until ctx is done or ln fails, then closes ln and
+// every client connection (with status 1001, "server shutting down") and
+// returns once every goroutine it started has exited, including every
+// Backend call in flight. It returns nil after ctx is done. A Server runs
+// once; a second Run fails.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	if s.ran.Swap(true) {
+		return errors.New("ipc: Server.Run called more than once")
+	}
+	hosts, err := allowedHosts(ln.Addr())
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	hs := &http.Server{
+		Handler:           s.handler(hosts),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, nc net.Conn) context.Context {
+			return context.WithValue(ctx, netConnKey{}, nc)
+		},
+	}
+	s.log.Info("ipc: serving", logKeyAddr, ln.Addr().String())
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+
+	var runErr error
+	served := false
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("ipc: serve: %w", err)
+		served = true
+	}
+
+	// Stop accepting and finish plain HTTP requests (rejections). Shutdown
+	// does not wait for upgraded connections; closeConns does.
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	cancel()
+	if !served {
+		<-serveErr
+	}
+	s.closeConns()
+	return runErr
+}
+
+type netConnKey struct{}
+
+// closeConns refuses new connections, asks every open one to close and
+// waits for their goroutines; connections that do not finish the close
+// handshake within shutdownGrace are closed outright.
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	s.closing = true
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+
+	for _, c := range conns {
+		c.end(websocket.StatusGoingAway, "server shutting down")
+	}
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(shutdownGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	for _, c := range conns {
+		if c.nc != nil {
+			c.nc.Close()
+		}
+	}
+	<-done
+}
+
+// allowedHosts returns the Host header values a request may carry: the
+// loopback names with the listener's port and, if the listener is bound
+// to one address, that address.
+func allowedHosts(addr net.Addr) (map[string]bool, error) {
+	a, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return nil, fmt.Errorf("ipc: listener address %q is not TCP", addr)
+	}
+	port := strconv.Itoa(a.Port)
+	hosts := map[string]bool{
+		"127.0.0.1:" + port: true,
+		"localhost:" + port: true,
+		"[::1]:" + port:     true,
+	}
+	if a.IP != nil && !a.IP.IsUnspecified() {
+		hosts[strings.ToLower(net.JoinHostPort(a.IP.String(), port))] = true
+	}
+	if port == "80" { // browsers omit the default port
+		for h := range hosts {
+			hosts[strings.TrimSuffix(h, ":80")] = true
+		}
+	}
+	return hosts, nil
+}
+
+// handler checks a request and, if it passes, upgrades it and serves the
+// connection until it ends.
+func (s *Server) handler(hosts map[string]bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != protocol.Path {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		// DNS rebinding: a page on evil.example resolving to 127.0.0.1
+		// reaches us with its own name in Host.
+		if !hosts[strings.ToLower(r.Host)] {
+			s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "host not allowed")
+			http.Error(w, "forbidden: Host not allowed", http.StatusForbidden)
+			return
+		}
+		if origins := r.Header.Values("Origin"); len(origins) > 0 {
+			if len(origins) != 1 || !s.origins[strings.ToLower(origins[0])] {
+				s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "origin not allowed")
+				http.Error(w, "forbidden: Origin not allowed", http.StatusForbidden)
+				return
+			}
+		}
+		if !s.authorized(r) {
+			s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "bad or missing token")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="keel"`)
+			http.Error(w, "unauthorized: missing or wrong token", http.StatusUnauthorized)
+			return
+		}
+
+		nc, _ := r.Context().Value(netConnKey{}).(net.Conn)
+		c := s.newConn(nc, r.RemoteAddr)
+		if !s.track(c) {
+			c.cancel()
+			http.Error(w, "server shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		defer s.untrack(c)
+
+		ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+			Subprotocols: []string{protocol.Subprotocol},
+			// Origin was checked above, more strictly than Accept would.
+			InsecureSkipVerify: true,
+		})
+		if err != nil {
+			s.log.Debug("ipc: upgrade failed", logKeyRemote, r.RemoteAddr, logKeyErr, err)
+			c.cancel()
+			return
+		}
+		c.serve(ws)
+	})
+}
+
+// authorized reports whether r carries the token, as a bearer header or
+// as a token subprotocol. Comparisons take constant time.
+func (s *Server) authorized(r *http.Request) bool {
+	ok := false
+	for _, h := range r.Header.Values("Authorization") {
+		scheme, tok, found := strings.Cut(strings.TrimSpace(h), " ")
+		if found && strings.EqualFold(scheme, "Bearer") && s.tokenMatches(strings.TrimSpace(tok)) {
+			ok = true
+		}
+	}
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			p = strings.TrimSpace(p)
+			if tok, found := strings.CutPrefix(p, protocol.TokenSubprotocolPrefix); found && s.tokenMatches(tok) {
+				ok = true
+			}
+		}
+	}
+	return ok
+}
+
+func (s *Server) tokenMatches(tok string) bool {
+	sum := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
+}
+
+// track registers c so that shutdown can close it; it fails once the
+// server is shutting down.
+func (s *Server) track(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	return true
+}
+
+func (s *Server) untrack(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.connWG.Done()
+}

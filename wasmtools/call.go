@@ -1,0 +1,251 @@
+package wasmtools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+// Call runs the named tool on input in a fresh instance and returns its
+// output. Every error is a *keel.ToolError:
+//
+//   - not_found: no tool has that name.
+//   - permission_denied: the manifest requests something (a directory,
+//     an environment variable, a network destination) that was not
+//     granted; the tool does not run.
+//   - invalid_input: input is not JSON or breaks the input schema; Path
+//     is the JSON pointer of the failing field. Empty input counts as {}.
+//   - timeout: the call outlived Config.CallTimeout or ctx, or the
+//     registry was closed; the message says which.
+//   - resource_exhausted: the tool hit the memory limit or wrote more
+//     than Config.MaxOutputBytes.
+//   - crashed: the tool trapped, exited non-zero or wrote something that
+//     is not a result object.
+//   - tool_error: the tool reported its own error, or its output broke
+//     its output schema.
+func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	t, ok := r.tools[name]
+	if !ok {
+		return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}
+	}
+	if t.missing != "" {
+		return nil, &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s needs %s, which is not granted", name, t.missing)}
+	}
+	if len(bytes.TrimSpace(input)) == 0 {
+		input = json.RawMessage("{}") // models send no arguments for tools without parameters
+	}
+	if v, err := validate(t.input, input); err != nil {
+		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Message: fmt.Sprintf("input is not valid JSON: %v", err)}
+	} else if v != nil {
+		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Path: v.Pointer, Message: v.Message}
+	}
+	if !r.begin() {
+		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: "the tool runtime is closed"}
+	}
+	defer r.calls.Done()
+
+	late := fmt.Sprintf("tool did not finish within its time limit of %s", r.cfg.CallTimeout)
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.cfg.CallTimeout {
+		late = "tool did not finish before the caller's deadline"
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	defer context.AfterFunc(r.ctx, cancel)()
+
+	start := time.Now()
+	o := r.run(ctx, t.compiled, t.module, input)
+	out, terr := r.result(ctx, t, o, late)
+	attrs := []any{"tool", name, "duration", time.Since(start)}
+	switch {
+	case terr == nil:
+		r.log.Debug("wasmtools: call", attrs...)
+	case terr.Code == keel.ToolFailed:
+		r.log.Debug("wasmtools: call failed", append(attrs, "error", terr)...)
+	default:
+		r.log.Warn("wasmtools: call failed", append(attrs, "error", terr, "cause", o.err, "stderr", string(o.stderr))...)
+	}
+	if terr != nil {
+		return nil, terr
+	}
+	return out, nil
+}
+
+func (r *Registry) begin() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.calls.Add(1)
+	return true
+}
+
+// outcome is what one instance run left behind.
+type outcome struct {
+	stdout, stderr []byte
+	err            error // from InstantiateModule: trap, exit code or context
+	memoryExceeded bool
+	outputExceeded bool
+}
+
+// run instantiates compiled, which runs its _start to the end, with the
+// given stdin and fresh, capped stdout, stderr and memory.
+func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, stdin []byte) outcome {
+	mem := &memoryCap{limit: r.memoryLimit()}
+	stdout := &limitedWriter{limit: r.cfg.MaxOutputBytes, fail: true}
+	stderr := &limitedWriter{limit: stderrLimit}
+	mc = mc.WithStdin(bytes.NewReader(stdin)).
+		WithStdout(stdout).
+		WithStderr(stderr).
+		WithNanosleep(sleeper(ctx))
+	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, mem), compiled, mc)
+	if mod != nil {
+		_ = mod.Close(context.WithoutCancel(ctx))
+	}
+	return outcome{
+		stdout:         stdout.buf.Bytes(),
+		stderr:         stderr.buf.Bytes(),
+		err:            err,
+		memoryExceeded: mem.exceeded.Load(),
+		outputExceeded: stdout.exceeded,
+	}
+}
+
+// sleeper is the guest's nanosleep (poll_oneoff with a clock): a real
+// sleep that ends early when ctx is done, so a sleeping guest cannot
+// outlive its call.
+func sleeper(ctx context.Context) sys.Nanosleep {
+	return func(ns int64) {
+		t := time.NewTimer(time.Duration(ns))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// failure classifies a run that did not end cleanly; nil means the guest
+// exited 0 within its limits. late is the message for a run that ran out
+// of time.
+func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.ToolError {
+	switch {
+	case o.outputExceeded:
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool output exceeded the limit of %d bytes", r.cfg.MaxOutputBytes)}
+	case o.err == nil:
+		return nil
+	case o.memoryExceeded:
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB", r.cfg.MemoryLimitMiB)}
+	case r.ctx != nil && r.ctx.Err() != nil:
+		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the tool runtime is closing"}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return &keel.ToolError{Code: keel.ToolTimeout, Message: late}
+	case ctx.Err() != nil:
+		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the call was cancelled"}
+	}
+	var exit *sys.ExitError
+	if errors.As(o.err, &exit) {
+		return &keel.ToolError{Code: keel.ToolCrashed, Message: fmt.Sprintf("tool exited with code %d%s", exit.ExitCode(), stderrHint(o.stderr))}
+	}
+	return &keel.ToolError{Code: keel.ToolCrashed, Message: "tool trapped: " + firstLine(o.err.Error())}
+}
+
+// result turns a run into the call's output or error.
+func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) (json.RawMessage, *keel.ToolError) {
+	if f := r.failure(ctx, o, late); f != nil {
+		return nil, f
+	}
+	out, toolErr, err := parseResult(o.stdout)
+	switch {
+	case err != nil:
+		return nil, &keel.ToolError{Code: keel.ToolCrashed, Message: "tool wrote a malformed result: " + err.Error()}
+	case toolErr != nil:
+		return nil, toolErr
+	}
+	if t.output != nil {
+		v, err := validate(t.output, out)
+		if err == nil && v != nil {
+			at := v.Pointer
+			if at == "" {
+				at = "/"
+			}
+			err = fmt.Errorf("at %s: %s", at, v.Message)
+		}
+		if err != nil {
+			return nil, &keel.ToolError{Code: keel.ToolFailed, Message: "tool broke its contract: its output does not match its output schema: " + err.Error()}
+		}
+	}
+	return out, nil
+}
+
+// parseResult reads the one JSON object a tool writes to stdout:
+// {"output": value} or {"error": {"message": "...", "code": "..."}}.
+func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
+	b := bytes.TrimSpace(stdout)
+	if len(b) == 0 {
+		return nil, nil, errors.New("nothing on stdout")
+	}
+	if b[0] != '{' {
+		return nil, nil, errors.New("stdout is not a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var fields map[string]json.RawMessage
+	if err := dec.Decode(&fields); err != nil {
+		return nil, nil, fmt.Errorf("stdout is not JSON: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, nil, errors.New("stdout has more than one JSON value")
+	}
+	if len(fields) == 1 {
+		if out, ok := fields["output"]; ok {
+			return compact(out), nil, nil
+		}
+		if raw, ok := fields["error"]; ok {
+			var e struct {
+				Message string `json:"message"`
+				Code    string `json:"code"`
+			}
+			if err := json.Unmarshal(raw, &e); err != nil || strings.TrimSpace(e.Message) == "" {
+				return nil, nil, errors.New(`"error" must be an object with a non-empty "message"`)
+			}
+			msg := e.Message
+			if e.Code != "" {
+				msg = e.Code + ": " + msg
+			}
+			return nil, &keel.ToolError{Code: keel.ToolFailed, Message: msg}, nil
+		}
+	}
+	return nil, nil, errors.New(`the result object must have exactly one field, "output" or "error"`)
+}
+
+// stderrHint quotes the first line of stderr, where runtimes put the
+// reason (Go: "panic: ..." or "fatal error: ...").
+func stderrHint(stderr []byte) string {
+	line := firstLine(string(stderr))
+	if line == "" {
+		return ""
+	}
+	return " (stderr: " + line + ")"
+}
+
+func firstLine(s string) string {
+	for line := range strings.Lines(s) {
+		if line = strings.TrimSpace(line); line != "" {
+			if len(line) > 200 {
+				line = line[:200] + "…"
+			}
+			return line
+		}
+	}
+	return ""
+}

@@ -1,0 +1,75 @@
+// Package wasmtools is keel's tool sandbox. A tool is a WebAssembly
+// command module (for example Go built with GOOS=wasip1 GOARCH=wasm) run
+// under wazero; it sees its own memory, the clocks, randomness and
+// whatever its grants give it, and nothing else. [Open] loads a directory
+// of tools into a [Registry]; [Registry.Call] runs one call in a fresh
+// instance. Package toolkit is the author's side of the convention below,
+// and package builtin carries the example tools.
+//
+// # Tool convention
+//
+// A tool is a file NAME.wasm, where NAME matches ^[a-z][a-z0-9_]{0,63}$.
+//
+// Manifest. Started with argv [NAME, "--manifest"], the module prints its
+// manifest as one JSON object to stdout and exits 0. A sidecar file
+// NAME.manifest.json beside NAME.wasm, if present, is used instead, for
+// modules from toolchains that cannot easily do that. Fields:
+//
+//	name           must equal NAME
+//	version        free text, optional
+//	description    required; written for a model choosing a tool
+//	input_schema   required JSON Schema (draft 2020-12 by default)
+//	output_schema  optional JSON Schema; enforced on every result
+//	side_effects   read_only | idempotent_write | non_idempotent_write | external
+//	requests       {"fs": [{"guest_path": "/workspace", "read_only": true}],
+//	                "network": ["scheme://host:port"], "env": ["NAME"]}
+//
+// Unknown fields are errors. Schemas must be self-contained: a $ref to
+// another document is refused, so a manifest cannot make the host read
+// files or fetch URLs.
+//
+// Call. The module is started with argv [NAME], the input JSON on stdin
+// and no environment but what is granted. It writes exactly one JSON
+// object to stdout, {"output": value} or {"error": {"message": "...",
+// "code": "..."}}, and exits 0 either way. Anything else (stdout that is
+// not such an object, a non-zero exit, a trap) is a crash. stderr is kept
+// for the log only.
+//
+// # Sandbox
+//
+// Only WASI (wasi_snapshot_preview1) is offered: a module importing any
+// other host function is not loaded. A tool must export its memory as
+// "memory" and a _start function.
+//
+// Grants come from [Config.Grants] and nothing else: a tool that is not
+// in the map gets no directory and no environment variable. Each granted
+// directory is mounted exactly as configured. Mounts go through os.Root,
+// which keeps every path, and every symbolic link, inside the granted
+// host directory; wazero's own directory mounts follow links out of the
+// mount (https://github.com/wazero/wazero/issues/2321). A call whose
+// manifest requests a directory, environment variable or network
+// destination that was not granted fails with permission_denied before
+// the tool starts. Network grants are recorded and checked against
+// requests, but no host function reaches the network yet.
+//
+// Each call gets a fresh instance with its own limits: a deadline
+// ([Config.CallTimeout]; wazero closes a module whose context is done,
+// even in an endless loop, and guest sleeps end with the context), a
+// memory cap ([Config.MemoryLimitMiB]) and a stdout cap
+// ([Config.MaxOutputBytes]). The memory cap is enforced by a per-instance
+// allocator rather than wazero's runtime-wide page limit, because the
+// allocator can tell that a grow was refused: a guest that dies after
+// hitting the cap is reported as resource_exhausted, not as a crash.
+//
+// # Errors
+//
+// [Registry.Call] returns only *keel.ToolError values; its documentation
+// lists the codes. [Open] logs and skips a file that cannot be loaded
+// (not WebAssembly, unknown imports, bad manifest, name mismatch) and
+// fails only when the configuration itself is unusable.
+//
+// A Registry is safe for concurrent use. Compiled modules are kept for
+// the registry's life; [Config.CacheDir] keeps compiled code on disk
+// between runs, which matters because a Go module takes seconds to
+// compile.
+package wasmtools

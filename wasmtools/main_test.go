@@ -1,0 +1,386 @@
+package wasmtools
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
+	"go.uber.org/goleak"
+)
+
+// Fixture directories, filled once by TestMain.
+var (
+	// toolsDir holds the embedded example tools, readfile and wordcount;
+	// readfileDir holds readfile alone, for the tests of grants.
+	toolsDir, readfileDir string
+	// hostileDir holds hostile.wasm (built from testdata/hostile) and two
+	// hand-assembled modules with sidecar manifests: spin (an endless
+	// loop) and fixed (writes a constant result through fd_write).
+	hostileDir string
+	// brokenDir holds fixed.wasm next to files that must not load.
+	brokenDir string
+	// tinyDir holds fixed.wasm alone: quick to compile into a new cache.
+	tinyDir string
+	// cacheDir is the compilation cache shared by the tests. Go modules
+	// take seconds to compile (more under -race), so it lives in the
+	// user's cache directory and survives between runs, like Go's build
+	// cache.
+	cacheDir string
+
+	// plainOnce opens plain, a registry on toolsDir without grants that
+	// tests share; TestMain closes it.
+	plainOnce sync.Once
+	plain     *Registry
+	plainErr  error
+)
+
+// plainRegistry returns the shared registry on toolsDir, no grants.
+func plainRegistry(t *testing.T) *Registry {
+	t.Helper()
+	plainOnce.Do(func() {
+		plain, plainErr = Open(context.Background(), Config{Dir: toolsDir, CacheDir: cacheDir})
+	})
+	if plainErr != nil {
+		t.Fatalf("Open: %v", plainErr)
+	}
+	return plain
+}
+
+func TestMain(m *testing.M) {
+	code, err := testMain(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "wasmtools TestMain:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func testMain(m *testing.M) (int, error) {
+	tmp, err := os.MkdirTemp("", "keel-wasmtools-test-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+
+	cacheDir = filepath.Join(tmp, "cache")
+	if dir, err := os.UserCacheDir(); err == nil {
+		cacheDir = filepath.Join(dir, "keel", "wasmtools-test")
+	}
+
+	toolsDir = filepath.Join(tmp, "tools")
+	if err := builtin.Install(toolsDir); err != nil {
+		return 0, err
+	}
+
+	readfileDir = filepath.Join(tmp, "readfile")
+	if err := os.Mkdir(readfileDir, 0o755); err != nil {
+		return 0, err
+	}
+	readfile, err := os.ReadFile(filepath.Join(toolsDir, "readfile.wasm"))
+	if err != nil {
+		return 0, err
+	}
+	if err := writeFiles(readfileDir, map[string][]byte{"readfile.wasm": readfile}); err != nil {
+		return 0, err
+	}
+
+	hostileDir = filepath.Join(tmp, "hostile")
+	if err := os.Mkdir(hostileDir, 0o755); err != nil {
+		return 0, err
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(hostileDir, "hostile.wasm"), "./testdata/hostile")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("build testdata/hostile: %v\n%s", err, out)
+	}
+	fixed := map[string][]byte{
+		"fixed.wasm": fixedModule(`{"output":{"greeting":"hi"}}`),
+		"fixed.manifest.json": []byte(`{"name":"fixed","version":"1.0.0","description":"Always greets.",` +
+			`"input_schema":{"type":"object"},` +
+			`"output_schema":{"type":"object","properties":{"greeting":{"type":"string"}},"required":["greeting"]},` +
+			`"side_effects":"read_only"}`),
+	}
+	files := map[string][]byte{
+		"spin.wasm":          spinModule(),
+		"spin.manifest.json": []byte(`{"name":"spin","description":"Loops forever.","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+	}
+	if err := writeFiles(hostileDir, files); err != nil {
+		return 0, err
+	}
+	if err := writeFiles(hostileDir, fixed); err != nil {
+		return 0, err
+	}
+
+	tinyDir = filepath.Join(tmp, "tiny")
+	if err := os.Mkdir(tinyDir, 0o755); err != nil {
+		return 0, err
+	}
+	if err := writeFiles(tinyDir, fixed); err != nil {
+		return 0, err
+	}
+
+	brokenDir = filepath.Join(tmp, "broken")
+	if err := os.Mkdir(brokenDir, 0o755); err != nil {
+		return 0, err
+	}
+	if err := writeFiles(brokenDir, fixed); err != nil {
+		return 0, err
+	}
+	files = map[string][]byte{
+		"notwasm.wasm":              []byte("this is not WebAssembly\n"),
+		"sneaky.wasm":               sneakyModule(),
+		"Bad-Name.wasm":             fixedModule(`{"output":{}}`),
+		"badmanifest.wasm":          fixedModule(`{"output":{}}`),
+		"badmanifest.manifest.json": []byte(`{"name":"badmanifest","description":"x","input_schema":{"type":"object"},"side_effects":"sometimes"}`),
+		"misnamed.wasm":             fixedModule(`{"output":{}}`),
+		"misnamed.manifest.json":    []byte(`{"name":"othername","description":"x","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+		"bigmemory.wasm":            loopModule(5000, "_start"), // 312 MiB, over the default 256
+		"bigmemory.manifest.json":   []byte(`{"name":"bigmemory","description":"x","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+		"reactor.wasm":              loopModule(1, "_initialize"),
+		"reactor.manifest.json":     []byte(`{"name":"reactor","description":"x","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+		"nomanifest.wasm":           fixedModule(`not a manifest`),
+	}
+	if err := writeFiles(brokenDir, files); err != nil {
+		return 0, err
+	}
+	code := m.Run()
+	if plain != nil {
+		if err := plain.Close(context.Background()); err != nil {
+			return 0, err
+		}
+	}
+	if code == 0 {
+		// Every registry is closed now: nothing may be left running.
+		if err := goleak.Find(); err != nil {
+			return 0, fmt.Errorf("goroutines left behind: %w", err)
+		}
+	}
+	return code, nil
+}
+
+func writeFiles(dir string, files map[string][]byte) error {
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openRegistry opens a registry on cfg (filling in the shared cache) and
+// closes it when the test ends.
+func openRegistry(t *testing.T, cfg Config) *Registry {
+	t.Helper()
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = cacheDir
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t, nil)
+	}
+	r, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Open(%+v): %v", cfg, err)
+	}
+	t.Cleanup(func() {
+		if err := r.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return r
+}
+
+// testLogger logs to buf when it is not nil, else to the test log.
+func testLogger(t *testing.T, buf *lockedBuffer) *slog.Logger {
+	if buf != nil {
+		return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// call calls a tool and decodes its output into a generic value.
+func call(t *testing.T, r *Registry, name, input string) (any, *keel.ToolError) {
+	t.Helper()
+	out, err := r.Call(context.Background(), name, json.RawMessage(input))
+	if err != nil {
+		var te *keel.ToolError
+		if !errors.As(err, &te) {
+			t.Fatalf("Call(%s, %s) error %T %v, want *keel.ToolError", name, input, err, err)
+		}
+		return nil, te
+	}
+	var v any
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("Call(%s, %s) = %s, not JSON: %v", name, input, out, err)
+	}
+	return v, nil
+}
+
+// mustCall calls a tool that must succeed.
+func mustCall(t *testing.T, r *Registry, name, input string) any {
+	t.Helper()
+	v, terr := call(t, r, name, input)
+	if terr != nil {
+		t.Fatalf("Call(%s, %s) = %v, want success", name, input, terr)
+	}
+	return v
+}
+
+// wantCode calls a tool that must fail with code and returns the error.
+func wantCode(t *testing.T, r *Registry, name, input string, code keel.ToolErrorCode) *keel.ToolError {
+	t.Helper()
+	v, terr := call(t, r, name, input)
+	if terr == nil {
+		t.Fatalf("Call(%s, %s) = %v, want error %s", name, input, v, code)
+	}
+	if terr.Code != code {
+		t.Fatalf("Call(%s, %s) error = %v, want code %s", name, input, terr, code)
+	}
+	return terr
+}
+
+// Hand-assembled WebAssembly modules. There is no .wat compiler in Go, so
+// these build the binary format directly; each comment gives the module
+// in text format.
+
+func leb(n int) []byte { return binary.AppendUvarint(nil, uint64(n)) }
+
+func vec(items ...[]byte) []byte {
+	out := leb(len(items))
+	for _, it := range items {
+		out = append(out, it...)
+	}
+	return out
+}
+
+func str(s string) []byte { return append(leb(len(s)), s...) }
+
+func section(id byte, content []byte) []byte {
+	return append(append([]byte{id}, leb(len(content))...), content...)
+}
+
+func body(code ...byte) []byte {
+	b := append([]byte{0x00}, code...) // no locals
+	return append(leb(len(b)), b...)
+}
+
+func module(sections ...[]byte) []byte {
+	out := []byte("\x00asm\x01\x00\x00\x00")
+	for _, s := range sections {
+		out = append(out, s...)
+	}
+	return out
+}
+
+const (
+	secType, secImport, secFunc, secMemory, secExport, secCode, secData = 1, 2, 3, 5, 7, 10, 11
+	exportFunc, exportMemory                                            = 0x00, 0x02
+)
+
+var voidType = []byte{0x60, 0x00, 0x00} // () -> ()
+
+// spinModule:
+//
+//	(module (memory (export "memory") 1)
+//	  (func (export "_start") (loop (br 0))))
+func spinModule() []byte { return loopModule(1, "_start") }
+
+// loopModule is spinModule with another initial memory size (in 64 KiB
+// pages) and another name for the looping function.
+func loopModule(pages int, export string) []byte {
+	return module(
+		section(secType, vec(voidType)),
+		section(secFunc, vec([]byte{0})),
+		section(secMemory, vec(append([]byte{0x00}, leb(pages)...))),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str(export), exportFunc, 0))),
+		section(secCode, vec(body(0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b))),
+	)
+}
+
+// sneakyModule imports a host function keel does not offer:
+//
+//	(module (import "env" "sneaky" (func))
+//	  (memory (export "memory") 1)
+//	  (func (export "_start") (call 0)))
+func sneakyModule() []byte {
+	return module(
+		section(secType, vec(voidType)),
+		section(secImport, vec(append(append(str("env"), str("sneaky")...), 0x00, 0))),
+		section(secFunc, vec([]byte{0})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_start"), exportFunc, 1))),
+		section(secCode, vec(body(0x10, 0x00, 0x0b))),
+	)
+}
+
+// fixedModule writes msg to stdout with WASI fd_write, whatever its
+// arguments, like a tool from another toolchain:
+//
+//	(module
+//	  (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+//	  (memory (export "memory") 1)
+//	  (data (i32.const 0) "<iovec: ptr 16, len N><nwritten>" "<msg>")
+//	  (func (export "_start") (drop (call 0 (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
+func fixedModule(msg string) []byte {
+	data := binary.LittleEndian.AppendUint32(nil, 16)
+	data = binary.LittleEndian.AppendUint32(data, uint32(len(msg)))
+	data = append(data, make([]byte, 8)...)
+	data = append(data, msg...)
+	fdWrite := []byte{0x60, 0x04, 0x7f, 0x7f, 0x7f, 0x7f, 0x01, 0x7f}
+	return module(
+		section(secType, vec(fdWrite, voidType)),
+		section(secImport, vec(append(append(str("wasi_snapshot_preview1"), str("fd_write")...), 0x00, 0))),
+		section(secFunc, vec([]byte{1})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_start"), exportFunc, 1))),
+		section(secCode, vec(body(
+			0x41, 0x01, // i32.const 1 (stdout)
+			0x41, 0x00, // i32.const 0 (iovec)
+			0x41, 0x01, // i32.const 1 (one iovec)
+			0x41, 0x08, // i32.const 8 (nwritten)
+			0x10, 0x00, // call fd_write
+			0x1a, // drop
+			0x0b))),
+		section(secData, vec(append([]byte{0x00, 0x41, 0x00, 0x0b}, append(leb(len(data)), data...)...))),
+	)
+}

@@ -1,0 +1,162 @@
+package wasmtools
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// namePattern is what a tool name must match. Names are also file names
+// and identifiers models call, so they stay short and plain.
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// maxManifestBytes bounds a manifest, sidecar or printed.
+const maxManifestBytes = 1 << 20
+
+// manifest is what a tool declares about itself; see the package
+// documentation for the convention.
+type manifest struct {
+	Name         string              `json:"name"`
+	Version      string              `json:"version"`
+	Description  string              `json:"description"`
+	InputSchema  json.RawMessage     `json:"input_schema"`
+	OutputSchema json.RawMessage     `json:"output_schema"`
+	SideEffects  keel.SideEffect     `json:"side_effects"`
+	Requests     capabilities.Grants `json:"requests"`
+}
+
+// parsedManifest is a validated manifest with its schemas compiled.
+type parsedManifest struct {
+	manifest
+	input  *jsonschema.Schema
+	output *jsonschema.Schema // nil when the tool declares no output schema
+}
+
+// parseManifest decodes and validates a manifest. Unknown fields are
+// errors, so a misspelt field is caught rather than silently ignored.
+func parseManifest(data []byte) (*parsedManifest, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var m manifest
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("manifest is not a valid JSON object: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("manifest has data after its JSON object")
+	}
+	if !namePattern.MatchString(m.Name) {
+		return nil, fmt.Errorf("manifest name %q must match %s", m.Name, namePattern)
+	}
+	if strings.TrimSpace(m.Description) == "" {
+		return nil, errors.New("manifest description is required")
+	}
+	switch m.SideEffects {
+	case keel.SideEffectReadOnly, keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite, keel.SideEffectExternal:
+	case "":
+		return nil, errors.New("manifest side_effects is required")
+	default:
+		return nil, fmt.Errorf("manifest side_effects %q is not one of read_only, idempotent_write, non_idempotent_write, external", m.SideEffects)
+	}
+	if err := checkRequests(m.Requests); err != nil {
+		return nil, err
+	}
+	p := &parsedManifest{manifest: m}
+	if len(m.InputSchema) == 0 || string(m.InputSchema) == "null" {
+		return nil, errors.New("manifest input_schema is required")
+	}
+	var err error
+	if p.input, err = compileSchema(m.Name, "input_schema", m.InputSchema); err != nil {
+		return nil, fmt.Errorf("manifest %w", err)
+	}
+	if len(m.OutputSchema) != 0 && string(m.OutputSchema) != "null" {
+		if p.output, err = compileSchema(m.Name, "output_schema", m.OutputSchema); err != nil {
+			return nil, fmt.Errorf("manifest %w", err)
+		}
+	} else {
+		p.OutputSchema = nil
+	}
+	p.InputSchema = compact(m.InputSchema)
+	p.OutputSchema = compact(p.OutputSchema)
+	return p, nil
+}
+
+func checkRequests(r capabilities.Grants) error {
+	seen := map[string]bool{}
+	for _, fs := range r.FS {
+		switch {
+		case fs.HostPath != "":
+			return fmt.Errorf("manifest requests.fs %q: a tool cannot name a host_path; the host decides what to mount", fs.GuestPath)
+		case !path.IsAbs(fs.GuestPath) || path.Clean(fs.GuestPath) != fs.GuestPath:
+			return fmt.Errorf("manifest requests.fs guest_path %q must be an absolute, clean path such as /workspace", fs.GuestPath)
+		case seen[fs.GuestPath]:
+			return fmt.Errorf("manifest requests.fs guest_path %q is requested twice", fs.GuestPath)
+		}
+		seen[fs.GuestPath] = true
+	}
+	for _, n := range r.Network {
+		if strings.TrimSpace(n) == "" {
+			return errors.New("manifest requests.network has an empty entry")
+		}
+	}
+	for _, e := range r.Env {
+		if e == "" || strings.ContainsAny(e, "=\x00") {
+			return fmt.Errorf("manifest requests.env %q is not a valid environment variable name", e)
+		}
+	}
+	return nil
+}
+
+// compact returns raw without insignificant space; raw must be valid JSON.
+func compact(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return raw
+	}
+	return b.Bytes()
+}
+
+// missingGrant names the first request that g does not cover, or returns
+// "" when every request is granted. A read-write request needs a writable
+// grant; a read-only request is met by either.
+func missingGrant(req, g capabilities.Grants) string {
+	for _, fs := range req.FS {
+		allowed, writable := g.GuestPathAllowed(fs.GuestPath)
+		switch {
+		case !allowed:
+			return fmt.Sprintf("filesystem %s (%s)", fs.GuestPath, access(fs.ReadOnly))
+		case !fs.ReadOnly && !writable:
+			return fmt.Sprintf("filesystem %s (read-write; only read-only is granted)", fs.GuestPath)
+		}
+	}
+	for _, n := range req.Network {
+		if !slices.Contains(g.Network, n) {
+			return "network " + n
+		}
+	}
+	for _, e := range req.Env {
+		if !slices.Contains(g.Env, e) {
+			return "environment variable " + e
+		}
+	}
+	return ""
+}
+
+func access(readOnly bool) string {
+	if readOnly {
+		return "read-only"
+	}
+	return "read-write"
+}

@@ -1,0 +1,443 @@
+package wasmtools
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
+	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
+	"github.com/tetratelabs/wazero/experimental/sysfs"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultCallTimeout    = 10 * time.Second
+	DefaultMemoryLimitMiB = 256
+	DefaultMaxOutputBytes = 1 << 20
+)
+
+// maxMemoryLimitMiB is the most a 32-bit WebAssembly memory can address.
+const maxMemoryLimitMiB = 4 << 10
+
+// stderrLimit bounds what is kept of a tool's stderr for the log.
+const stderrLimit = 4 << 10
+
+// Config configures a Registry. Only Dir is required; every other zero
+// field takes the default it documents. A Config is read once by Open.
+type Config struct {
+	// Dir holds the tools: NAME.wasm, with an optional NAME.manifest.json
+	// beside it. Required.
+	Dir string
+	// CacheDir is wazero's compilation cache directory, created if
+	// missing. "" keeps compiled code in memory only, so every Open
+	// compiles again.
+	CacheDir string
+	// Grants holds what each tool may touch, by tool name. A tool that is
+	// not in the map gets nothing: no directories, no environment.
+	Grants map[string]capabilities.Grants
+	// CallTimeout bounds a whole call, from instantiation to the last
+	// byte of output, and printing the manifest at Open. Default 10s.
+	CallTimeout time.Duration
+	// MemoryLimitMiB caps each instance's linear memory. Default 256, at
+	// most 4096.
+	MemoryLimitMiB int
+	// MaxOutputBytes caps what a tool may write to stdout in one call.
+	// Default 1 MiB.
+	MaxOutputBytes int
+	// Logger receives load problems and call outcomes. Default discards.
+	Logger *slog.Logger
+}
+
+// Tool is one loaded tool.
+type Tool struct {
+	Spec     keel.ToolSpec
+	Requests capabilities.Grants // what the manifest asked for
+	Grants   capabilities.Grants // what it was given
+	SHA256   string              // hex digest of the .wasm file
+	Path     string              // the .wasm file
+}
+
+// Registry holds the tools of one directory, compiled and ready to call.
+// Its methods are safe for concurrent use.
+type Registry struct {
+	cfg   Config
+	log   *slog.Logger
+	rt    wazero.Runtime
+	cache wazero.CompilationCache // nil without a CacheDir
+	wasi  map[string]bool         // function names WASI offers
+	tools map[string]*tool
+	names []string // sorted
+
+	// ctx is the registry's lifetime: Close cancels it, which stops the
+	// calls in flight.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	calls  sync.WaitGroup
+}
+
+// tool is a loaded tool. It is not changed after Open.
+type tool struct {
+	info     Tool
+	compiled wazero.CompiledModule
+	input    *jsonschema.Schema
+	output   *jsonschema.Schema // nil: no output schema
+	// module holds argv, clocks, randomness, the granted mounts and
+	// environment; each call adds its own stdio.
+	module wazero.ModuleConfig
+	roots  []*os.Root
+	// missing names a request the grants do not cover; calls fail with
+	// permission_denied while it is set.
+	missing string
+}
+
+// Open loads every NAME.wasm in cfg.Dir: it compiles the module, reads
+// its manifest (the sidecar NAME.manifest.json if present, else what the
+// module prints for --manifest), validates it and prepares the mounts
+// its grants allow. A file that fails any step is logged and skipped; the
+// others still load. Open fails only when the configuration is unusable
+// or cfg.Dir cannot be read.
+func Open(ctx context.Context, cfg Config) (*Registry, error) {
+	if cfg.Dir == "" {
+		return nil, fmt.Errorf("wasmtools: Config.Dir is required: %w", keel.ErrInvalid)
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.MemoryLimitMiB <= 0 {
+		cfg.MemoryLimitMiB = DefaultMemoryLimitMiB
+	}
+	cfg.MemoryLimitMiB = min(cfg.MemoryLimitMiB, maxMemoryLimitMiB)
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	entries, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("wasmtools: read tool directory: %w", err)
+	}
+
+	r := &Registry{cfg: cfg, log: log, tools: map[string]*tool{}}
+	// Memory is capped per instance by memoryCap, not by
+	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
+	rc := wazero.NewRuntimeConfig().WithCloseOnContextDone(true)
+	if cfg.CacheDir != "" {
+		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
+		if err != nil {
+			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", "dir", cfg.CacheDir, "error", err)
+		} else {
+			r.cache = cache
+			rc = rc.WithCompilationCache(cache)
+		}
+	}
+	r.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.rt); err != nil {
+		_ = r.closeRuntime(ctx)
+		return nil, fmt.Errorf("wasmtools: instantiate WASI: %w", err)
+	}
+	r.wasi = map[string]bool{}
+	for name := range r.rt.Module(wasi_snapshot_preview1.ModuleName).ExportedFunctionDefinitions() {
+		r.wasi[name] = true
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".wasm")
+		if !ok || e.IsDir() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			_ = r.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("wasmtools: open: %w", err)
+		}
+		file := filepath.Join(cfg.Dir, e.Name())
+		t, err := r.load(ctx, name, file)
+		if err != nil {
+			log.Error("wasmtools: tool skipped", "file", file, "error", err)
+			continue
+		}
+		r.tools[name] = t
+		r.names = append(r.names, name)
+		log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+	}
+	slices.Sort(r.names)
+	for name := range cfg.Grants {
+		if _, ok := r.tools[name]; !ok {
+			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
+		}
+	}
+	return r, nil
+}
+
+// load compiles and checks one tool file.
+func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err error) {
+	if !namePattern.MatchString(name) {
+		return nil, fmt.Errorf("file name %q is not a tool name: it must match %s", name, namePattern)
+	}
+	bin, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(bin)
+	// Compiling a Go module takes seconds; use every core for it.
+	compiled, err := r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
+	if err != nil {
+		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+	}
+	t := &tool{compiled: compiled}
+	defer func() {
+		if err != nil {
+			t.close(ctx, true)
+		}
+	}()
+	if err := r.checkModule(compiled); err != nil {
+		return nil, err
+	}
+
+	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if data, err = r.printManifest(ctx, name, compiled); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, fmt.Errorf("read sidecar manifest: %w", err)
+	}
+	m, err := parseManifest(data)
+	if err != nil {
+		return nil, err
+	}
+	if m.Name != name {
+		return nil, fmt.Errorf("manifest name %q does not match the file name %q", m.Name, name)
+	}
+	t.input, t.output = m.input, m.output
+
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		abs = file
+	}
+	t.info = Tool{
+		Spec: keel.ToolSpec{
+			Name:         m.Name,
+			Version:      m.Version,
+			Description:  m.Description,
+			InputSchema:  m.InputSchema,
+			OutputSchema: m.OutputSchema,
+			SideEffects:  m.SideEffects,
+		},
+		Requests: m.Requests,
+		SHA256:   hex.EncodeToString(sum[:]),
+		Path:     abs,
+	}
+	r.grant(t, r.cfg.Grants[name])
+	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
+		r.log.Warn("wasmtools: tool requests more than it is granted; its calls will be denied", "tool", name, "missing", t.missing)
+	}
+	return t, nil
+}
+
+// readSidecar reads a sidecar manifest of at most maxManifestBytes.
+func readSidecar(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxManifestBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", filepath.Base(name), maxManifestBytes)
+	}
+	return data, nil
+}
+
+// checkModule refuses modules keel cannot run: only WASI is offered, and
+// a tool is a WASI command that exports its memory and _start.
+func (r *Registry) checkModule(m wazero.CompiledModule) error {
+	for _, f := range m.ImportedFunctions() {
+		mod, fn, _ := f.Import()
+		if mod != wasi_snapshot_preview1.ModuleName {
+			return fmt.Errorf("imports %s.%s: only WASI (%s) is offered to tools", mod, fn, wasi_snapshot_preview1.ModuleName)
+		}
+		if !r.wasi[fn] {
+			return fmt.Errorf("imports %s.%s, which this host's WASI does not provide", mod, fn)
+		}
+	}
+	if len(m.ImportedMemories()) > 0 {
+		return errors.New("imports a memory; a tool must define its own")
+	}
+	mem, ok := m.ExportedMemories()["memory"]
+	if !ok {
+		return errors.New(`does not export its memory as "memory"; tools are WASI command modules`)
+	}
+	if need := uint64(mem.Min()) * 65536; need > r.memoryLimit() {
+		return fmt.Errorf("needs %d MiB of memory to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
+	}
+	if _, ok := m.ExportedFunctions()["_start"]; !ok {
+		return errors.New("does not export _start; tools are WASI command modules (reactors are not supported)")
+	}
+	return nil
+}
+
+func (r *Registry) memoryLimit() uint64 { return uint64(r.cfg.MemoryLimitMiB) << 20 }
+
+// printManifest runs the module with --manifest, with nothing granted.
+func (r *Registry) printManifest(ctx context.Context, name string, compiled wazero.CompiledModule) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	mc := baseModuleConfig().WithArgs(name, "--manifest")
+	o := r.run(ctx, compiled, mc, nil)
+	if f := r.failure(ctx, o, fmt.Sprintf("did not finish within %s", r.cfg.CallTimeout)); f != nil {
+		return nil, fmt.Errorf("print manifest (no sidecar %s.manifest.json either): %s", name, f.Message)
+	}
+	return o.stdout, nil
+}
+
+// grant records what t is given and prepares the mounts and environment.
+// A grant that cannot be honoured (bad guest path, host directory missing)
+// is logged and left out, so the tool's requests show it as missing.
+func (r *Registry) grant(t *tool, g capabilities.Grants) {
+	name := t.info.Spec.Name
+	fsc := wazero.NewFSConfig()
+	var given capabilities.Grants
+	for _, fg := range g.FS {
+		if !path.IsAbs(fg.GuestPath) {
+			r.log.Error("wasmtools: grant dropped: guest path must be absolute", "tool", name, "guest_path", fg.GuestPath)
+			continue
+		}
+		fg.GuestPath = path.Clean(fg.GuestPath)
+		root, err := os.OpenRoot(fg.HostPath)
+		if err != nil {
+			r.log.Error("wasmtools: grant dropped: host directory unusable", "tool", name, "guest_path", fg.GuestPath, "error", err)
+			continue
+		}
+		t.roots = append(t.roots, root)
+		var mount experimentalsys.FS = rootFS{root: root}
+		if fg.ReadOnly {
+			mount = &sysfs.ReadFS{FS: mount}
+		}
+		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(mount, fg.GuestPath)
+		given.FS = append(given.FS, fg)
+	}
+	mc := baseModuleConfig().WithArgs(name).WithFSConfig(fsc)
+	for _, e := range g.Env {
+		if v, ok := os.LookupEnv(e); ok {
+			mc = mc.WithEnv(e, v)
+		} else {
+			r.log.Warn("wasmtools: granted environment variable is not set", "tool", name, "env", e)
+		}
+	}
+	given.Env = slices.Clone(g.Env)
+	// No host function reaches the network yet; the grant is recorded so
+	// requests can be checked against it.
+	given.Network = slices.Clone(g.Network)
+	t.info.Grants = given
+	t.module = mc
+}
+
+// baseModuleConfig is what every instance gets: clocks and randomness,
+// and nothing else until grants add to it.
+func baseModuleConfig() wazero.ModuleConfig {
+	return wazero.NewModuleConfig().
+		WithName(""). // anonymous, so one module can have many instances
+		WithSysWalltime().
+		WithSysNanotime().
+		WithRandSource(rand.Reader)
+}
+
+// close releases what load acquired; Registry.Close leaves the compiled
+// module to the runtime, which closes them all.
+func (t *tool) close(ctx context.Context, compiled bool) {
+	if compiled {
+		_ = t.compiled.Close(ctx)
+	}
+	for _, root := range t.roots {
+		_ = root.Close()
+	}
+}
+
+// Tools returns the loaded tools sorted by name. The result is a copy.
+func (r *Registry) Tools() []Tool {
+	out := make([]Tool, 0, len(r.names))
+	for _, n := range r.names {
+		out = append(out, r.tools[n].info.clone())
+	}
+	return out
+}
+
+// Specs returns the specs of the loaded tools sorted by name.
+func (r *Registry) Specs() []keel.ToolSpec {
+	out := make([]keel.ToolSpec, 0, len(r.names))
+	for _, n := range r.names {
+		out = append(out, r.tools[n].info.clone().Spec)
+	}
+	return out
+}
+
+func (t Tool) clone() Tool {
+	t.Spec.InputSchema = slices.Clone(t.Spec.InputSchema)
+	t.Spec.OutputSchema = slices.Clone(t.Spec.OutputSchema)
+	t.Requests = cloneGrants(t.Requests)
+	t.Grants = cloneGrants(t.Grants)
+	return t
+}
+
+func cloneGrants(g capabilities.Grants) capabilities.Grants {
+	return capabilities.Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env)}
+}
+
+// Close stops the calls in flight (they fail with a timeout error), waits
+// for them, and releases the compiled modules, the cache and the granted
+// directories. Calls after Close fail. Close is idempotent.
+func (r *Registry) Close(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	r.cancel()
+	r.calls.Wait()
+	for _, t := range r.tools {
+		t.close(ctx, false)
+	}
+	return r.closeRuntime(ctx)
+}
+
+func (r *Registry) closeRuntime(ctx context.Context) error {
+	err := r.rt.Close(ctx)
+	if r.cache != nil {
+		err = errors.Join(err, r.cache.Close(ctx))
+	}
+	if err != nil {
+		return fmt.Errorf("wasmtools: close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package wasmtools
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// errNoLoader refuses every $ref outside the schema itself: a manifest
+// must not make the host read files or fetch URLs.
+var errNoLoader = errors.New("schemas may not reference other documents")
+
+type noLoader struct{}
+
+func (noLoader) Load(string) (any, error) { return nil, errNoLoader }
+
+// compileSchema compiles one JSON Schema of a manifest (draft 2020-12
+// unless the schema says otherwise). The schema must be a JSON object.
+func compileSchema(tool, field string, raw json.RawMessage) (*jsonschema.Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not JSON: %w", field, err)
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return nil, fmt.Errorf("%s must be a JSON Schema object", field)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.UseLoader(noLoader{})
+	url := "keel:///tools/" + tool + "/" + field + ".json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s does not compile: %w", field, err)
+	}
+	return sch, nil
+}
+
+// schemaViolation is the most specific reason a value broke a schema.
+type schemaViolation struct {
+	Pointer string // JSON pointer of the failing value; "" is the whole value
+	Message string
+}
+
+var printer = message.NewPrinter(language.English)
+
+// validate checks raw against sch. It returns a parse error for input that
+// is not JSON, and a *schemaViolation naming the deepest failing field
+// otherwise.
+func validate(sch *jsonschema.Schema, raw []byte) (*schemaViolation, error) {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	err = sch.Validate(v)
+	if err == nil {
+		return nil, nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return &schemaViolation{Message: err.Error()}, nil
+	}
+	leaf := deepest(ve)
+	loc := leaf.InstanceLocation
+	// "required" and "additionalProperties" fail at the parent object;
+	// point at the property itself, which is what the caller must fix.
+	switch k := leaf.ErrorKind.(type) {
+	case *kind.Required:
+		if len(k.Missing) > 0 {
+			loc = append(loc[:len(loc):len(loc)], k.Missing[0])
+		}
+	case *kind.AdditionalProperties:
+		if len(k.Properties) > 0 {
+			loc = append(loc[:len(loc):len(loc)], k.Properties[0])
+		}
+	}
+	return &schemaViolation{Pointer: jsonPointer(loc), Message: leaf.ErrorKind.LocalizedString(printer)}, nil
+}
+
+// deepest returns the leaf error with the longest instance location, the
+// first one on ties.
+func deepest(ve *jsonschema.ValidationError) *jsonschema.ValidationError {
+	if len(ve.Causes) == 0 {
+		return ve
+	}
+	var best *jsonschema.ValidationError
+	for _, c := range ve.Causes {
+		if d := deepest(c); best == nil || len(d.InstanceLocation) > len(best.InstanceLocation) {
+			best = d
+		}
+	}
+	return best
+}
+
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
+
+// jsonPointer encodes tokens as an RFC 6901 JSON pointer.
+func jsonPointer(tokens []string) string {
+	var b strings.Builder
+	for _, t := range tokens {
+		b.WriteByte('/')
+		b.WriteString(pointerEscaper.Replace(t))
+	}
+	return b.String()
+}

@@ -1,0 +1,17 @@
+// Package toolkit is the tool-author kit for keel tools: a keel tool is a
+// WebAssembly command module (Go built with GOOS=wasip1 GOARCH=wasm) whose
+// main calls [Main] with the tool's [Manifest] and a handler.
+//
+// [Main] speaks the keel tool convention, so the handler only deals with
+// its own input and output:
+//
+//   - argv [name, "--manifest"]: print the manifest as JSON and exit 0.
+//   - argv [name]: read the input JSON from stdin, call the handler and
+//     write exactly one JSON object to stdout, {"output": value} or
+//     {"error": {"message": "...", "code": "..."}}, then exit 0.
+//
+// The host validates the input against the manifest's input schema before
+// the tool starts, so a handler sees only input that matches it. The
+// package uses the standard library only and compiles for every GOOS,
+// which keeps handlers testable with a plain go test.
+package toolkit
