@@ -125,6 +125,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if err != nil {
 			return fmt.Errorf("ollama provider: %w", err)
 		}
+		// Close lets streams cancelled mid-reply drain (see ollama.Config.CancelDrain).
+		defer op.Close()
 		provider, endpoint = op, op.Endpoint()
 	}
 

@@ -1,0 +1,21 @@
+// Package ollama owns the Ollama backend of the model layer: a
+// models.Provider that lists local models with their capabilities and
+// context length (/api/tags, /api/show), and streams chat replies
+// (/api/chat) through the official github.com/ollama/ollama/api client.
+//
+// Tool calling works with every completion model. A model whose template
+// renders tools (capability "tools") gets them natively; for any other
+// model the provider lists the tools in a system instruction and
+// constrains the reply with a JSON Schema (Ollama's "format", compiled to
+// a grammar by llama.cpp) to either {"tool": NAME, "arguments": {...}} or
+// {"answer": "..."}, and turns that reply into tool calls or content.
+//
+// Cancelling a call returns at once, but the reply is still read, and
+// discarded, for up to Config.CancelDrain before the connection closes:
+// Ollama v0.17.4 can hang for good when a client disconnects mid-stream.
+// Close ends those background readers; the composition root calls it.
+//
+// Errors wrap models.ErrUnavailable (Ollama unreachable or failing),
+// models.ErrModelNotFound (not pulled) or models.ErrInvalidRequest
+// (refused as malformed), with a message that says what to do.
+package ollama

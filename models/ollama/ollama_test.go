@@ -1,0 +1,439 @@
+package ollama
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/ollama/ollama/api"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+)
+
+func TestModelsFake(t *testing.T) {
+	f := newFake(t)
+	p := f.provider(t, Config{})
+	for range 2 {
+		got, err := p.Models(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []models.ModelInfo{
+			{Name: "tiny", Provider: "ollama", Family: "llama", Size: 4, ContextLength: 4096,
+				Capabilities: []models.Capability{models.CapCompletion, models.CapStructured}},
+			{Name: "tools", Provider: "ollama", Family: "llama", Size: 5, ContextLength: 2048,
+				Capabilities: []models.Capability{models.CapCompletion, models.CapTools, models.CapStructured}},
+		}
+		byName := func(a, b models.ModelInfo) bool { return a.Name < b.Name }
+		if diff := cmp.Diff(want, got, cmpopts.SortSlices(byName)); diff != "" {
+			t.Errorf("Models() mismatch (-want +got):\n%s", diff)
+		}
+	}
+	if n := f.count("/api/show"); n != 2 {
+		t.Errorf("/api/show called %d times for 2 models listed twice, want 2 (cached)", n)
+	}
+}
+
+func TestChatNativeTools(t *testing.T) {
+	f := newFake(t)
+	f.lines = []any{
+		chunk("Let me"),
+		chunk(" look."),
+		api.ChatResponse{Message: api.Message{Role: "assistant", ToolCalls: []api.ToolCall{
+			{Function: api.ToolCallFunction{Name: "search", Arguments: args(t, `{"q":"go"}`)}},
+		}}},
+		done("stop", 31, 7),
+	}
+	p := f.provider(t, Config{})
+	req := models.ChatRequest{
+		Model: "tools",
+		Messages: []models.Message{
+			{Role: models.RoleSystem, Content: "sys"},
+			{Role: models.RoleUser, Content: "find go"},
+			{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: "c0", Name: "search", Arguments: json.RawMessage(`{"q":"golang"}`)}}},
+			{Role: models.RoleTool, ToolCallID: "c0", ToolName: "search", Content: "nothing"},
+		},
+		Tools: testTools,
+	}
+	var deltas []string
+	resp, err := p.Chat(t.Context(), req, func(d models.Delta) { deltas = append(deltas, d.Content) })
+	if err != nil {
+		t.Fatalf("Chat() error = %v", err)
+	}
+
+	sent := f.lastChat(t)
+	wantSent := decode(t, `{
+		"model":"tools","stream":true,"keep_alive":"5m0s",
+		"options":{"num_ctx":2048,"num_predict":512},
+		"messages":[
+			{"role":"system","content":"sys"},
+			{"role":"user","content":"find go"},
+			{"role":"assistant","content":"","tool_calls":[{"id":"c0","function":{"index":0,"name":"search","arguments":{"q":"golang"}}}]},
+			{"role":"tool","content":"nothing","tool_name":"search","tool_call_id":"c0"}],
+		"tools":[
+			{"type":"function","function":{"name":"search","description":"Searches the web.","parameters":{"type":"object","required":["q"],"properties":{"q":{"type":"string"}}}}},
+			{"type":"function","function":{"name":"now","description":"Tells the time.","parameters":{"type":"object","properties":{}}}}]
+	}`)
+	if diff := cmp.Diff(wantSent, any(sent)); diff != "" {
+		t.Errorf("request sent mismatch (-want +got):\n%s", diff)
+	}
+
+	if got := strings.Join(deltas, ""); got != "Let me look." || len(deltas) != 2 {
+		t.Errorf("deltas = %q, want [Let me,  look.]", deltas)
+	}
+	if len(resp.Message.ToolCalls) != 1 || !strings.HasPrefix(resp.Message.ToolCalls[0].ID, "call_") {
+		t.Fatalf("Chat() tool calls = %+v, want one with a generated ID", resp.Message.ToolCalls)
+	}
+	want := models.ChatResponse{
+		Model: "tools",
+		Message: models.Message{Role: models.RoleAssistant, Content: "Let me look.", ToolCalls: []keel.ToolCall{
+			{ID: resp.Message.ToolCalls[0].ID, Name: "search", Arguments: json.RawMessage(`{"q":"go"}`)},
+		}},
+		Usage:        models.Usage{PromptTokens: 31, CompletionTokens: 7},
+		FinishReason: "stop",
+	}
+	if diff := cmp.Diff(want, resp); diff != "" {
+		t.Errorf("Chat() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestChatSchemaTools(t *testing.T) {
+	tests := []struct {
+		name       string
+		reply      []string // content fragments
+		reason     string
+		wantCall   string // tool name, "" for none
+		wantArgs   string
+		wantAnswer string
+	}{
+		{"tool call", []string{`{ "tool" : "sea`, `rch" , "arguments" : `, `{ "q" : "go" }`, " } "}, "stop", "search", `{"q":"go"}`, ""},
+		{"answer", []string{`{"answer":`, `"Paris is in France."}`}, "stop", "", "", "Paris is in France."},
+		{"cut at the token cap", []string{`{"tool":"search","argu`}, "length", "", "", `{"tool":"search","argu`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			for _, c := range tt.reply {
+				f.lines = append(f.lines, chunk(c))
+			}
+			f.lines = append(f.lines, done(tt.reason, 50, 20))
+			p := f.provider(t, Config{NumPredict: 64, KeepAlive: time.Minute})
+			req := models.ChatRequest{
+				Model: "tiny",
+				Messages: []models.Message{
+					{Role: models.RoleUser, Content: "find go"},
+					{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: "c0", Name: "now", Arguments: json.RawMessage(`{}`)}}},
+					{Role: models.RoleTool, ToolCallID: "c0", ToolName: "now", Content: "noon"},
+				},
+				Tools: testTools,
+			}
+			var deltas strings.Builder
+			resp, err := p.Chat(t.Context(), req, func(d models.Delta) { deltas.WriteString(d.Content) })
+			if err != nil {
+				t.Fatalf("Chat() error = %v", err)
+			}
+
+			sent := f.lastChat(t)
+			if _, ok := sent["tools"]; ok {
+				t.Errorf("request sent tools %v to a model without the tools capability", sent["tools"])
+			}
+			schema, _ := toolChoiceSchema(testTools)
+			if diff := cmp.Diff(decode(t, string(schema)), sent["format"]); diff != "" {
+				t.Errorf("format sent mismatch (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(decode(t, `{"num_ctx":4096,"num_predict":64}`), sent["options"]); diff != "" {
+				t.Errorf("options sent mismatch (-want +got):\n%s", diff)
+			}
+			if sent["keep_alive"] != "1m0s" {
+				t.Errorf("keep_alive sent = %v, want 1m0s", sent["keep_alive"])
+			}
+			msgs, _ := json.Marshal(sent["messages"])
+			wantMsgs := []api.Message{
+				{Role: "system", Content: toolInstruction(testTools)},
+				{Role: "user", Content: "find go"},
+				{Role: "assistant", Content: `{"tool":"now","arguments":{}}`},
+				{Role: "user", Content: "Result of tool now (call c0):\nnoon"},
+			}
+			wantJSON, _ := json.Marshal(wantMsgs)
+			if diff := cmp.Diff(decode(t, string(wantJSON)), decode(t, string(msgs))); diff != "" {
+				t.Errorf("messages sent mismatch (-want +got):\n%s", diff)
+			}
+
+			if deltas.String() != strings.Join(tt.reply, "") {
+				t.Errorf("deltas = %q, want the raw reply %q", deltas.String(), strings.Join(tt.reply, ""))
+			}
+			if resp.FinishReason != tt.reason || resp.Usage != (models.Usage{PromptTokens: 50, CompletionTokens: 20}) {
+				t.Errorf("Chat() finish %q usage %+v, want %q {50 20}", resp.FinishReason, resp.Usage, tt.reason)
+			}
+			if tt.wantCall == "" {
+				if len(resp.Message.ToolCalls) != 0 || resp.Message.Content != tt.wantAnswer {
+					t.Errorf("Chat() = %+v, want content %q and no calls", resp.Message, tt.wantAnswer)
+				}
+				return
+			}
+			if len(resp.Message.ToolCalls) != 1 || resp.Message.Content != "" {
+				t.Fatalf("Chat() = %+v, want one tool call and no content", resp.Message)
+			}
+			if c := resp.Message.ToolCalls[0]; c.Name != tt.wantCall || string(c.Arguments) != tt.wantArgs || c.ID == "" {
+				t.Errorf("Chat() call = %+v (%s), want %s(%s)", c, c.Arguments, tt.wantCall, tt.wantArgs)
+			}
+		})
+	}
+}
+
+func TestChatOptions(t *testing.T) {
+	format := json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)
+	tests := []struct {
+		name string
+		cfg  Config
+		req  models.ChatRequest
+		want string // JSON of the fields checked
+	}{
+		{"defaults", Config{}, models.ChatRequest{Model: "tiny"},
+			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512}}`},
+		{"max tokens wins", Config{NumPredict: 100}, models.ChatRequest{Model: "tiny", MaxTokens: 7},
+			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":7}}`},
+		{"no cap, keep loaded", Config{NumPredict: -1, KeepAlive: -1}, models.ChatRequest{Model: "tiny"},
+			`{"keep_alive":-1,"options":{"num_ctx":4096,"num_predict":-1}}`},
+		{"format as is", Config{}, models.ChatRequest{Model: "tiny", Format: format},
+			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
+		{"format wins over schema tools", Config{}, models.ChatRequest{Model: "tiny", Format: format, Tools: testTools},
+			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			f.lines = []any{chunk("{}"), done("stop", 1, 1)}
+			p := f.provider(t, tt.cfg)
+			tt.req.Messages = []models.Message{{Role: models.RoleUser, Content: "hi"}}
+			resp, err := p.Chat(t.Context(), tt.req, nil)
+			if err != nil {
+				t.Fatalf("Chat() error = %v", err)
+			}
+			if resp.Message.Content != "{}" {
+				t.Errorf("Chat() content = %q, want {}", resp.Message.Content)
+			}
+			sent := f.lastChat(t)
+			got := map[string]any{"keep_alive": sent["keep_alive"], "options": sent["options"]}
+			if v, ok := sent["format"]; ok {
+				got["format"] = v
+			}
+			if diff := cmp.Diff(decode(t, tt.want), any(got)); diff != "" {
+				t.Errorf("request mismatch (-want +got):\n%s", diff)
+			}
+			if msgs := sent["messages"].([]any); len(msgs) != 1 {
+				t.Errorf("messages sent = %v, want only the user's", msgs)
+			}
+		})
+	}
+}
+
+func TestErrorsFake(t *testing.T) {
+	status := func(code int, body string) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			w.Write([]byte(body))
+		}
+	}
+	tests := []struct {
+		name  string
+		model string
+		reply func(http.ResponseWriter, *http.Request)
+		want  error
+	}{
+		{"show 404", "missing", nil, models.ErrModelNotFound},
+		{"chat 404", "tiny", status(404, `{"error":"model 'tiny' not found"}`), models.ErrModelNotFound},
+		{"400", "tiny", status(400, `{"error":"\"tiny\" does not support tools"}`), models.ErrInvalidRequest},
+		{"500 bad schema", "tiny", status(500, `{"error":"invalid JSON schema in format"}`), models.ErrInvalidRequest},
+		{"500 bad format", "tiny", status(500, `{"error":"invalid format: \"yaml\"; expected \"json\" or a valid JSON Schema object"}`), models.ErrInvalidRequest},
+		{"500", "tiny", status(500, `{"error":"llama runner process has terminated"}`), models.ErrUnavailable},
+		{"503 not JSON", "tiny", status(503, `busy`), models.ErrUnavailable},
+		{"error after content", "tiny", func(w http.ResponseWriter, _ *http.Request) {
+			ndjson(w, chunk("Once"), `{"error":"runner crashed"}`)
+		}, models.ErrUnavailable},
+		{"stream cut before done", "tiny", func(w http.ResponseWriter, _ *http.Request) {
+			ndjson(w, chunk("Once"), chunk(" upon"))
+		}, models.ErrUnavailable},
+		{"empty model", "", nil, models.ErrInvalidRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			if tt.reply != nil {
+				f.reply = tt.reply
+			}
+			p := f.provider(t, Config{})
+			_, err := p.Chat(t.Context(), models.ChatRequest{Model: tt.model, Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Chat() error = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestModelNotFoundSuggestsPull(t *testing.T) {
+	p := newFake(t).provider(t, Config{})
+	_, err := p.Chat(t.Context(), models.ChatRequest{Model: "llama9", Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
+	var se api.StatusError
+	if !errors.Is(err, models.ErrModelNotFound) || !errors.As(err, &se) || !strings.Contains(err.Error(), "ollama pull llama9") {
+		t.Errorf("Chat(unknown) error = %v, want ErrModelNotFound wrapping the StatusError and suggesting `ollama pull llama9`", err)
+	}
+}
+
+// TestClosedPort needs no Ollama: nothing listens on the port.
+func TestClosedPort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p, err := New(Config{Host: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, err = p.Models(t.Context())
+	if !errors.Is(err, models.ErrUnavailable) || !strings.Contains(err.Error(), "ollama serve") || !strings.Contains(err.Error(), addr) {
+		t.Errorf("Models() error = %v, want ErrUnavailable naming %s and suggesting `ollama serve`", err, addr)
+	}
+	_, err = p.Chat(t.Context(), models.ChatRequest{Model: "tiny", Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
+	if !errors.Is(err, models.ErrUnavailable) {
+		t.Errorf("Chat() error = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestCancelDrains checks that a cancelled call returns at once while its
+// reply is still read to the end, so Ollama never sees a disconnect
+// mid-stream (see Config.CancelDrain).
+func TestCancelDrains(t *testing.T) {
+	f := newFake(t)
+	release := make(chan struct{})
+	served := make(chan error, 1)
+	f.reply = func(w http.ResponseWriter, r *http.Request) {
+		ndjson(w, chunk("Once"))
+		<-release
+		for range 50 {
+			ndjson(w, chunk(" more"))
+		}
+		ndjson(w, done("length", 3, 51))
+		served <- r.Context().Err()
+	}
+	p := f.provider(t, Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	deltas := 0
+	start := time.Now()
+	_, err := p.Chat(ctx, hi("tiny"), func(models.Delta) {
+		deltas++
+		cancel()
+	})
+	if !errors.Is(err, context.Canceled) || deltas != 1 || time.Since(start) > time.Second {
+		t.Errorf("Chat() = %v after %d deltas in %v, want context.Canceled at once after 1", err, deltas, time.Since(start))
+	}
+	close(release)
+	if err := <-served; err != nil {
+		t.Errorf("server saw the client go away (%v), want the reply drained", err)
+	}
+	start = time.Now()
+	p.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close() took %v with no reply left to drain, want at once", d)
+	}
+}
+
+func TestCloseEndsCallInFlight(t *testing.T) {
+	f := newFake(t)
+	f.reply = func(w http.ResponseWriter, r *http.Request) {
+		ndjson(w, chunk("Once"))
+		<-r.Context().Done()
+	}
+	p := f.provider(t, Config{CancelDrain: 50 * time.Millisecond})
+	errc := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		_, err := p.Chat(t.Context(), hi("tiny"), func(models.Delta) { close(started) })
+		errc <- err
+	}()
+	<-started
+	p.Close()
+	if err := <-errc; !errors.Is(err, models.ErrUnavailable) {
+		t.Errorf("Chat() in flight during Close error = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestCancelDisconnects(t *testing.T) {
+	tests := []struct {
+		name    string
+		drain   time.Duration
+		close   bool // Close the provider right after the call
+		atLeast time.Duration
+	}{
+		{"negative drain: at once", -1, false, 0},
+		{"after the drain", 100 * time.Millisecond, false, 100 * time.Millisecond},
+		{"on Close, after the drain", 100 * time.Millisecond, true, 100 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			serverSaw := make(chan time.Time, 1)
+			f.reply = func(w http.ResponseWriter, r *http.Request) {
+				ndjson(w, chunk("Once"))
+				select {
+				case <-r.Context().Done():
+					serverSaw <- time.Now()
+				case <-time.After(10 * time.Second):
+					serverSaw <- time.Time{}
+				}
+			}
+			p := f.provider(t, Config{CancelDrain: tt.drain})
+			ctx, cancel := context.WithCancel(t.Context())
+			_, err := p.Chat(ctx, hi("tiny"), func(models.Delta) { cancel() })
+			returned := time.Now()
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Chat() error = %v, want context.Canceled", err)
+			}
+			if tt.close {
+				p.Close()
+				if d := time.Since(returned); d < tt.atLeast {
+					t.Errorf("Close() returned %v after Chat, want it to wait for the drain (%v)", d, tt.atLeast)
+				}
+			}
+			saw := <-serverSaw
+			if d := saw.Sub(returned); saw.IsZero() || d < tt.atLeast || d > tt.atLeast+2*time.Second {
+				t.Errorf("server saw the disconnect %v after Chat returned, want about %v", d, tt.atLeast)
+			}
+		})
+	}
+}
+
+func TestChatAfterClose(t *testing.T) {
+	f := newFake(t)
+	f.lines = []any{chunk("hi"), done("stop", 1, 1)}
+	p := f.provider(t, Config{})
+	p.Close()
+	if _, err := p.Chat(t.Context(), hi("tiny"), nil); !errors.Is(err, models.ErrUnavailable) {
+		t.Errorf("Chat() after Close error = %v, want ErrUnavailable", err)
+	}
+}
+
+func hi(model string) models.ChatRequest {
+	return models.ChatRequest{Model: model, Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}
+}
+
+func args(t *testing.T, s string) api.ToolCallFunctionArguments {
+	t.Helper()
+	var a api.ToolCallFunctionArguments
+	if err := json.Unmarshal([]byte(s), &a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}

@@ -1,0 +1,291 @@
+package ollama
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/modelstest"
+)
+
+// These tests talk to a real Ollama, such as the one ../shared/ollama/start
+// runs with its tiny models. They are skipped only when OLLAMA_HOST is
+// unset.
+
+// recorder is a RoundTripper that keeps the bodies of /api/chat requests,
+// so a test can see what the provider sent to the real server.
+type recorder struct {
+	mu    sync.Mutex
+	chats []map[string]any
+}
+
+func (rec *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/api/chat" && r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		var m map[string]any
+		json.Unmarshal(b, &m)
+		rec.mu.Lock()
+		rec.chats = append(rec.chats, m)
+		rec.mu.Unlock()
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (rec *recorder) last(t *testing.T) map[string]any {
+	t.Helper()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.chats) == 0 {
+		t.Fatal("no /api/chat request recorded")
+	}
+	return rec.chats[len(rec.chats)-1]
+}
+
+// realOllama returns a provider for the server at OLLAMA_HOST, the
+// recorder of its chat requests, and the completion-only and tools model
+// names (KEEL_TEST_OLLAMA_MODEL, KEEL_TEST_OLLAMA_TOOLS_MODEL, default
+// keel-tiny and keel-tiny-tools).
+func realOllama(t *testing.T) (p *Provider, rec *recorder, tiny, tools string) {
+	t.Helper()
+	host := os.Getenv("OLLAMA_HOST")
+	if host == "" {
+		t.Skip("OLLAMA_HOST is unset; start a test server with ../shared/ollama/start")
+	}
+	rec = &recorder{}
+	p, err := New(Config{Host: host, HTTPClient: &http.Client{Transport: rec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	tiny, tools = os.Getenv("KEEL_TEST_OLLAMA_MODEL"), os.Getenv("KEEL_TEST_OLLAMA_TOOLS_MODEL")
+	if tiny == "" {
+		tiny = "keel-tiny"
+	}
+	if tools == "" {
+		tools = "keel-tiny-tools"
+	}
+	return p, rec, tiny, tools
+}
+
+func TestRealModels(t *testing.T) {
+	p, _, tiny, tools := realOllama(t)
+	ms, err := p.Models(t.Context())
+	if err != nil {
+		t.Fatalf("Models() error = %v", err)
+	}
+	want := map[string][]models.Capability{
+		tiny:  {models.CapCompletion, models.CapStructured},
+		tools: {models.CapCompletion, models.CapTools, models.CapStructured},
+	}
+	for name, caps := range want {
+		i := slices.IndexFunc(ms, func(m models.ModelInfo) bool { return m.Name == name })
+		if i < 0 {
+			t.Errorf("Models() = %v, want %s listed", ms, name)
+			continue
+		}
+		m := ms[i]
+		if !slices.Equal(m.Capabilities, caps) || m.ContextLength != 2048 || m.Provider != "ollama" || m.Size <= 0 {
+			t.Errorf("Models() has %+v, want capabilities %v, context length 2048, provider ollama, a size", m, caps)
+		}
+	}
+}
+
+func TestRealChatStreams(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	req := models.ChatRequest{
+		Model:     tiny,
+		Messages:  []models.Message{{Role: models.RoleUser, Content: "Once upon a time, there was a little cat."}},
+		MaxTokens: 40,
+	}
+	var deltas []string
+	start := time.Now()
+	resp, err := p.Chat(t.Context(), req, func(d models.Delta) { deltas = append(deltas, d.Content) })
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("Chat() error = %v", err)
+	}
+	if got := strings.Join(deltas, ""); got != resp.Message.Content || resp.Message.Content == "" || len(deltas) < 2 {
+		t.Errorf("Chat() streamed %d deltas joining to %q, content %q; want several, joining to the content", len(deltas), got, resp.Message.Content)
+	}
+	if resp.Usage.PromptTokens <= 0 || resp.Usage.CompletionTokens <= 0 || resp.Usage.CompletionTokens > 40 {
+		t.Errorf("Chat() usage = %+v, want prompt > 0 and 0 < completion <= 40", resp.Usage)
+	}
+	if resp.FinishReason != "length" && resp.FinishReason != "stop" {
+		t.Errorf("Chat() finish reason = %q, want length or stop", resp.FinishReason)
+	}
+	sent := rec.last(t)
+	if opts, _ := sent["options"].(map[string]any); opts["num_ctx"] != float64(2048) || opts["num_predict"] != float64(40) {
+		t.Errorf("options sent = %v, want num_ctx 2048 and num_predict 40", sent["options"])
+	}
+	t.Logf("%d deltas, usage %+v, finish %q, %v (%.0f tokens/s end to end)", len(deltas), resp.Usage, resp.FinishReason,
+		elapsed, float64(resp.Usage.CompletionTokens)/elapsed.Seconds())
+}
+
+func TestRealCancel(t *testing.T) {
+	p, _, tiny, _ := realOllama(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var at time.Time
+	n := 0
+	_, err := p.Chat(ctx, models.ChatRequest{
+		Model:     tiny,
+		Messages:  []models.Message{{Role: models.RoleUser, Content: "Once upon a time"}},
+		MaxTokens: 100, // drained after the cancel: keep it short
+	}, func(models.Delta) {
+		if n++; n == 3 {
+			at = time.Now()
+			cancel()
+		}
+	})
+	latency := time.Since(at)
+	if n < 3 {
+		t.Fatalf("Chat() streamed %d deltas (error %v), want at least 3 to cancel after", n, err)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Chat() error = %v, want context.Canceled", err)
+	}
+	if n != 3 {
+		t.Errorf("Chat() delivered %d deltas, want none after the cancel at the 3rd", n)
+	}
+	if latency > time.Second {
+		t.Errorf("Chat() returned %v after cancel, want promptly", latency)
+	}
+	t.Logf("returned %v after cancel", latency)
+}
+
+func TestRealUnknownModel(t *testing.T) {
+	p, _, _, _ := realOllama(t)
+	_, err := p.Chat(t.Context(), models.ChatRequest{Model: "keel-no-such-model", Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
+	if !errors.Is(err, models.ErrModelNotFound) || !strings.Contains(err.Error(), "ollama pull keel-no-such-model") {
+		t.Errorf("Chat(unknown model) error = %v, want ErrModelNotFound suggesting ollama pull", err)
+	}
+}
+
+func TestRealInvalidFormat(t *testing.T) {
+	p, _, tiny, _ := realOllama(t)
+	_, err := p.Chat(t.Context(), models.ChatRequest{
+		Model:    tiny,
+		Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}},
+		Format:   json.RawMessage(`{"type":"object","properties":{"a":{"$ref":"#/nope"}}}`),
+	}, nil)
+	if !errors.Is(err, models.ErrInvalidRequest) {
+		t.Errorf("Chat(unresolvable schema) error = %v, want ErrInvalidRequest", err)
+	}
+}
+
+var realTools = []keel.ToolSpec{
+	{
+		Name:        "get_weather",
+		Description: "Gets the weather forecast for a city.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","description":"city name"},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city"]}`),
+	},
+	{
+		Name:        "add",
+		Description: "Adds two numbers.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"],"additionalProperties":false}`),
+	},
+}
+
+// TestRealToolsWithoutNativeSupport offers tools to a model without the
+// tools capability (Ollama refuses "tools" for it): the provider must go
+// through the schema-constrained reply, and every reply must read as a
+// call of an offered tool with valid arguments, or as an answer.
+func TestRealToolsWithoutNativeSupport(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	for _, prompt := range []string{"What is the weather in Paris?", "Add 2 and 3.", "Tell me a story about a dog.", "Lily had a ball."} {
+		start := time.Now()
+		var deltas int
+		resp, err := p.Chat(t.Context(), models.ChatRequest{
+			Model: tiny,
+			Messages: []models.Message{
+				{Role: models.RoleSystem, Content: "You are a helpful assistant."},
+				{Role: models.RoleUser, Content: prompt},
+			},
+			Tools: realTools,
+		}, func(models.Delta) { deltas++ })
+		if err != nil {
+			t.Fatalf("Chat(%q, tools) error = %v", prompt, err)
+		}
+		sent := rec.last(t)
+		if _, ok := sent["tools"]; ok || sent["format"] == nil {
+			t.Fatalf("Chat(%q) sent tools=%v format=%v, want no tools and a format", prompt, sent["tools"], sent["format"])
+		}
+		if deltas == 0 || resp.FinishReason != "stop" {
+			t.Errorf("Chat(%q) streamed %d deltas, finish %q; want deltas and a complete reply", prompt, deltas, resp.FinishReason)
+		}
+		switch {
+		case len(resp.Message.ToolCalls) > 0:
+			for _, c := range resp.Message.ToolCalls {
+				i := slices.IndexFunc(realTools, func(s keel.ToolSpec) bool { return s.Name == c.Name })
+				if i < 0 {
+					t.Errorf("Chat(%q) called %q, not an offered tool", prompt, c.Name)
+					continue
+				}
+				if err := modelstest.CheckJSON(realTools[i].InputSchema, c.Arguments); err != nil {
+					t.Errorf("Chat(%q) called %s with %s: %v", prompt, c.Name, c.Arguments, err)
+				}
+			}
+			if resp.Message.Content != "" {
+				t.Errorf("Chat(%q) content = %q alongside tool calls, want none", prompt, resp.Message.Content)
+			}
+		case strings.HasPrefix(strings.TrimSpace(resp.Message.Content), "{"):
+			t.Errorf("Chat(%q) content = %q: the raw choice, not an answer", prompt, resp.Message.Content)
+		}
+		t.Logf("%q -> %s, usage %+v, %v", prompt, describe(resp.Message), resp.Usage, time.Since(start))
+	}
+}
+
+func TestRealNativeTools(t *testing.T) {
+	p, rec, _, tools := realOllama(t)
+	resp, err := p.Chat(t.Context(), models.ChatRequest{
+		Model:     tools,
+		Messages:  []models.Message{{Role: models.RoleUser, Content: "What is the weather in Paris?"}},
+		Tools:     realTools,
+		MaxTokens: 64,
+	}, nil)
+	if err != nil {
+		t.Fatalf("Chat(tools model) error = %v", err)
+	}
+	sent := rec.last(t)
+	if got, _ := sent["tools"].([]any); len(got) != len(realTools) || sent["format"] != nil {
+		t.Errorf("Chat(tools model) sent tools %v, format %v; want %d native tools and no format", sent["tools"], sent["format"], len(realTools))
+	}
+	if resp.Message.Content == "" && len(resp.Message.ToolCalls) == 0 {
+		t.Errorf("Chat(tools model) = %+v, want content or tool calls", resp)
+	}
+	t.Logf("native tools reply: %s", describe(resp.Message))
+}
+
+func TestRealConformance(t *testing.T) {
+	p, _, tiny, tools := realOllama(t)
+	for _, m := range []string{tiny, tools} {
+		t.Run(m, func(t *testing.T) { modelstest.TestProvider(t, p, m) })
+	}
+}
+
+func describe(m models.Message) string {
+	var parts []string
+	for _, c := range m.ToolCalls {
+		parts = append(parts, c.Name+string(c.Arguments))
+	}
+	if m.Content != "" {
+		parts = append(parts, strconv.Quote(m.Content))
+	}
+	return strings.Join(parts, " ")
+}
