@@ -144,6 +144,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("load tools: %w", err)
 	}
 	defer reg.Close(context.WithoutCancel(ctx))
+	// Hot reload: tools dropped into, replaced in or deleted from the tools
+	// directory take effect without a restart.
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- reg.Watch(watchCtx, 0, nil) }()
+	defer func() {
+		stopWatch()
+		if err := <-watchDone; err != nil {
+			log.Warn("tool directory watch ended", "err", err)
+		}
+	}()
 
 	eng, err := engine.New(engine.Config{Store: st, Model: provider, Tools: reg, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {

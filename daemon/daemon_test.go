@@ -446,3 +446,47 @@ func TestCLI(t *testing.T) {
 		t.Errorf("keel doctor without daemon: code %d\n%s", code, out)
 	}
 }
+
+// TestToolsHotReload deletes a bundled tool from a running daemon's tool
+// directory and puts it back; tools.list follows without a restart.
+func TestToolsHotReload(t *testing.T) {
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	names := func() string {
+		tools, err := c.ListTools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, tl := range tools {
+			n = append(n, tl.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	waitNames := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(60 * time.Second); names() != want; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("tools = %s, want %s", names(), want)
+			}
+		}
+	}
+	waitNames("readfile,wordcount")
+	path := filepath.Join(d.dir, "tools", "wordcount.wasm")
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	waitNames("readfile")
+	if err := os.WriteFile(path, bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitNames("readfile,wordcount")
+	if _, err := c.CallTool(ctx, "wordcount", json.RawMessage(`{"text":"back again"}`)); err != nil {
+		t.Fatalf("call after reload: %v", err)
+	}
+}

@@ -34,7 +34,7 @@ import (
 //   - tool_error: the tool reported its own error, or its output broke
 //     its output schema.
 func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	t, ok := r.tools[name]
+	t, ok := r.set.Load().tools[name]
 	if !ok {
 		return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}
 	}

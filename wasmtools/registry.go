@@ -1,6 +1,7 @@
 package wasmtools
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -85,8 +87,13 @@ type Registry struct {
 	rt    wazero.Runtime
 	cache wazero.CompilationCache // nil without a CacheDir
 	wasi  map[string]bool         // function names WASI offers
-	tools map[string]*tool
-	names []string // sorted
+	// set is the current tool set; Reload swaps it atomically so calls
+	// never see a half-updated registry.
+	set atomic.Pointer[toolSet]
+	// loadMu serializes Reload; retired holds replaced tools, released at
+	// Close because calls begun before a swap may still use them.
+	loadMu  sync.Mutex
+	retired []*tool
 
 	// ctx is the registry's lifetime: Close cancels it, which stops the
 	// calls in flight.
@@ -95,6 +102,12 @@ type Registry struct {
 	mu     sync.Mutex
 	closed bool
 	calls  sync.WaitGroup
+}
+
+// toolSet is an immutable snapshot of the loaded tools.
+type toolSet struct {
+	tools map[string]*tool
+	names []string // sorted
 }
 
 // tool is a loaded tool. It is not changed after Open.
@@ -107,6 +120,8 @@ type tool struct {
 	// environment; each call adds its own stdio.
 	module wazero.ModuleConfig
 	roots  []*os.Root
+	// sidecar is the sidecar manifest it was loaded with; nil if none.
+	sidecar []byte
 	// missing names a request the grants do not cover; calls fail with
 	// permission_denied while it is set.
 	missing string
@@ -141,7 +156,7 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("wasmtools: read tool directory: %w", err)
 	}
 
-	r := &Registry{cfg: cfg, log: log, tools: map[string]*tool{}}
+	r := &Registry{cfg: cfg, log: log}
 	// Memory is capped per instance by memoryCap, not by
 	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
 	rc := wazero.NewRuntimeConfig().WithCloseOnContextDone(true)
@@ -165,32 +180,75 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 
+	set, err := r.loadDir(ctx, entries, nil)
+	if err != nil {
+		_ = r.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	r.set.Store(set)
+	for name := range cfg.Grants {
+		if _, ok := set.tools[name]; !ok {
+			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
+		}
+	}
+	return r, nil
+}
+
+// loadDir builds a tool set from the directory entries. A tool whose file
+// and sidecar are unchanged since prev is reused, not recompiled.
+func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *toolSet) (*toolSet, error) {
+	set := &toolSet{tools: map[string]*tool{}}
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".wasm")
 		if !ok || e.IsDir() {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			_ = r.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("wasmtools: open: %w", err)
 		}
-		file := filepath.Join(cfg.Dir, e.Name())
+		file := filepath.Join(r.cfg.Dir, e.Name())
+		if prev != nil {
+			if old, ok := prev.tools[name]; ok && unchanged(old, file) {
+				set.tools[name] = old
+				set.names = append(set.names, name)
+				continue
+			}
+		}
 		t, err := r.load(ctx, name, file)
 		if err != nil {
-			log.Error("wasmtools: tool skipped", "file", file, "error", err)
+			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
 			continue
 		}
-		r.tools[name] = t
-		r.names = append(r.names, name)
-		log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+		set.tools[name] = t
+		set.names = append(set.names, name)
+		r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
 	}
-	slices.Sort(r.names)
-	for name := range cfg.Grants {
-		if _, ok := r.tools[name]; !ok {
-			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
-		}
+	slices.Sort(set.names)
+	return set, nil
+}
+
+// unchanged reports whether file still has the content t was loaded from
+// and no sidecar manifest appeared, changed or vanished.
+func unchanged(t *tool, file string) bool {
+	sum, err := fileSHA256(file)
+	if err != nil || sum != t.info.SHA256 {
+		return false
 	}
-	return r, nil
+	side, _ := readSidecar(strings.TrimSuffix(file, ".wasm") + ".manifest.json")
+	return bytes.Equal(side, t.sidecar)
+}
+
+func fileSHA256(file string) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // load compiles and checks one tool file.
@@ -226,6 +284,8 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		}
 	case err != nil:
 		return nil, fmt.Errorf("read sidecar manifest: %w", err)
+	default:
+		t.sidecar = data
 	}
 	m, err := parseManifest(data)
 	if err != nil {
@@ -384,18 +444,20 @@ func (t *tool) close(ctx context.Context, compiled bool) {
 
 // Tools returns the loaded tools sorted by name. The result is a copy.
 func (r *Registry) Tools() []Tool {
-	out := make([]Tool, 0, len(r.names))
-	for _, n := range r.names {
-		out = append(out, r.tools[n].info.clone())
+	set := r.set.Load()
+	out := make([]Tool, 0, len(set.names))
+	for _, n := range set.names {
+		out = append(out, set.tools[n].info.clone())
 	}
 	return out
 }
 
 // Specs returns the specs of the loaded tools sorted by name.
 func (r *Registry) Specs() []keel.ToolSpec {
-	out := make([]keel.ToolSpec, 0, len(r.names))
-	for _, n := range r.names {
-		out = append(out, r.tools[n].info.clone().Spec)
+	set := r.set.Load()
+	out := make([]keel.ToolSpec, 0, len(set.names))
+	for _, n := range set.names {
+		out = append(out, set.tools[n].info.clone().Spec)
 	}
 	return out
 }
@@ -425,7 +487,14 @@ func (r *Registry) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	r.cancel()
 	r.calls.Wait()
-	for _, t := range r.tools {
+	r.loadMu.Lock()
+	defer r.loadMu.Unlock()
+	if set := r.set.Load(); set != nil {
+		for _, t := range set.tools {
+			t.close(ctx, false)
+		}
+	}
+	for _, t := range r.retired {
 		t.close(ctx, false)
 	}
 	return r.closeRuntime(ctx)

@@ -1,0 +1,105 @@
+package wasmtools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Reload rescans the tool directory: new and changed NAME.wasm files are
+// compiled and loaded, deleted ones dropped, unchanged ones kept as they
+// are. The new set replaces the old one atomically; calls already running
+// finish on the tool they started with. A file that fails to load (for
+// example one still being written) is skipped as at Open. Reload reports
+// whether the set of tools or any tool's content changed.
+func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
+	r.loadMu.Lock()
+	defer r.loadMu.Unlock()
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return false, errors.New("wasmtools: reload: registry closed")
+	}
+	entries, err := os.ReadDir(r.cfg.Dir)
+	if err != nil {
+		return false, fmt.Errorf("wasmtools: reload: %w", err)
+	}
+	prev := r.set.Load()
+	next, err := r.loadDir(ctx, entries, prev)
+	if err != nil {
+		return false, err
+	}
+	changed = !slices.Equal(prev.names, next.names)
+	for name, t := range prev.tools {
+		if next.tools[name] != t {
+			r.retired = append(r.retired, t)
+			changed = true
+		}
+	}
+	r.set.Store(next)
+	return changed, nil
+}
+
+// Watch reloads the registry whenever a .wasm or .manifest.json file in
+// the tool directory is created, written, renamed or removed, waiting
+// for quiet (settle, default 300ms) first so a file being copied in is
+// loaded once, complete. onChange, when not nil, is called after each
+// reload that changed the tools. Watch blocks until ctx is done and
+// returns nil then; the caller owns the goroutine it runs in.
+func (r *Registry) Watch(ctx context.Context, settle time.Duration, onChange func([]Tool)) error {
+	if settle <= 0 {
+		settle = 300 * time.Millisecond
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("wasmtools: watch: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(r.cfg.Dir); err != nil {
+		return fmt.Errorf("wasmtools: watch %s: %w", r.cfg.Dir, err)
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if strings.HasSuffix(ev.Name, ".wasm") || strings.HasSuffix(ev.Name, ".manifest.json") {
+				timer.Reset(settle)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			r.log.Warn("wasmtools: watch error; rescanning", "error", err)
+			timer.Reset(settle)
+		case <-timer.C:
+			changed, err := r.Reload(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				r.log.Error("wasmtools: reload failed", "error", err)
+				continue
+			}
+			if changed {
+				r.log.Info("wasmtools: tools reloaded", "tools", len(r.set.Load().names))
+				if onChange != nil {
+					onChange(r.Tools())
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,142 @@
+package wasmtools
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+)
+
+// TestWatchHotReload drops tools into a watched directory, replaces one,
+// writes a broken file and deletes one, checking the registry follows
+// each change live and keeps serving throughout.
+func TestWatchHotReload(t *testing.T) {
+	dir := t.TempDir()
+	r := openRegistry(t, Config{Dir: dir})
+	if n := len(r.Tools()); n != 0 {
+		t.Fatalf("empty dir loaded %d tools", n)
+	}
+	changes := make(chan []Tool, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Watch(ctx, 50*time.Millisecond, func(ts []Tool) { changes <- ts }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch = %v", err)
+		}
+	}()
+	next := func(what string) []Tool {
+		t.Helper()
+		select {
+		case ts := <-changes:
+			return ts
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no reload within 20s", what)
+			return nil
+		}
+	}
+	manifest, err := os.ReadFile(filepath.Join(tinyDir, "fixed.manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.ReadFile(filepath.Join(tinyDir, "fixed.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Drop in: sidecar first, then the module.
+	if err := os.WriteFile(filepath.Join(dir, "fixed.manifest.json"), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fixed.wasm"), bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := next("drop in")
+	if len(ts) != 1 || ts[0].Spec.Name != "fixed" || ts[0].Spec.Version != "1.0.0" {
+		t.Fatalf("after drop-in tools = %+v", ts)
+	}
+	mustCall(t, r, "fixed", `{}`)
+
+	// Replace: a new manifest version is picked up.
+	v2 := strings.Replace(string(manifest), `"1.0.0"`, `"2.0.0"`, 1)
+	if err := os.WriteFile(filepath.Join(dir, "fixed.manifest.json"), []byte(v2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ts := next("replace"); len(ts) != 1 || ts[0].Spec.Version != "2.0.0" {
+		t.Fatalf("after replace tools = %+v", ts)
+	}
+
+	// A broken or half-written file is skipped; the others keep working.
+	if err := os.WriteFile(filepath.Join(dir, "half.wasm"), bin[:len(bin)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := r.Specs(); len(got) != 1 || got[0].Name != "fixed" {
+		t.Fatalf("after broken file tools = %+v", got)
+	}
+	mustCall(t, r, "fixed", `{}`)
+
+	// Delete.
+	if err := os.Remove(filepath.Join(dir, "fixed.wasm")); err != nil {
+		t.Fatal(err)
+	}
+	if ts := next("delete"); len(ts) != 0 {
+		t.Fatalf("after delete tools = %+v", ts)
+	}
+	wantCode(t, r, "fixed", `{}`, keel.ToolNotFound)
+}
+
+// TestReloadWhileCalling swaps the tool set while calls run, under -race.
+func TestReloadWhileCalling(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"fixed.wasm", "fixed.manifest.json"} {
+		b, err := os.ReadFile(filepath.Join(tinyDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := openRegistry(t, Config{Dir: dir})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := r.Call(context.Background(), "fixed", []byte(`{}`)); err != nil {
+					t.Errorf("Call during reload = %v", err)
+					return
+				}
+			}
+		}()
+	}
+	manifest, _ := os.ReadFile(filepath.Join(dir, "fixed.manifest.json"))
+	for i := 0; i < 5; i++ {
+		m := strings.Replace(string(manifest), `"1.0.0"`, `"1.0.`+string(rune('1'+i))+`"`, 1)
+		if err := os.WriteFile(filepath.Join(dir, "fixed.manifest.json"), []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		changed, err := r.Reload(context.Background())
+		if err != nil || !changed {
+			t.Errorf("Reload %d = %v, %v; want changed", i, changed, err)
+		}
+	}
+	if changed, err := r.Reload(context.Background()); err != nil || changed {
+		t.Errorf("Reload with nothing new = %v, %v; want unchanged", changed, err)
+	}
+	close(stop)
+	wg.Wait()
+}
