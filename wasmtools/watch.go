@@ -52,7 +52,9 @@ func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
 // for quiet (settle, default 300ms) first so a file being copied in is
 // loaded once, complete. onChange, when not nil, is called after each
 // reload that changed the tools. Watch blocks until ctx is done and
-// returns nil then; the caller owns the goroutine it runs in.
+// returns nil then; the caller owns the goroutine it runs in. Watch
+// rescans once as soon as it is watching, so nothing changed before it
+// started is missed.
 func (r *Registry) Watch(ctx context.Context, settle time.Duration, onChange func([]Tool)) error {
 	if settle <= 0 {
 		settle = 300 * time.Millisecond
@@ -65,8 +67,9 @@ func (r *Registry) Watch(ctx context.Context, settle time.Duration, onChange fun
 	if err := w.Add(r.cfg.Dir); err != nil {
 		return fmt.Errorf("wasmtools: watch %s: %w", r.cfg.Dir, err)
 	}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	// Rescan once the watch is in place: a change made between Open (or
+	// the call to Watch) and now produced no event.
+	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
