@@ -163,3 +163,24 @@ func TestSpansAndStatusQueries(t *testing.T) {
 		t.Errorf("StartSpan(unknown run) = %v, want ErrConflict (foreign key)", err)
 	}
 }
+
+// BenchmarkAppend measures one journaled event: a synchronous=FULL
+// transaction (read last_seq, insert, update run) on a real file.
+func BenchmarkAppend(b *testing.B) {
+	ctx := context.Background()
+	s, err := store.Open(ctx, filepath.Join(b.TempDir(), "keel.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateRun(ctx, newRun("r")); err != nil {
+		b.Fatal(err)
+	}
+	data := json.RawMessage(`{"step":1,"content":"hello"}`)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := s.Append(ctx, "r", keel.EventModelResult, time.Now(), data, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
