@@ -228,7 +228,7 @@ func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) 
 	}
 	list, err := e.cfg.Model.Models(ctx)
 	if err != nil {
-		return "", fmt.Errorf("list models: %w: %w", keel.ErrModelUnavailable, err)
+		return "", fmt.Errorf("%w: %w", keel.ErrModelUnavailable, err)
 	}
 	if name == "" {
 		for _, m := range list {

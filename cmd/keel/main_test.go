@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// TestBinary builds the real keel binary and runs it as a user would: the
+// daemon with no Ollama reachable, CLI commands against it, a foreign
+// Origin and Host refused by the real listener, then SIGTERM, which must
+// stop it cleanly (exit 0, daemon.json removed).
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "keel")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// A closed port: Ollama is "down".
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadOllama := ln.Addr().String()
+	ln.Close()
+
+	dir := filepath.Join(tmp, "data")
+	env := append(os.Environ(), "OLLAMA_HOST="+deadOllama, "KEEL_DATA_DIR="+dir)
+	daemon := exec.Command(bin, "daemon", "--addr", "127.0.0.1:0")
+	daemon.Env = env
+	var logs strings.Builder
+	daemon.Stderr = &logs
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- daemon.Wait() }()
+	defer func() {
+		daemon.Process.Kill()
+	}()
+	var info protocol.DaemonInfo
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if info, err = client.ReadDaemonInfo(dir); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("daemon exited early: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no daemon.json after 2m\n%s", logs.String())
+		}
+	}
+	if info.PID != daemon.Process.Pid {
+		t.Errorf("daemon.json pid = %d, want %d", info.PID, daemon.Process.Pid)
+	}
+
+	keel := func(args ...string) (string, int) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	if out, code := keel("tool", "call", "wordcount", `{"text":"keel works without ollama"}`); code != 0 || !strings.Contains(out, `"words": 4`) {
+		t.Errorf("keel tool call: exit %d\n%s", code, out)
+	}
+	out, code := keel("doctor")
+	if code != 1 || !strings.Contains(out, "UNREACHABLE") || !strings.Contains(out, "ollama serve") {
+		t.Errorf("keel doctor with Ollama down: exit %d, want 1 with what to do\n%s", code, out)
+	}
+	out, code = keel("run", "hello")
+	if code != 1 || !strings.Contains(out, "Ollama") {
+		t.Errorf("keel run with Ollama down: exit %d, want 1 with an actionable message\n%s", code, out)
+	}
+
+	// The real listener refuses a foreign Origin and a rebinding Host, even with the token.
+	token, err := os.ReadFile(info.TokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpURL := "http" + strings.TrimPrefix(info.URL, "ws")
+	for _, tt := range []struct{ name, origin, host string }{
+		{"foreign origin", "https://evil.example", ""},
+		{"rebinding host", "", "evil.example:" + strings.Split(strings.TrimPrefix(httpURL, "http://127.0.0.1:"), "/")[0]},
+	} {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, httpURL, nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Protocol", protocol.Subprotocol)
+		if tt.origin != "" {
+			req.Header.Set("Origin", tt.origin)
+		}
+		if tt.host != "" {
+			req.Host = tt.host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s: status %d, want 403", tt.name, resp.StatusCode)
+		}
+	}
+
+	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("daemon exit after SIGTERM = %v, want 0\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not stop within 30s of SIGTERM")
+	}
+	if _, err := os.Stat(filepath.Join(dir, protocol.DaemonFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("daemon.json left after SIGTERM: %v", err)
+	}
+	if !strings.Contains(logs.String(), "keel daemon stopped") {
+		t.Errorf("daemon log lacks a clean stop:\n%s", logs.String())
+	}
+}
