@@ -80,6 +80,16 @@ Start the runtime with 'keel daemon'; the other commands talk to it.`,
 	return root
 }
 
+// usageArgs makes an argument-count error exit with ExitUsage.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("%w (see keel %s --help)", err, cmd.Name())}
+		}
+		return nil
+	}
+}
+
 func dataDir(cmd *cobra.Command) string {
 	dir, _ := cmd.Flags().GetString("data-dir")
 	if dir == "" {

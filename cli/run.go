@@ -17,7 +17,7 @@ func runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C cancels it)",
-		Args:  cobra.MinimumNArgs(1),
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Goal = strings.Join(args, " ")
 			c, err := connect(cmd)

@@ -16,7 +16,7 @@ func runsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "List runs, newest first",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := connect(cmd)
 			if err != nil {
@@ -52,7 +52,7 @@ func showCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show RUN",
 		Short: "Show one run: its events and its trace spans with tokens and durations",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := connect(cmd)
 			if err != nil {

@@ -14,7 +14,7 @@ func toolsCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List installed tools with their schemas and grants",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := connect(cmd)
 			if err != nil {
@@ -73,7 +73,7 @@ func callCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "call NAME JSON",
 		Short: "Run a tool directly with JSON input, no model involved",
-		Args:  cobra.ExactArgs(2),
+		Args:  usageArgs(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !json.Valid([]byte(args[1])) {
 				return &exitError{code: ExitUsage, err: fmt.Errorf("input is not valid JSON: %s", clip(args[1], 80))}

@@ -434,6 +434,9 @@ func TestCLI(t *testing.T) {
 	if code != cli.ExitFailure || !strings.Contains(errs, "/text") {
 		t.Errorf("keel tool call (bad input): code %d, stderr %s", code, errs)
 	}
+	if _, errs, code := keelCLI("tool", "call", "wordcount"); code != cli.ExitUsage || !strings.Contains(errs, "--help") {
+		t.Errorf("keel tool call (missing input): code %d, want %d; stderr %s", code, cli.ExitUsage, errs)
+	}
 	out, _, code = keelCLI("doctor")
 	if code != 0 || !strings.Contains(out, "provider  scripted") || !strings.Contains(out, d.info.URL) || !strings.Contains(out, "readfile") {
 		t.Errorf("keel doctor: code %d\n%s", code, out)
