@@ -226,3 +226,22 @@ type RunUpdate struct {
 	Result string
 	Error  string
 }
+
+// ToolAudit is the audit record of one tool call: which tool (version and
+// module hash), who called it (run and step, or a direct call), a hash of
+// the arguments, the grants in force, the outcome and the duration.
+type ToolAudit struct {
+	ID         int64         `json:"id"`
+	Time       time.Time     `json:"time"`
+	Tool       string        `json:"tool"`
+	Version    string        `json:"version,omitempty"`
+	SHA256     string        `json:"sha256,omitempty"`
+	RunID      RunID         `json:"run_id,omitempty"` // empty for a direct call
+	Step       int           `json:"step,omitempty"`
+	CallID     string        `json:"call_id,omitempty"`
+	ArgsSHA256 string        `json:"args_sha256"`
+	Grants     []string      `json:"grants,omitempty"` // e.g. "fs:/workspace=ro"
+	Outcome    string        `json:"outcome"`          // "ok" or a ToolErrorCode
+	Error      string        `json:"error,omitempty"`
+	Duration   time.Duration `json:"duration_ns"`
+}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -58,8 +61,63 @@ func toolsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(list, callCmd())
+	cmd.AddCommand(list, callCmd(), auditCmd())
 	return cmd
+}
+
+func auditCmd() *cobra.Command {
+	var tool string
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the audit trail of tool calls: tool, version, hash, caller, arguments hash, grants, outcome, duration",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			recs, err := c.ToolAudit(cmd.Context(), tool, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd, recs)
+			}
+			if len(recs) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no tool calls recorded")
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tTOOL\tVERSION\tMODULE\tCALLER\tARGS\tGRANTS\tOUTCOME\tDURATION")
+			for _, r := range recs {
+				caller := "direct"
+				if r.RunID != "" {
+					caller = fmt.Sprintf("%s step %d", r.RunID, r.Step)
+				}
+				grants := strings.Join(r.Grants, ",")
+				if grants == "" {
+					grants = "none"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.DateTime), r.Tool, r.Version,
+					short(r.SHA256), caller, short(r.ArgsSHA256), grants, r.Outcome, r.Duration.Round(time.Microsecond))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&tool, "tool", "", "only this tool's calls")
+	cmd.Flags().IntVar(&limit, "limit", 50, "most records to show, newest first")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func short(hash string) string {
+	if len(hash) > 12 {
+		return hash[:12]
+	}
+	return hash
 }
 
 // toolCmd is `keel tool call`, the singular spelling.

@@ -19,6 +19,7 @@ type backend struct {
 	st       *store.Store
 	eng      *engine.Engine
 	reg      *wasmtools.Registry
+	tools    *auditedTools
 	provider models.Provider
 	endpoint string
 	url      string
@@ -66,7 +67,11 @@ func (b *backend) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 }
 
 func (b *backend) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	return b.reg.Call(ctx, name, input)
+	return b.tools.Call(ctx, name, input)
+}
+
+func (b *backend) ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+	return b.st.ToolCalls(ctx, tool, limit)
 }
 
 // Describe declares this environment: providers (and whether they

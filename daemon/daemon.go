@@ -156,7 +156,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}()
 
-	eng, err := engine.New(engine.Config{Store: st, Model: provider, Tools: reg, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
+	eng, err := engine.New(engine.Config{Store: st, Model: provider, Tools: tools, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return err
 	}
@@ -166,7 +167,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Info("marked runs left unfinished by a previous daemon as interrupted", "runs", n)
 	}
 
-	b := &backend{st: st, eng: eng, reg: reg, provider: provider, endpoint: endpoint, cfg: cfg}
+	b := &backend{st: st, eng: eng, reg: reg, tools: tools, provider: provider, endpoint: endpoint, cfg: cfg}
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err

@@ -3,6 +3,8 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -436,6 +438,25 @@ func TestCLI(t *testing.T) {
 	}
 	if _, errs, code := keelCLI("tool", "call", "wordcount"); code != cli.ExitUsage || !strings.Contains(errs, "--help") {
 		t.Errorf("keel tool call (missing input): code %d, want %d; stderr %s", code, cli.ExitUsage, errs)
+	}
+	// The audit trail has the run's call (with run and step) and the direct ones.
+	out, _, code = keelCLI("tools", "audit", "--json")
+	var recs []keel.ToolAudit
+	if err := json.Unmarshal([]byte(out), &recs); code != 0 || err != nil || len(recs) != 3 {
+		t.Fatalf("keel tools audit --json: code %d, %d records (%v)\n%s", code, len(recs), err, out)
+	}
+	sum := sha256.Sum256([]byte(`{"text":"a b c"}`))
+	runCall, bad := recs[2], recs[0]
+	if runCall.RunID != keel.RunID(id) || runCall.Step != 1 || runCall.Tool != "wordcount" || runCall.Outcome != "ok" ||
+		runCall.ArgsSHA256 != hex.EncodeToString(sum[:]) || len(runCall.SHA256) != 64 || runCall.Version == "" {
+		t.Errorf("audit of the run's call = %+v", runCall)
+	}
+	if bad.RunID != "" || bad.Outcome != string(keel.ToolInvalidInput) {
+		t.Errorf("audit of the bad direct call = %+v", bad)
+	}
+	out, _, code = keelCLI("tools", "audit", "--tool", "wordcount")
+	if code != 0 || !strings.Contains(out, "direct") || !strings.Contains(out, id+" step 1") {
+		t.Errorf("keel tools audit: code %d\n%s", code, out)
 	}
 	out, _, code = keelCLI("doctor")
 	if code != 0 || !strings.Contains(out, "provider  scripted") || !strings.Contains(out, d.info.URL) || !strings.Contains(out, "readfile") {

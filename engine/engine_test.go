@@ -40,6 +40,9 @@ func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage
 	t.mu.Lock()
 	t.calls++
 	t.mu.Unlock()
+	if c, ok := engine.CallerFrom(ctx); !ok || c.RunID == "" || c.Step < 1 || c.CallID == "" {
+		return nil, fmt.Errorf("tool called without its caller in the context: %+v", c)
+	}
 	switch name {
 	case "echo":
 		var in struct {

@@ -109,7 +109,7 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		return "", fmt.Errorf("journal: %w", err)
 	}
 	start := time.Now()
-	out, err := e.cfg.Tools.Call(ctx, call.Name, call.Arguments)
+	out, err := e.cfg.Tools.Call(WithCaller(ctx, Caller{RunID: run.ID, Step: step, CallID: call.ID}), call.Name, call.Arguments)
 	sp.Duration, sp.Status = time.Since(start), keel.SpanOK
 	res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds()}
 	if err != nil {

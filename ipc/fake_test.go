@@ -236,6 +236,10 @@ func (f *fakeBackend) CallTool(ctx context.Context, name string, input json.RawM
 	return input, nil
 }
 
+func (f *fakeBackend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+	return []keel.ToolAudit{{Tool: tool, Step: limit, Outcome: "ok"}}, nil
+}
+
 func (f *fakeBackend) Describe(context.Context) (capabilities.Environment, error) {
 	if err := f.failWith("Describe"); err != nil {
 		return capabilities.Environment{}, err

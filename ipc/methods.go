@@ -34,6 +34,7 @@ func init() {
 		protocol.MethodRunUnsubscribe: handleRunUnsubscribe,
 		protocol.MethodToolsList:      handleToolsList,
 		protocol.MethodToolsCall:      handleToolsCall,
+		protocol.MethodToolsAudit:     handleToolsAudit,
 		protocol.MethodEnvDescribe:    handleEnvDescribe,
 	}
 }
@@ -187,6 +188,24 @@ func handleToolsCall(ctx context.Context, c *conn, params json.RawMessage) (any,
 		return nil, err
 	}
 	return protocol.ToolsCallResult{Output: out, DurationMS: time.Since(start).Milliseconds()}, nil
+}
+
+func handleToolsAudit(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsAuditParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Limit < 0 || p.Limit > 1000 {
+		return nil, paramError("limit", "must be between 0 and 1000")
+	}
+	if p.Limit == 0 {
+		p.Limit = 50
+	}
+	recs, err := c.s.b.ToolAudit(ctx, p.Tool, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.ToolsAuditResult{Records: nonNil(recs)}, nil
 }
 
 func handleEnvDescribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

@@ -54,6 +54,8 @@ func TestBadInput(t *testing.T) {
 		{"limit too large", `{"jsonrpc":"2.0","id":21,"method":"run.list","params":{"limit":100000}}`, "21", protocol.CodeInvalidParams, "limit"},
 		{"tools.call without name", `{"jsonrpc":"2.0","id":22,"method":"tools.call","params":{"input":{}}}`, "22", protocol.CodeInvalidParams, "name"},
 		{"unknown field in tools.list", `{"jsonrpc":"2.0","id":23,"method":"tools.list","params":{"all":true}}`, "23", protocol.CodeInvalidParams, "all"},
+		{"tools.audit limit too large", `{"jsonrpc":"2.0","id":24,"method":"tools.audit","params":{"limit":5000}}`, "24", protocol.CodeInvalidParams, "limit"},
+		{"tools.audit tool a number", `{"jsonrpc":"2.0","id":25,"method":"tools.audit","params":{"tool":5}}`, "25", protocol.CodeInvalidParams, "tool"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -186,7 +188,7 @@ func TestMethods(t *testing.T) {
 			protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodRunCancel,
 			protocol.MethodRunGet, protocol.MethodRunList, protocol.MethodRunStart,
 			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
-			protocol.MethodToolsCall, protocol.MethodToolsList,
+			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsList,
 		},
 	}
 	if diff := cmp.Diff(wantInit, init); diff != "" {

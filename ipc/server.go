@@ -61,6 +61,9 @@ type Backend interface {
 	// CallTool runs one tool with input. A tool failure is a
 	// *keel.ToolError.
 	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// ToolAudit returns up to limit tool-call audit records, newest
+	// first, only tool's when tool is not empty.
+	ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error)
 	// Describe returns what this environment declares about itself.
 	Describe(ctx context.Context) (capabilities.Environment, error)
 }

@@ -184,3 +184,35 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 }
+
+func TestToolAudit(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	at := time.Unix(1700000000, 0).UTC()
+	recs := []keel.ToolAudit{
+		{Time: at, Tool: "readfile", Version: "0.1.0", SHA256: "aa", RunID: "run_1", Step: 2, CallID: "c1", ArgsSHA256: "h1", Grants: []string{"fs:/workspace=ro"}, Outcome: "ok", Duration: time.Millisecond},
+		{Time: at, Tool: "wordcount", ArgsSHA256: "h2", Outcome: string(keel.ToolInvalidInput), Error: "bad", Duration: 2 * time.Millisecond},
+		{Time: at, Tool: "readfile", ArgsSHA256: "h3", Outcome: string(keel.ToolPermissionDenied)},
+	}
+	for _, r := range recs {
+		if _, err := s.RecordToolCall(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := s.ToolCalls(ctx, "", 10)
+	if err != nil || len(all) != 3 || all[0].ArgsSHA256 != "h3" {
+		t.Fatalf("ToolCalls(all) = %+v, %v; want 3 newest first", all, err)
+	}
+	rf, err := s.ToolCalls(ctx, "readfile", 10)
+	if err != nil || len(rf) != 2 {
+		t.Fatalf("ToolCalls(readfile) = %d records, %v; want 2", len(rf), err)
+	}
+	got := rf[1]
+	got.ID = 0
+	if fmt.Sprint(got) != fmt.Sprint(recs[0]) {
+		t.Errorf("round trip = %+v, want %+v", got, recs[0])
+	}
+	if one, _ := s.ToolCalls(ctx, "", 1); len(one) != 1 {
+		t.Errorf("limit 1 returned %d", len(one))
+	}
+}

@@ -20,6 +20,12 @@ import (
 // and identifiers models call, so they stay short and plain.
 var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
+// Manifest isolation values; "" means pooled.
+const (
+	isolationPooled = "pooled"
+	isolationFresh  = "fresh"
+)
+
 // maxManifestBytes bounds a manifest, sidecar or printed.
 const maxManifestBytes = 1 << 20
 
@@ -33,6 +39,7 @@ type manifest struct {
 	OutputSchema json.RawMessage     `json:"output_schema"`
 	SideEffects  keel.SideEffect     `json:"side_effects"`
 	Requests     capabilities.Grants `json:"requests"`
+	Isolation    string              `json:"isolation"` // "" (pooled) or "fresh"
 }
 
 // parsedManifest is a validated manifest with its schemas compiled.
@@ -66,6 +73,11 @@ func parseManifest(data []byte) (*parsedManifest, error) {
 		return nil, errors.New("manifest side_effects is required")
 	default:
 		return nil, fmt.Errorf("manifest side_effects %q is not one of read_only, idempotent_write, non_idempotent_write, external", m.SideEffects)
+	}
+	switch m.Isolation {
+	case "", isolationPooled, isolationFresh:
+	default:
+		return nil, fmt.Errorf("manifest isolation %q is not one of pooled, fresh", m.Isolation)
 	}
 	if err := checkRequests(m.Requests); err != nil {
 		return nil, err

@@ -390,6 +390,14 @@ func (c *Client) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
 	return r.Runs, err
 }
 
+// ToolAudit returns up to limit tool-call audit records, newest first;
+// tool, when not empty, keeps only that tool's calls.
+func (c *Client) ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+	var r protocol.ToolsAuditResult
+	err := c.Call(ctx, protocol.MethodToolsAudit, protocol.ToolsAuditParams{Tool: tool, Limit: limit}, &r)
+	return r.Records, err
+}
+
 // GetRun returns a run with its events and spans.
 func (c *Client) GetRun(ctx context.Context, id keel.RunID) (protocol.RunDetail, error) {
 	var r protocol.RunDetail

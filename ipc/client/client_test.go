@@ -142,6 +142,10 @@ func (f *fakeBackend) CallTool(_ context.Context, name string, input json.RawMes
 	return input, nil
 }
 
+func (f *fakeBackend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+	return []keel.ToolAudit{{Tool: tool, Step: limit, Outcome: "ok"}}, nil
+}
+
 func (f *fakeBackend) Describe(context.Context) (capabilities.Environment, error) {
 	return capabilities.Environment{Runtime: "keel", Network: "loopback"}, nil
 }

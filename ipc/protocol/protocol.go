@@ -105,6 +105,7 @@ const (
 	MethodRunUnsubscribe = "run.unsubscribe"
 	MethodToolsList      = "tools.list"
 	MethodToolsCall      = "tools.call"
+	MethodToolsAudit     = "tools.audit"
 	MethodEnvDescribe    = "env.describe"
 
 	// NotifyRunEvent carries one keel.Event to a subscriber.
@@ -192,6 +193,17 @@ type ToolsCallParams struct {
 type ToolsCallResult struct {
 	Output     json.RawMessage `json:"output"`
 	DurationMS int64           `json:"duration_ms"`
+}
+
+// ToolsAuditParams filters tools.audit.
+type ToolsAuditParams struct {
+	Tool  string `json:"tool,omitempty"`  // only this tool's calls
+	Limit int    `json:"limit,omitempty"` // default 50, newest first, at most 1000
+}
+
+// ToolsAuditResult is the result of tools.audit.
+type ToolsAuditResult struct {
+	Records []keel.ToolAudit `json:"records"`
 }
 
 // EnvDescribeResult is the result of env.describe.

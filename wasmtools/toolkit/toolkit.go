@@ -34,6 +34,8 @@ type Manifest struct {
 	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
 	SideEffects  SideEffect      `json:"side_effects"`
 	Requests     Requests        `json:"requests"`
+	// Isolation is Pooled ("") or Fresh; see those constants.
+	Isolation string `json:"isolation,omitempty"`
 }
 
 // Requests is what a tool asks the host for beyond its own memory, the
@@ -89,8 +91,25 @@ func Typed[In, Out any](h func(In) (Out, error)) Handler {
 	}
 }
 
+// Manifest fields that are not part of the tool's contract but of how the
+// host runs it.
+
+// Isolation values for Manifest.Isolation.
+const (
+	// Pooled, the default, lets the host reuse an initialized instance of
+	// a reactor build from one call to the next: package variables keep
+	// their values between calls.
+	Pooled = ""
+	// Fresh makes the host start a new instance for every call, so
+	// nothing a call leaves behind is seen by the next one. It costs the
+	// module's instantiation and runtime start-up on every call.
+	Fresh = "fresh"
+)
+
 // Main runs the tool convention for the running process and exits. It
-// never returns.
+// never returns. It serves a command build (no -buildmode); a reactor
+// build (-buildmode=c-shared) never runs main and serves the tool given
+// to [Register] instead.
 func Main(m Manifest, h Handler) {
 	os.Exit(Run(os.Args, os.Stdin, os.Stdout, os.Stderr, m, h))
 }
@@ -110,16 +129,52 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer, m Manifest, h
 	if err != nil {
 		return write(stdout, stderr, errorResult(Errorf("io_error", "read input: %v", err)))
 	}
+	return writeBytes(stdout, stderr, append(respond(h, input), '\n'))
+}
+
+// respond runs h on input and encodes its result object.
+func respond(h Handler, input []byte) []byte {
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = []byte("{}")
 	}
 	out, err := h(json.RawMessage(input))
 	if err != nil {
-		return write(stdout, stderr, errorResult(err))
+		return encode(errorResult(err))
 	}
-	return write(stdout, stderr, struct {
+	return encode(struct {
 		Output any `json:"output"`
 	}{out})
+}
+
+// registered is the tool a reactor build serves; see Register.
+var registered struct {
+	m Manifest
+	h Handler
+}
+
+// Register makes m and h the tool that a reactor build serves. Call it
+// from an init function (or a package variable's initializer): a reactor
+// runs package initialization when the host starts it, but never main.
+// A tool that is also built as a command calls Main from main as well:
+//
+//	func init() { toolkit.Register(manifest, handler) }
+//	func main() { toolkit.Main(manifest, handler) }
+//
+// In a reactor build the module exports, for the host:
+//
+//	keel_manifest() i64          the manifest JSON, as ptr<<32 | len
+//	keel_alloc(size i32) i32     a buffer of size bytes for the input; it
+//	                             stays valid until the next keel_alloc
+//	keel_call(ptr, len i32) i64  runs the handler on the input at
+//	                             ptr/len (inside the last keel_alloc
+//	                             buffer) and returns the result object
+//	                             {"output": ...} or {"error": ...} as
+//	                             ptr<<32 | len, valid until the next call
+//
+// Register is not safe for concurrent use; a second call replaces the
+// first.
+func Register(m Manifest, h Handler) {
+	registered.m, registered.h = m, h
 }
 
 type errorBody struct {
@@ -135,13 +190,20 @@ func errorResult(err error) errorBody {
 }
 
 func write(stdout, stderr io.Writer, v any) int {
+	return writeBytes(stdout, stderr, append(encode(v), '\n'))
+}
+
+// encode marshals v. An output that cannot be encoded is the tool's own
+// bug; it is reported as a tool error rather than as nothing.
+func encode(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		// An output that cannot be encoded is the tool's own bug; report
-		// it as a tool error rather than writing nothing.
 		b, _ = json.Marshal(errorResult(Errorf("internal", "encode result: %v", err)))
 	}
-	b = append(b, '\n')
+	return b
+}
+
+func writeBytes(stdout, stderr io.Writer, b []byte) int {
 	if _, err := stdout.Write(b); err != nil {
 		fmt.Fprintf(stderr, "write result: %v\n", err)
 		return 1

@@ -1,0 +1,80 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+)
+
+// auditedTools runs tools through the registry and records every call,
+// from a run or direct, in the store's audit trail. It is the engine's
+// Tools and the backend's tool caller, so no call path skips the audit.
+type auditedTools struct {
+	reg *wasmtools.Registry
+	st  *store.Store
+	log *slog.Logger
+}
+
+func (a *auditedTools) Specs() []keel.ToolSpec { return a.reg.Specs() }
+
+func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	sum := sha256.Sum256(input)
+	rec := keel.ToolAudit{Time: time.Now().UTC(), Tool: name, ArgsSHA256: hex.EncodeToString(sum[:])}
+	for _, t := range a.reg.Tools() {
+		if t.Spec.Name == name {
+			rec.Version, rec.SHA256, rec.Grants = t.Spec.Version, t.SHA256, grantStrings(t.Grants)
+			break
+		}
+	}
+	if c, ok := engine.CallerFrom(ctx); ok {
+		rec.RunID, rec.Step, rec.CallID = c.RunID, c.Step, c.CallID
+	}
+	start := time.Now()
+	out, err := a.reg.Call(ctx, name, input)
+	rec.Duration = time.Since(start)
+	rec.Outcome = "ok"
+	if err != nil {
+		var te *keel.ToolError
+		if errors.As(err, &te) {
+			rec.Outcome = string(te.Code)
+		} else {
+			rec.Outcome = string(keel.ToolCrashed)
+		}
+		rec.Error = err.Error()
+	}
+	if _, aerr := a.st.RecordToolCall(context.WithoutCancel(ctx), rec); aerr != nil {
+		// The call happened; losing its audit line is logged, not hidden.
+		a.log.Error("record tool audit", "tool", name, "run", rec.RunID, "err", aerr)
+	}
+	return out, err
+}
+
+// grantStrings renders grants for the audit trail: "fs:/workspace=ro",
+// "net:https://example.com:443", "env:NAME".
+func grantStrings(g capabilities.Grants) []string {
+	var out []string
+	for _, f := range g.FS {
+		mode := "rw"
+		if f.ReadOnly {
+			mode = "ro"
+		}
+		out = append(out, "fs:"+f.GuestPath+"="+mode)
+	}
+	for _, n := range g.Network {
+		out = append(out, "net:"+n)
+	}
+	for _, e := range g.Env {
+		out = append(out, "env:"+e)
+	}
+	return out
+}
