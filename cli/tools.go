@@ -51,6 +51,10 @@ func toolsCmd() *cobra.Command {
 				for _, n := range t.Grants.Network {
 					fmt.Fprintf(out, "  grants: network %s\n", n)
 				}
+				if missing := ungranted(t.Requests, t.Grants); !missing.Empty() {
+					fmt.Fprintln(out, "  requested but not granted (calls needing it fail):")
+					describeGrants(out, "    ", missing)
+				}
 				fmt.Fprintf(out, "  input:  %s\n", compact(t.InputSchema))
 				if len(t.OutputSchema) > 0 {
 					fmt.Fprintf(out, "  output: %s\n", compact(t.OutputSchema))
@@ -61,7 +65,7 @@ func toolsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(list, callCmd(), auditCmd())
+	cmd.AddCommand(list, callCmd(), auditCmd(), installCmd(), removeCmd(), grantCmd(), revokeCmd())
 	return cmd
 }
 

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,6 +236,24 @@ func (f *fakeBackend) CallTool(ctx context.Context, name string, input json.RawM
 		return nil, err
 	}
 	return input, nil
+}
+
+func (f *fakeBackend) InspectTool(_ context.Context, path string) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(path), ".wasm")}}, nil
+}
+
+func (f *fakeBackend) InstallTool(_ context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(p.Path), ".wasm")}, Grants: p.Grants}, nil
+}
+
+func (f *fakeBackend) RemoveTool(context.Context, string) error { return nil }
+
+func (f *fakeBackend) GrantTool(_ context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}, Grants: p.Grants}, nil
+}
+
+func (f *fakeBackend) RevokeTool(_ context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}}, nil
 }
 
 func (f *fakeBackend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {

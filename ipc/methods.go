@@ -35,6 +35,11 @@ func init() {
 		protocol.MethodToolsList:      handleToolsList,
 		protocol.MethodToolsCall:      handleToolsCall,
 		protocol.MethodToolsAudit:     handleToolsAudit,
+		protocol.MethodToolsInspect:   handleToolsInspect,
+		protocol.MethodToolsInstall:   handleToolsInstall,
+		protocol.MethodToolsRemove:    handleToolsRemove,
+		protocol.MethodToolsGrant:     handleToolsGrant,
+		protocol.MethodToolsRevoke:    handleToolsRevoke,
 		protocol.MethodEnvDescribe:    handleEnvDescribe,
 	}
 }
@@ -206,6 +211,83 @@ func handleToolsAudit(ctx context.Context, c *conn, params json.RawMessage) (any
 		return nil, err
 	}
 	return protocol.ToolsAuditResult{Records: nonNil(recs)}, nil
+}
+
+func checkToolPath(p string) error {
+	if p == "" {
+		return paramError("path", "must not be empty")
+	}
+	if !strings.HasPrefix(p, "/") {
+		return paramError("path", "must be an absolute path")
+	}
+	if !strings.HasSuffix(p, ".wasm") {
+		return paramError("path", "must name a .wasm file")
+	}
+	return nil
+}
+
+func handleToolsInspect(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsInspectParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if err := checkToolPath(p.Path); err != nil {
+		return nil, err
+	}
+	return c.s.b.InspectTool(ctx, p.Path)
+}
+
+func handleToolsInstall(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsInstallParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if err := checkToolPath(p.Path); err != nil {
+		return nil, err
+	}
+	return c.s.b.InstallTool(ctx, p)
+}
+
+func handleToolsRemove(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolRef
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Name == "" {
+		return nil, paramError("name", "must not be empty")
+	}
+	if err := c.s.b.RemoveTool(ctx, p.Name); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+func handleToolsGrant(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsGrantParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Name == "" {
+		return nil, paramError("name", "must not be empty")
+	}
+	if p.Grants.Empty() {
+		return nil, paramError("grants", "must grant something")
+	}
+	return c.s.b.GrantTool(ctx, p)
+}
+
+func handleToolsRevoke(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ToolsRevokeParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Name == "" {
+		return nil, paramError("name", "must not be empty")
+	}
+	if p.All == !p.Grants.Empty() {
+		return nil, paramError("grants", "name the grants to revoke, or set all (not both)")
+	}
+	return c.s.b.RevokeTool(ctx, p)
 }
 
 func handleEnvDescribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

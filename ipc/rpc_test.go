@@ -55,6 +55,11 @@ func TestBadInput(t *testing.T) {
 		{"tools.call without name", `{"jsonrpc":"2.0","id":22,"method":"tools.call","params":{"input":{}}}`, "22", protocol.CodeInvalidParams, "name"},
 		{"unknown field in tools.list", `{"jsonrpc":"2.0","id":23,"method":"tools.list","params":{"all":true}}`, "23", protocol.CodeInvalidParams, "all"},
 		{"tools.audit limit too large", `{"jsonrpc":"2.0","id":24,"method":"tools.audit","params":{"limit":5000}}`, "24", protocol.CodeInvalidParams, "limit"},
+		{"tools.install relative path", `{"jsonrpc":"2.0","id":26,"method":"tools.install","params":{"path":"x.wasm"}}`, "26", protocol.CodeInvalidParams, "absolute"},
+		{"tools.inspect not wasm", `{"jsonrpc":"2.0","id":27,"method":"tools.inspect","params":{"path":"/etc/passwd"}}`, "27", protocol.CodeInvalidParams, ".wasm"},
+		{"tools.grant nothing", `{"jsonrpc":"2.0","id":28,"method":"tools.grant","params":{"name":"t","grants":{}}}`, "28", protocol.CodeInvalidParams, "grants"},
+		{"tools.revoke both", `{"jsonrpc":"2.0","id":29,"method":"tools.revoke","params":{"name":"t","all":true,"grants":{"env":["X"]}}}`, "29", protocol.CodeInvalidParams, "grants"},
+		{"tools.remove no name", `{"jsonrpc":"2.0","id":30,"method":"tools.remove","params":{}}`, "30", protocol.CodeInvalidParams, "name"},
 		{"tools.audit tool a number", `{"jsonrpc":"2.0","id":25,"method":"tools.audit","params":{"tool":5}}`, "25", protocol.CodeInvalidParams, "tool"},
 	}
 	for _, tt := range tests {
@@ -188,7 +193,7 @@ func TestMethods(t *testing.T) {
 			protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodRunCancel,
 			protocol.MethodRunGet, protocol.MethodRunList, protocol.MethodRunStart,
 			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
-			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsList,
+			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsGrant, protocol.MethodToolsInspect, protocol.MethodToolsInstall, protocol.MethodToolsList, protocol.MethodToolsRemove, protocol.MethodToolsRevoke,
 		},
 	}
 	if diff := cmp.Diff(wantInit, init); diff != "" {

@@ -61,6 +61,16 @@ type Backend interface {
 	// CallTool runs one tool with input. A tool failure is a
 	// *keel.ToolError.
 	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// InspectTool validates and compiles a .wasm file without installing
+	// it and returns what it is and what it requests.
+	InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error)
+	// InstallTool installs a .wasm file with the given grants.
+	InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error)
+	// RemoveTool uninstalls a tool and forgets its grants.
+	RemoveTool(ctx context.Context, name string) error
+	// GrantTool adds grants to a tool; RevokeTool removes some or all.
+	GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error)
+	RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error)
 	// ToolAudit returns up to limit tool-call audit records, newest
 	// first, only tool's when tool is not empty.
 	ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error)

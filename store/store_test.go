@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/store"
 )
 
@@ -214,5 +216,36 @@ func TestToolAudit(t *testing.T) {
 	}
 	if one, _ := s.ToolCalls(ctx, "", 1); len(one) != 1 {
 		t.Errorf("limit 1 returned %d", len(one))
+	}
+}
+
+func TestToolGrantsPersist(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	g := capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: "/srv/notes", GuestPath: "/workspace", ReadOnly: true}}, Network: []string{"https://example.com:443"}}
+	if err := s.SetToolGrants(ctx, "readfile", g, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetToolGrants(ctx, "fetch", capabilities.Grants{}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetToolGrants(ctx, "gone", g, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteToolGrants(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = open(t, path)
+	all, err := s.ToolGrants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || !reflect.DeepEqual(all["readfile"], g) {
+		t.Errorf("ToolGrants = %+v", all)
+	}
+	if f, ok := all["fetch"]; !ok || !f.Empty() {
+		t.Errorf("an empty grant must persist as a decision: %+v, %v", f, ok)
 	}
 }

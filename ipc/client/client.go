@@ -390,6 +390,39 @@ func (c *Client) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
 	return r.Runs, err
 }
 
+// InspectTool validates a .wasm file (absolute path) without installing it.
+func (c *Client) InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error) {
+	var r protocol.ToolInfo
+	err := c.Call(ctx, protocol.MethodToolsInspect, protocol.ToolsInspectParams{Path: path}, &r)
+	return r, err
+}
+
+// InstallTool installs a .wasm file with the grants given.
+func (c *Client) InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	var r protocol.ToolInfo
+	err := c.Call(ctx, protocol.MethodToolsInstall, p, &r)
+	return r, err
+}
+
+// RemoveTool uninstalls a tool and forgets its grants.
+func (c *Client) RemoveTool(ctx context.Context, name string) error {
+	return c.Call(ctx, protocol.MethodToolsRemove, protocol.ToolRef{Name: name}, nil)
+}
+
+// GrantTool adds grants to an installed tool.
+func (c *Client) GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+	var r protocol.ToolInfo
+	err := c.Call(ctx, protocol.MethodToolsGrant, p, &r)
+	return r, err
+}
+
+// RevokeTool removes some or all grants of a tool.
+func (c *Client) RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+	var r protocol.ToolInfo
+	err := c.Call(ctx, protocol.MethodToolsRevoke, p, &r)
+	return r, err
+}
+
 // ToolAudit returns up to limit tool-call audit records, newest first;
 // tool, when not empty, keeps only that tool's calls.
 func (c *Client) ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {

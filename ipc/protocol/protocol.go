@@ -106,6 +106,11 @@ const (
 	MethodToolsList      = "tools.list"
 	MethodToolsCall      = "tools.call"
 	MethodToolsAudit     = "tools.audit"
+	MethodToolsInspect   = "tools.inspect"
+	MethodToolsInstall   = "tools.install"
+	MethodToolsRemove    = "tools.remove"
+	MethodToolsGrant     = "tools.grant"
+	MethodToolsRevoke    = "tools.revoke"
 	MethodEnvDescribe    = "env.describe"
 
 	// NotifyRunEvent carries one keel.Event to a subscriber.
@@ -171,11 +176,44 @@ type SubscribeResult struct {
 	Status keel.RunStatus `json:"status"`
 }
 
-// ToolInfo is a tool as tools.list shows it.
+// ToolInfo is a tool as tools.list shows it: what its manifest requests
+// and what the user granted.
 type ToolInfo struct {
 	keel.ToolSpec
+	Requests capabilities.Grants `json:"requests"`
+	Grants   capabilities.Grants `json:"grants"`
+	SHA256   string              `json:"sha256,omitempty"`
+}
+
+// ToolsInspectParams names a .wasm file to validate without installing.
+type ToolsInspectParams struct {
+	Path string `json:"path"` // absolute path of NAME.wasm on the daemon's machine
+}
+
+// ToolsInstallParams installs a .wasm file and grants it what the user
+// chose (a subset of what it requests; nothing is granted by default).
+type ToolsInstallParams struct {
+	Path    string              `json:"path"`
+	Grants  capabilities.Grants `json:"grants"`
+	Replace bool                `json:"replace,omitempty"` // replace an installed tool of the same name
+}
+
+// ToolRef names an installed tool.
+type ToolRef struct {
+	Name string `json:"name"`
+}
+
+// ToolsGrantParams adds grants to an installed tool.
+type ToolsGrantParams struct {
+	Name   string              `json:"name"`
 	Grants capabilities.Grants `json:"grants"`
-	SHA256 string              `json:"sha256,omitempty"`
+}
+
+// ToolsRevokeParams removes grants from a tool: those listed, or all.
+type ToolsRevokeParams struct {
+	Name   string              `json:"name"`
+	Grants capabilities.Grants `json:"grants"`
+	All    bool                `json:"all,omitempty"`
 }
 
 // ToolsListResult is the result of tools.list.

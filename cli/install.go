@@ -1,0 +1,300 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/spf13/cobra"
+)
+
+const grantHelp = `Grant specs:
+  fs:/GUEST=HOSTDIR      the host directory HOSTDIR at /GUEST, read-write only if the tool asks for it
+  fs-ro:/GUEST=HOSTDIR   the same, read-only whatever the tool asks
+  net:PATTERN            a network destination the tool requests, e.g. net:https://api.example.com:443
+  env:NAME               an environment value the tool requests
+(revoke takes fs:/GUEST without the host directory)`
+
+// parseGrants turns grant specs into Grants. withHost is false for revoke.
+func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
+	var g capabilities.Grants
+	for _, s := range specs {
+		kind, val, ok := strings.Cut(s, ":")
+		if !ok || val == "" {
+			return g, fmt.Errorf("grant %q: want KIND:VALUE\n%s", s, grantHelp)
+		}
+		switch kind {
+		case "fs", "fs-ro":
+			guest, host, hasHost := strings.Cut(val, "=")
+			if !strings.HasPrefix(guest, "/") {
+				return g, fmt.Errorf("grant %q: the guest path must start with /", s)
+			}
+			if withHost {
+				if !hasHost || host == "" {
+					return g, fmt.Errorf("grant %q: name the host directory: %s=HOSTDIR", s, kind+":"+guest)
+				}
+				abs, err := filepath.Abs(expandHome(host))
+				if err != nil {
+					return g, err
+				}
+				host = abs
+			}
+			g.FS = append(g.FS, capabilities.FSGrant{GuestPath: guest, HostPath: host, ReadOnly: kind == "fs-ro"})
+		case "net":
+			g.Network = append(g.Network, val)
+		case "env":
+			g.Env = append(g.Env, val)
+		default:
+			return g, fmt.Errorf("grant %q: unknown kind %q\n%s", s, kind, grantHelp)
+		}
+	}
+	return g, nil
+}
+
+func expandHome(p string) string {
+	if rest, ok := strings.CutPrefix(p, "~/"); ok {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, rest)
+		}
+	}
+	return p
+}
+
+// describeGrants renders grants one per line, for people.
+func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
+	for _, f := range g.FS {
+		mode := "read-write"
+		if f.ReadOnly {
+			mode = "read-only"
+		}
+		if f.HostPath != "" {
+			fmt.Fprintf(w, "%sfs  %s → %s (%s)\n", prefix, f.GuestPath, f.HostPath, mode)
+		} else {
+			fmt.Fprintf(w, "%sfs  %s (%s)\n", prefix, f.GuestPath, mode)
+		}
+	}
+	for _, n := range g.Network {
+		fmt.Fprintf(w, "%snet %s\n", prefix, n)
+	}
+	for _, e := range g.Env {
+		fmt.Fprintf(w, "%senv %s\n", prefix, e)
+	}
+}
+
+// ungranted lists what req asks for that g does not give.
+func ungranted(req, g capabilities.Grants) capabilities.Grants {
+	var out capabilities.Grants
+	for _, f := range req.FS {
+		if !slices.ContainsFunc(g.FS, func(x capabilities.FSGrant) bool { return x.GuestPath == f.GuestPath }) {
+			out.FS = append(out.FS, f)
+		}
+	}
+	for _, n := range req.Network {
+		if !slices.Contains(g.Network, n) {
+			out.Network = append(out.Network, n)
+		}
+	}
+	for _, e := range req.Env {
+		if !slices.Contains(g.Env, e) {
+			out.Env = append(out.Env, e)
+		}
+	}
+	return out
+}
+
+// withProgress runs f while showing elapsed time on w (compiling a tool
+// can take seconds).
+func withProgress(w io.Writer, what string, f func() error) error {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(w, "\r%s %s", what, time.Since(start).Round(100*time.Millisecond))
+			}
+		}
+	}()
+	err := f()
+	close(done)
+	<-finished
+	fmt.Fprintf(w, "\r%s done in %s\n", what, time.Since(start).Round(time.Millisecond))
+	return err
+}
+
+func installCmd() *cobra.Command {
+	var specs []string
+	var all, replace bool
+	cmd := &cobra.Command{
+		Use:   "install PATH.wasm",
+		Short: "Validate, compile and install a tool, granting what you choose of what it requests",
+		Long:  "Install a WebAssembly tool. Nothing is granted unless you say so.\n\n" + grantHelp,
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			file, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			g, err := parseGrants(specs, true)
+			if err != nil {
+				return &exitError{code: ExitUsage, err: err}
+			}
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, out, errw := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+			var info protocol.ToolInfo
+			if err := withProgress(errw, "validating and compiling "+filepath.Base(file), func() (err error) {
+				info, err = c.InspectTool(ctx, file)
+				return err
+			}); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s %s (%s): %s\n", info.Name, info.Version, info.SideEffects, info.Description)
+			if info.Requests.Empty() {
+				fmt.Fprintln(out, "requests: nothing beyond its own memory, the clock and randomness")
+			} else {
+				fmt.Fprintln(out, "requests:")
+				describeGrants(out, "  ", info.Requests)
+			}
+			if all {
+				g.Network = union(g.Network, info.Requests.Network)
+				g.Env = union(g.Env, info.Requests.Env)
+				for _, f := range info.Requests.FS {
+					if !slices.ContainsFunc(g.FS, func(x capabilities.FSGrant) bool { return x.GuestPath == f.GuestPath }) {
+						return &exitError{code: ExitUsage, err: fmt.Errorf("--grant-all cannot choose a host directory for %s: add --grant fs:%s=HOSTDIR", f.GuestPath, f.GuestPath)}
+					}
+				}
+			}
+			installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "installed %s (sha256 %s)\n", installed.Name, installed.SHA256)
+			if installed.Grants.Empty() {
+				fmt.Fprintln(out, "granted: nothing")
+			} else {
+				fmt.Fprintln(out, "granted:")
+				describeGrants(out, "  ", installed.Grants)
+			}
+			if missing := ungranted(installed.Requests, installed.Grants); !missing.Empty() {
+				fmt.Fprintf(out, "not granted (calls that need these fail with permission_denied; grant later with `keel tools grant %s SPEC`):\n", installed.Name)
+				describeGrants(out, "  ", missing)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&specs, "grant", nil, "grant one capability (repeatable; see --help)")
+	cmd.Flags().BoolVar(&all, "grant-all", false, "grant every network and environment request (directories still need --grant fs:…)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace an installed tool of the same name")
+	return cmd
+}
+
+func removeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Uninstall a tool and forget its grants",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := c.RemoveTool(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
+			return nil
+		},
+	}
+}
+
+func grantCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "grant NAME SPEC...",
+		Short: "Grant an installed tool more of what it requests",
+		Long:  "Grant an installed tool more of what it requests.\n\n" + grantHelp,
+		Args:  usageArgs(cobra.MinimumNArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			g, err := parseGrants(args[1:], true)
+			if err != nil {
+				return &exitError{code: ExitUsage, err: err}
+			}
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
+			describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
+			return nil
+		},
+	}
+}
+
+func revokeCmd() *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "revoke NAME [SPEC...]",
+		Short: "Take grants back from a tool (--all for every grant)",
+		Long:  "Take grants back from a tool.\n\n" + grantHelp,
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 1) {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("name the grants to revoke, or pass --all (not both)")}
+			}
+			g, err := parseGrants(args[1:], false)
+			if err != nil {
+				return &exitError{code: ExitUsage, err: err}
+			}
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			info, err := c.RevokeTool(cmd.Context(), protocol.ToolsRevokeParams{Name: args[0], Grants: g, All: all})
+			if err != nil {
+				return err
+			}
+			if info.Grants.Empty() {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
+			describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "revoke every grant")
+	return cmd
+}
+
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, s := range b {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
