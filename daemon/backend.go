@@ -20,6 +20,7 @@ type backend struct {
 	eng      *engine.Engine
 	reg      *wasmtools.Registry
 	tools    *auditedTools
+	mgr      *toolManager
 	provider models.Provider
 	endpoint string
 	url      string
@@ -61,13 +62,31 @@ func (b *backend) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 	tools := b.reg.Tools()
 	out := make([]protocol.ToolInfo, len(tools))
 	for i, t := range tools {
-		out[i] = protocol.ToolInfo{ToolSpec: t.Spec, Grants: t.Grants, SHA256: t.SHA256}
+		out[i] = toolInfo(t)
 	}
 	return out, nil
 }
 
 func (b *backend) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	return b.tools.Call(ctx, name, input)
+}
+
+func (b *backend) InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error) {
+	return b.mgr.Inspect(ctx, path)
+}
+
+func (b *backend) InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	return b.mgr.Install(ctx, p)
+}
+
+func (b *backend) RemoveTool(ctx context.Context, name string) error { return b.mgr.Remove(ctx, name) }
+
+func (b *backend) GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+	return b.mgr.Grant(ctx, p)
+}
+
+func (b *backend) RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+	return b.mgr.Revoke(ctx, p)
 }
 
 func (b *backend) ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {

@@ -39,6 +39,7 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.StringVar(&cfg.OllamaHost, "ollama-host", os.Getenv("OLLAMA_HOST"), "Ollama server (default $OLLAMA_HOST or http://127.0.0.1:11434)")
 	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
 	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")
+	f.BoolVar(&cfg.ToolsAllowPrivateNetwork, "tools-allow-private-network", false, "let tools with network grants reach loopback and private addresses")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
@@ -24,7 +23,6 @@ import (
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // Version is keel's version, reported in daemon.json and initialize.
@@ -57,6 +55,9 @@ type Config struct {
 	// Workspace is granted read-only to the example tools at /workspace;
 	// default DataDir/workspace.
 	Workspace string
+	// ToolsAllowPrivateNetwork lets tools with a network grant reach
+	// loopback and private addresses. Default false.
+	ToolsAllowPrivateNetwork bool
 	// CacheDir holds compiled tools (wazero's compilation cache), so a
 	// restart does not recompile; default DataDir/cache/wazero.
 	CacheDir string
@@ -131,14 +132,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 
 	toolsDir := filepath.Join(cfg.DataDir, "tools")
-	if err := builtin.Install(toolsDir); err != nil {
+	if err := installExamples(ctx, st, toolsDir, cfg.Workspace); err != nil {
 		return fmt.Errorf("install example tools: %w", err)
 	}
+	stored, err := st.ToolGrants(ctx)
+	if err != nil {
+		return fmt.Errorf("load tool grants: %w", err)
+	}
+	grants := &grantTable{m: stored}
 	reg, err := wasmtools.Open(ctx, wasmtools.Config{
-		Dir:      toolsDir,
-		CacheDir: cfg.CacheDir,
-		Grants:   exampleGrants(cfg.Workspace),
-		Logger:   log.With("component", "wasmtools"),
+		Dir:       toolsDir,
+		CacheDir:  cfg.CacheDir,
+		GrantsFor: grants.get,
+		// Network grants never reach the local machine unless asked for.
+		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
+		Logger:              log.With("component", "wasmtools"),
 	})
 	if err != nil {
 		return fmt.Errorf("load tools: %w", err)
@@ -167,7 +175,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Info("marked runs left unfinished by a previous daemon as interrupted", "runs", n)
 	}
 
-	b := &backend{st: st, eng: eng, reg: reg, tools: tools, provider: provider, endpoint: endpoint, cfg: cfg}
+	mgr := &toolManager{reg: reg, st: st, grants: grants, dir: toolsDir}
+	b := &backend{st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, endpoint: endpoint, cfg: cfg}
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err
@@ -214,14 +223,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	log.Info("keel daemon stopped")
 	return errors.Join(engErr, srvErr)
-}
-
-// exampleGrants is the skeleton's grant table: the bundled read-file tool
-// sees the workspace read-only; every other tool gets nothing.
-func exampleGrants(workspace string) map[string]capabilities.Grants {
-	return map[string]capabilities.Grants{
-		"readfile": {FS: []capabilities.FSGrant{{HostPath: workspace, GuestPath: "/workspace", ReadOnly: true}}},
-	}
 }
 
 func checkLoopback(addr string, allow bool) error {

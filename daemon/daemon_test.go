@@ -496,7 +496,7 @@ func TestToolsHotReload(t *testing.T) {
 			}
 		}
 	}
-	waitNames("readfile,wordcount")
+	waitNames("fetch,readfile,wordcount,writefile")
 	path := filepath.Join(d.dir, "tools", "wordcount.wasm")
 	bin, err := os.ReadFile(path)
 	if err != nil {
@@ -505,12 +505,100 @@ func TestToolsHotReload(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	waitNames("readfile")
+	waitNames("fetch,readfile,writefile")
 	if err := os.WriteFile(path, bin, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitNames("readfile,wordcount")
+	waitNames("fetch,readfile,wordcount,writefile")
 	if _, err := c.CallTool(ctx, "wordcount", json.RawMessage(`{"text":"back again"}`)); err != nil {
 		t.Fatalf("call after reload: %v", err)
+	}
+}
+
+// TestToolInstallAndGrants walks a user through removing, installing,
+// granting and revoking a tool with the real CLI, checking each step
+// takes effect on real calls and that grants survive a restart.
+func TestToolInstallAndGrants(t *testing.T) {
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
+	src := t.TempDir()
+	bin, err := os.ReadFile(filepath.Join(d.dir, "tools", "readfile.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "readfile.wasm"), bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "junk.wasm"), []byte("not wasm at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notes := t.TempDir()
+	if err := os.WriteFile(filepath.Join(notes, "n.txt"), []byte("secret plans"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keelCLI := func(args ...string) (string, int) {
+		var out bytes.Buffer
+		code := cli.Main(context.Background(), append(args, "--data-dir", d.dir), &out, &out)
+		return out.String(), code
+	}
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	read := func() error {
+		_, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"n.txt"}`))
+		return err
+	}
+	wantCode := func(err error, code int, what string) {
+		t.Helper()
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != code {
+			t.Fatalf("%s: err = %v, want code %d", what, err, code)
+		}
+	}
+
+	if out, code := keelCLI("tools", "install", filepath.Join(src, "readfile.wasm")); code != cli.ExitFailure || !strings.Contains(out, "already installed") {
+		t.Fatalf("install over an installed tool: code %d\n%s", code, out)
+	}
+	if out, code := keelCLI("tools", "install", filepath.Join(src, "junk.wasm")); code != cli.ExitFailure || !strings.Contains(out, "junk.wasm") {
+		t.Fatalf("install of a broken file: code %d\n%s", code, out)
+	}
+	if out, code := keelCLI("tools", "remove", "readfile"); code != 0 {
+		t.Fatalf("remove: code %d\n%s", code, out)
+	}
+	wantCode(read(), protocol.CodeNotFound, "call after remove")
+
+	out, code := keelCLI("tools", "install", filepath.Join(src, "readfile.wasm"))
+	if code != 0 || !strings.Contains(out, "granted: nothing") || !strings.Contains(out, "fs  /workspace (read-only)") || !strings.Contains(out, "validating and compiling") {
+		t.Fatalf("install without grants: code %d\n%s", code, out)
+	}
+	wantCode(read(), protocol.CodeToolError, "call without a grant")
+	if err := read(); !strings.Contains(err.Error(), "permission_denied") || !strings.Contains(err.Error(), "/workspace") {
+		t.Errorf("denial %v does not name the missing grant", err)
+	}
+	if out, code := keelCLI("tools", "grant", "readfile", "net:https://example.com:443"); code != cli.ExitFailure || !strings.Contains(out, "does not request") {
+		t.Fatalf("grant of something not requested: code %d\n%s", code, out)
+	}
+	// Asking for read-write on a read-only request still grants read-only.
+	out, code = keelCLI("tools", "grant", "readfile", "fs:/workspace="+notes)
+	if code != 0 || !strings.Contains(out, "(read-only)") {
+		t.Fatalf("grant: code %d\n%s", code, out)
+	}
+	if err := read(); err != nil {
+		t.Fatalf("call after grant: %v", err)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Grants survive a restart, and the removed-then-installed tool is not reset.
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
+	c = dial(t, d2.dir)
+	if err := read(); err != nil {
+		t.Fatalf("call after restart: %v", err)
+	}
+	if out, code := keelCLI("tools", "revoke", "readfile", "--all"); code != 0 || !strings.Contains(out, "no grants") {
+		t.Fatalf("revoke: code %d\n%s", code, out)
+	}
+	wantCode(read(), protocol.CodeToolError, "call after revoke")
+	if _, err := c.Describe(ctx); err != nil {
+		t.Fatalf("daemon unhealthy after the tool changes: %v", err)
 	}
 }

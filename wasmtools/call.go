@@ -16,8 +16,10 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 )
 
-// Call runs the named tool on input in a fresh instance and returns its
-// output. Every error is a *keel.ToolError:
+// Call runs the named tool on input and returns its output. A reactor
+// tool runs on an idle pooled instance when there is one (a new one
+// otherwise, and always with fresh isolation); a command tool runs in a
+// fresh instance. Every error is a *keel.ToolError:
 //
 //   - not_found: no tool has that name.
 //   - permission_denied: the manifest requests something (a directory,
@@ -62,9 +64,31 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	defer cancel()
 	defer context.AfterFunc(r.ctx, cancel)()
 
+	ctx, nc := r.withNet(ctx, t)
 	start := time.Now()
-	o := r.run(ctx, t.compiled, t.module, input)
+	var o outcome
+	var inst *instance
+	if t.pool == nil {
+		o = r.run(ctx, t.compiled, t.module, input)
+	} else {
+		inst, o = r.callReactor(ctx, t, input)
+	}
 	out, terr := r.result(ctx, t, o, late)
+	if denied := nc.denial(); denied != "" {
+		// A refused request fails the call as a whole, whatever the tool
+		// made of the refusal, so the denial is never swallowed.
+		terr = &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s tried to reach %s, which is not granted", name, denied)}
+	}
+	if inst != nil {
+		// An instance goes back to the pool only after a clean call or
+		// the tool's own error; after anything else (trap, timeout, a
+		// limit hit, a malformed result) its state is suspect.
+		if !t.fresh && (terr == nil || terr.Code == keel.ToolFailed) {
+			t.pool.put(ctx, inst)
+		} else {
+			inst.close(ctx)
+		}
+	}
 	attrs := []any{"tool", name, "duration", time.Since(start)}
 	switch {
 	case terr == nil:
@@ -121,17 +145,37 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 	}
 }
 
+// callReactor runs one call on an instance of a reactor tool: an idle one
+// from the pool, or a new one. It returns the instance, nil if it could
+// not be started, for the caller to put back or close.
+func (r *Registry) callReactor(ctx context.Context, t *tool, input []byte) (*instance, outcome) {
+	var inst *instance
+	if !t.fresh {
+		inst = t.pool.get()
+	}
+	if inst == nil {
+		t.pool.instantiations.Add(1)
+		var o outcome
+		if inst, o = r.instantiate(ctx, t.compiled, t.module); inst == nil {
+			return nil, o
+		}
+	}
+	return inst, r.invoke(ctx, inst, input)
+}
+
 // sleeper is the guest's nanosleep (poll_oneoff with a clock): a real
 // sleep that ends early when ctx is done, so a sleeping guest cannot
 // outlive its call.
 func sleeper(ctx context.Context) sys.Nanosleep {
-	return func(ns int64) {
-		t := time.NewTimer(time.Duration(ns))
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
+	return func(ns int64) { sleep(ctx, ns) }
+}
+
+func sleep(ctx context.Context, ns int64) {
+	t := time.NewTimer(time.Duration(ns))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -157,7 +201,9 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 	if errors.As(o.err, &exit) {
 		return &keel.ToolError{Code: keel.ToolCrashed, Message: fmt.Sprintf("tool exited with code %d%s", exit.ExitCode(), stderrHint(o.stderr))}
 	}
-	return &keel.ToolError{Code: keel.ToolCrashed, Message: "tool trapped: " + firstLine(o.err.Error())}
+	// A Go reactor that panics aborts with a trap rather than an exit;
+	// the reason is on stderr.
+	return &keel.ToolError{Code: keel.ToolCrashed, Message: "tool trapped: " + firstLine(o.err.Error()) + stderrHint(o.stderr)}
 }
 
 // result turns a run into the call's output or error.

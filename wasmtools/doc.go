@@ -1,9 +1,9 @@
 // Package wasmtools is keel's tool sandbox. A tool is a WebAssembly
-// command module (for example Go built with GOOS=wasip1 GOARCH=wasm) run
-// under wazero; it sees its own memory, the clocks, randomness and
-// whatever its grants give it, and nothing else. [Open] loads a directory
-// of tools into a [Registry]; [Registry.Call] runs one call in a fresh
-// instance. Package toolkit is the author's side of the convention below,
+// module (for example Go built with GOOS=wasip1 GOARCH=wasm) run under
+// wazero; it sees its own memory, the clocks, randomness and whatever its
+// grants give it, and nothing else. [Open] loads a directory of tools
+// into a [Registry]; [Registry.Call] runs one call, on a pooled instance
+// of a reactor tool or a fresh instance of a command. Package toolkit is the author's side of the convention below,
 // and package builtin carries the example tools.
 //
 // # Tool convention
@@ -28,6 +28,8 @@
 // another document is refused, so a manifest cannot make the host read
 // files or fetch URLs.
 //
+//	isolation      "pooled" (default) or "fresh"; see Reactors below
+//
 // Call. The module is started with argv [NAME], the input JSON on stdin
 // and no environment but what is granted. It writes exactly one JSON
 // object to stdout, {"output": value} or {"error": {"message": "...",
@@ -35,11 +37,30 @@
 // not such an object, a non-zero exit, a trap) is a crash. stderr is kept
 // for the log only.
 //
+// # Reactors
+//
+// A module that exports _initialize, keel_alloc and keel_call is a
+// reactor (Go: go build -buildmode=c-shared with toolkit.Register; the
+// bundled examples are built so). keel runs _initialize once per
+// instance, then calls the same instance many times: keel_alloc(len)
+// returns a buffer for the input (valid until the next keel_alloc),
+// keel_call(ptr, len) returns the result object as ptr<<32|len. Its
+// manifest comes from keel_manifest(), returning ptr<<32|len, unless a
+// sidecar is present. Initialized instances are kept in a bounded pool
+// per tool ([Config.MaxIdleInstances]), so a warm call pays neither
+// instantiation nor the guest runtime's start-up. An instance goes back
+// to the pool only after a clean call or the tool's own error; after a
+// timeout, trap, exit, memory or output limit, or a malformed result it
+// is closed. A manifest with "isolation": "fresh" gets a new instance for
+// every call, so no state survives from one call to the next; with
+// pooled isolation, package variables do. What a reactor writes to
+// stdout counts toward the output limit and is otherwise dropped.
+//
 // # Sandbox
 //
 // Only WASI (wasi_snapshot_preview1) is offered: a module importing any
 // other host function is not loaded. A tool must export its memory as
-// "memory" and a _start function.
+// "memory", and _start (a command) or the reactor exports.
 //
 // Grants come from [Config.Grants] and nothing else: a tool that is not
 // in the map gets no directory and no environment variable. Each granted
@@ -52,7 +73,7 @@
 // the tool starts. Network grants are recorded and checked against
 // requests, but no host function reaches the network yet.
 //
-// Each call gets a fresh instance with its own limits: a deadline
+// Each call runs with its own limits: a deadline
 // ([Config.CallTimeout]; wazero closes a module whose context is done,
 // even in an endless loop, and guest sleeps end with the context), a
 // memory cap ([Config.MemoryLimitMiB]) and a stdout cap

@@ -47,8 +47,8 @@ var errOutputLimit = errors.New("output limit reached")
 // limitedWriter keeps up to limit bytes. With fail set, a write past the
 // limit fails and marks exceeded; otherwise the excess is dropped quietly
 // (for stderr, which is only logged). A guest writes from the goroutine
-// that called InstantiateModule, and the fields are read after it
-// returns, so no lock is needed.
+// that called InstantiateModule or the exported function, and the fields
+// are read after it returns, so no lock is needed.
 type limitedWriter struct {
 	buf      bytes.Buffer
 	limit    int
@@ -67,4 +67,10 @@ func (w *limitedWriter) Write(p []byte) (int, error) {
 		return max(room, 0), errOutputLimit
 	}
 	return len(p), nil
+}
+
+// reset empties w for the next call of a pooled instance.
+func (w *limitedWriter) reset() {
+	w.buf.Reset()
+	w.exceeded = false
 }

@@ -28,6 +28,10 @@ var (
 	// hand-assembled modules with sidecar manifests: spin (an endless
 	// loop) and fixed (writes a constant result through fd_write).
 	hostileDir string
+	// reactorDir holds hostile.wasm built as a reactor
+	// (-buildmode=c-shared), and freshhostile.wasm, the same module with a
+	// sidecar manifest that asks for fresh isolation.
+	reactorDir string
 	// brokenDir holds fixed.wasm next to files that must not load.
 	brokenDir string
 	// tinyDir holds fixed.wasm alone: quick to compile into a new cache.
@@ -104,6 +108,29 @@ func testMain(m *testing.M) (int, error) {
 	if out, err := build.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("build testdata/hostile: %v\n%s", err, out)
 	}
+	// reactorDir holds the same fixture built as a reactor, and again as
+	// freshhostile with a sidecar manifest asking for fresh isolation.
+	reactorDir = filepath.Join(tmp, "reactor")
+	if err := os.Mkdir(reactorDir, 0o755); err != nil {
+		return 0, err
+	}
+	build = exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(reactorDir, "hostile.wasm"), "./testdata/hostile")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("build testdata/hostile as a reactor: %v\n%s", err, out)
+	}
+	reactorWasm, err := os.ReadFile(filepath.Join(reactorDir, "hostile.wasm"))
+	if err != nil {
+		return 0, err
+	}
+	if err := writeFiles(reactorDir, map[string][]byte{
+		"freshhostile.wasm": reactorWasm,
+		"freshhostile.manifest.json": []byte(`{"name":"freshhostile","description":"hostile, fresh every call.",` +
+			`"input_schema":{"type":"object"},"side_effects":"read_only","isolation":"fresh"}`),
+	}); err != nil {
+		return 0, err
+	}
+
 	fixed := map[string][]byte{
 		"fixed.wasm": fixedModule(`{"output":{"greeting":"hi"}}`),
 		"fixed.manifest.json": []byte(`{"name":"fixed","version":"1.0.0","description":"Always greets.",` +

@@ -140,7 +140,7 @@ func compact(raw json.RawMessage) json.RawMessage {
 	return b.Bytes()
 }
 
-// missingGrant names the first request that g does not cover, or returns
+// missingGrant names the first request that g does not meet, or returns
 // "" when every request is granted. A read-write request needs a writable
 // grant; a read-only request is met by either.
 func missingGrant(req, g capabilities.Grants) string {
@@ -153,10 +153,14 @@ func missingGrant(req, g capabilities.Grants) string {
 			return fmt.Sprintf("filesystem %s (read-write; only read-only is granted)", fs.GuestPath)
 		}
 	}
-	for _, n := range req.Network {
-		if !slices.Contains(g.Network, n) {
-			return "network " + n
-		}
+	// Network requests are patterns; they are met once the user granted at
+	// least one destination they cover. Each request the tool makes is
+	// then checked against the grants when it is made (see netcap.go).
+	covered := func(gr string) bool {
+		return slices.ContainsFunc(req.Network, func(n string) bool { return capabilities.PatternCovers(n, gr) })
+	}
+	if len(req.Network) > 0 && !slices.ContainsFunc(g.Network, covered) {
+		return "network access (" + strings.Join(req.Network, " or ") + "): no destination is granted"
 	}
 	for _, e := range req.Env {
 		if !slices.Contains(g.Env, e) {

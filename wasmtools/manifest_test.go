@@ -65,6 +65,9 @@ func TestParseManifest(t *testing.T) {
 		{"unclean guest path", func(s string) string { return strings.Replace(s, `"/workspace"`, `"/workspace/../etc"`, 1) }, "clean"},
 		{"host path", func(s string) string { return strings.Replace(s, `"guest_path"`, `"host_path": "/", "guest_path"`, 1) }, "host_path"},
 		{"bad env name", func(s string) string { return strings.Replace(s, `"HOME"`, `"A=B"`, 1) }, "environment"},
+		{"unknown isolation", func(s string) string {
+			return strings.Replace(s, `"side_effects": "read_only",`, `"side_effects": "read_only", "isolation": "shared",`, 1)
+		}, "isolation"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,7 +122,9 @@ func TestMissingGrant(t *testing.T) {
 		{"ro asked, nothing given", capabilities.Grants{FS: []capabilities.FSGrant{req("/w", true)}}, capabilities.Grants{}, "filesystem /w"},
 		{"sibling given", capabilities.Grants{FS: []capabilities.FSGrant{req("/w", true)}}, capabilities.Grants{FS: []capabilities.FSGrant{ro("/w2")}}, "filesystem /w"},
 		{"env", capabilities.Grants{Env: []string{"TOKEN"}}, capabilities.Grants{Env: []string{"HOME"}}, "environment variable TOKEN"},
-		{"network", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{}, "network https://api.example:443"},
+		{"network", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{}, "network access (https://api.example:443)"},
+		{"network, other host granted", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{Network: []string{"https://evil.example:443"}}, "network access"},
+		{"network wildcard, one host granted", capabilities.Grants{Network: []string{"https://*:443"}}, capabilities.Grants{Network: []string{"https://api.example:443"}}, ""},
 	}
 	for _, tt := range tests {
 		got := missingGrant(tt.req, tt.g)

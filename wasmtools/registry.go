@@ -57,6 +57,16 @@ type Config struct {
 	// Grants holds what each tool may touch, by tool name. A tool that is
 	// not in the map gets nothing: no directories, no environment.
 	Grants map[string]capabilities.Grants
+	// GrantsFor, when set, is asked for a tool's grants at every load and
+	// Reload instead of Grants, so grants can change while the daemon
+	// runs: a tool whose grants changed is reloaded by the next Reload.
+	// It must be safe for concurrent use.
+	GrantsFor func(name string) capabilities.Grants
+	// AllowPrivateNetwork lets tools reach loopback, private and
+	// link-local addresses when granted. Default false: the daemon, Ollama
+	// and the rest of the local network are out of reach whatever a tool
+	// is granted.
+	AllowPrivateNetwork bool
 	// CallTimeout bounds a whole call, from instantiation to the last
 	// byte of output, and printing the manifest at Open. Default 10s.
 	CallTimeout time.Duration
@@ -66,6 +76,9 @@ type Config struct {
 	// MaxOutputBytes caps what a tool may write to stdout in one call.
 	// Default 1 MiB.
 	MaxOutputBytes int
+	// MaxIdleInstances bounds the idle, initialized instances kept per
+	// reactor tool for warm calls. Default 2 × GOMAXPROCS.
+	MaxIdleInstances int
 	// Logger receives load problems and call outcomes. Default discards.
 	Logger *slog.Logger
 }
@@ -120,11 +133,19 @@ type tool struct {
 	// environment; each call adds its own stdio.
 	module wazero.ModuleConfig
 	roots  []*os.Root
+	// granted is what the configuration granted when it was loaded.
+	granted capabilities.Grants
 	// sidecar is the sidecar manifest it was loaded with; nil if none.
 	sidecar []byte
 	// missing names a request the grants do not cover; calls fail with
 	// permission_denied while it is set.
 	missing string
+	// pool holds idle instances of a reactor tool; nil for a command
+	// module, which runs in a fresh instance for every call.
+	pool *pool
+	// fresh is set when the manifest asks for isolation "fresh": a
+	// reactor then gets a new instance for every call too.
+	fresh bool
 }
 
 // Open loads every NAME.wasm in cfg.Dir: it compiles the module, reads
@@ -174,6 +195,10 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		_ = r.closeRuntime(ctx)
 		return nil, fmt.Errorf("wasmtools: instantiate WASI: %w", err)
 	}
+	if err := r.instantiateHost(ctx); err != nil {
+		_ = r.closeRuntime(ctx)
+		return nil, fmt.Errorf("wasmtools: instantiate the keel host module: %w", err)
+	}
 	r.wasi = map[string]bool{}
 	for name := range r.rt.Module(wasi_snapshot_preview1.ModuleName).ExportedFunctionDefinitions() {
 		r.wasi[name] = true
@@ -208,7 +233,7 @@ func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *too
 		}
 		file := filepath.Join(r.cfg.Dir, e.Name())
 		if prev != nil {
-			if old, ok := prev.tools[name]; ok && unchanged(old, file) {
+			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name)) {
 				set.tools[name] = old
 				set.names = append(set.names, name)
 				continue
@@ -272,12 +297,20 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 			t.close(ctx, true)
 		}
 	}()
-	if err := r.checkModule(compiled); err != nil {
+	reactor, err := r.checkModule(compiled)
+	if err != nil {
 		return nil, err
+	}
+	if reactor {
+		t.pool = newPool(r.cfg.MaxIdleInstances)
 	}
 
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
 	switch {
+	case errors.Is(err, fs.ErrNotExist) && reactor:
+		if data, err = r.reactorManifest(ctx, name, compiled); err != nil {
+			return nil, err
+		}
 	case errors.Is(err, fs.ErrNotExist):
 		if data, err = r.printManifest(ctx, name, compiled); err != nil {
 			return nil, err
@@ -295,6 +328,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		return nil, fmt.Errorf("manifest name %q does not match the file name %q", m.Name, name)
 	}
 	t.input, t.output = m.input, m.output
+	t.fresh = m.Isolation == isolationFresh
 
 	abs, err := filepath.Abs(file)
 	if err != nil {
@@ -313,7 +347,8 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		SHA256:   hex.EncodeToString(sum[:]),
 		Path:     abs,
 	}
-	r.grant(t, r.cfg.Grants[name])
+	t.granted = r.grantsFor(name)
+	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Warn("wasmtools: tool requests more than it is granted; its calls will be denied", "tool", name, "missing", t.missing)
 	}
@@ -338,31 +373,38 @@ func readSidecar(name string) ([]byte, error) {
 }
 
 // checkModule refuses modules keel cannot run: only WASI is offered, and
-// a tool is a WASI command that exports its memory and _start.
-func (r *Registry) checkModule(m wazero.CompiledModule) error {
+// a tool exports its memory and either _start (a command) or
+// _initialize, keel_alloc and keel_call (a reactor). It reports which.
+func (r *Registry) checkModule(m wazero.CompiledModule) (reactor bool, err error) {
 	for _, f := range m.ImportedFunctions() {
 		mod, fn, _ := f.Import()
+		if mod == hostModuleName && hostFuncs[fn] {
+			continue
+		}
 		if mod != wasi_snapshot_preview1.ModuleName {
-			return fmt.Errorf("imports %s.%s: only WASI (%s) is offered to tools", mod, fn, wasi_snapshot_preview1.ModuleName)
+			return false, fmt.Errorf("imports %s.%s: only WASI (%s) and %s.http_request/http_response are offered to tools", mod, fn, wasi_snapshot_preview1.ModuleName, hostModuleName)
 		}
 		if !r.wasi[fn] {
-			return fmt.Errorf("imports %s.%s, which this host's WASI does not provide", mod, fn)
+			return false, fmt.Errorf("imports %s.%s, which this host's WASI does not provide", mod, fn)
 		}
 	}
 	if len(m.ImportedMemories()) > 0 {
-		return errors.New("imports a memory; a tool must define its own")
+		return false, errors.New("imports a memory; a tool must define its own")
 	}
 	mem, ok := m.ExportedMemories()["memory"]
 	if !ok {
-		return errors.New(`does not export its memory as "memory"; tools are WASI command modules`)
+		return false, errors.New(`does not export its memory as "memory"`)
 	}
 	if need := uint64(mem.Min()) * 65536; need > r.memoryLimit() {
-		return fmt.Errorf("needs %d MiB of memory to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
+		return false, fmt.Errorf("needs %d MiB of memory to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
+	}
+	if reactor, err := isReactor(m); reactor || err != nil {
+		return reactor, err
 	}
 	if _, ok := m.ExportedFunctions()["_start"]; !ok {
-		return errors.New("does not export _start; tools are WASI command modules (reactors are not supported)")
+		return false, errors.New("does not export _start (a WASI command) nor _initialize, keel_alloc and keel_call (a keel reactor)")
 	}
-	return nil
+	return false, nil
 }
 
 func (r *Registry) memoryLimit() uint64 { return uint64(r.cfg.MemoryLimitMiB) << 20 }
@@ -434,6 +476,9 @@ func baseModuleConfig() wazero.ModuleConfig {
 // close releases what load acquired; Registry.Close leaves the compiled
 // module to the runtime, which closes them all.
 func (t *tool) close(ctx context.Context, compiled bool) {
+	if t.pool != nil {
+		t.pool.close(ctx)
+	}
 	if compiled {
 		_ = t.compiled.Close(ctx)
 	}

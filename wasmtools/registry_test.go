@@ -55,15 +55,19 @@ func TestOpenListsTools(t *testing.T) {
 	for _, tool := range tools {
 		names = append(names, tool.Spec.Name)
 	}
-	if want := []string{"readfile", "wordcount"}; !slices.Equal(names, want) {
+	if want := []string{"fetch", "readfile", "wordcount", "writefile"}; !slices.Equal(names, want) {
 		t.Fatalf("Tools() names = %q, want %q", names, want)
 	}
 	for _, tool := range tools {
 		if len(tool.Spec.InputSchema) == 0 || len(tool.Spec.OutputSchema) == 0 {
 			t.Errorf("%s: schemas input %s output %s, want both", tool.Spec.Name, tool.Spec.InputSchema, tool.Spec.OutputSchema)
 		}
-		if tool.Spec.SideEffects != keel.SideEffectReadOnly {
-			t.Errorf("%s: side effects %q, want read_only", tool.Spec.Name, tool.Spec.SideEffects)
+		wantSE := keel.SideEffectReadOnly
+		if tool.Spec.Name == "writefile" {
+			wantSE = keel.SideEffectIdempotentWrite
+		}
+		if tool.Spec.SideEffects != wantSE {
+			t.Errorf("%s: side effects %q, want %s", tool.Spec.Name, tool.Spec.SideEffects, wantSE)
 		}
 		if tool.Spec.Description == "" || tool.Spec.Version == "" {
 			t.Errorf("%s: description %q version %q, want both", tool.Spec.Name, tool.Spec.Description, tool.Spec.Version)
@@ -79,7 +83,7 @@ func TestOpenListsTools(t *testing.T) {
 			t.Errorf("%s: Path %q, want the absolute path of the .wasm", tool.Spec.Name, tool.Path)
 		}
 	}
-	readfile, wordcount := tools[0], tools[1]
+	readfile, wordcount := tools[1], tools[2]
 	wantReq := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace", ReadOnly: true}}}
 	if diff := cmp.Diff(wantReq, readfile.Requests); diff != "" {
 		t.Errorf("readfile Requests mismatch (-want +got):\n%s", diff)
@@ -102,9 +106,9 @@ func TestOpenListsTools(t *testing.T) {
 		}
 	}
 	// The results are copies: changing them changes nothing inside.
-	tools[0].Grants.FS[0].HostPath = "/elsewhere"
-	specs[0].InputSchema[0] = 'X'
-	if got := r.Tools()[0]; got.Grants.FS[0].HostPath != ws || got.Spec.InputSchema[0] != '{' {
+	tools[1].Grants.FS[0].HostPath = "/elsewhere"
+	specs[1].InputSchema[0] = 'X'
+	if got := r.Tools()[1]; got.Grants.FS[0].HostPath != ws || got.Spec.InputSchema[0] != '{' {
 		t.Errorf("Tools() shares memory with the registry")
 	}
 }

@@ -40,6 +40,11 @@ func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
 	for name, t := range prev.tools {
 		if next.tools[name] != t {
 			r.retired = append(r.retired, t)
+			if t.pool != nil {
+				// Its idle instances are no use now; calls still
+				// running on it close theirs when they finish.
+				t.pool.close(ctx)
+			}
 			changed = true
 		}
 	}

@@ -706,6 +706,7 @@ func toolChoiceSchema(specs []keel.ToolSpec) (json.RawMessage, error) {
 		if !json.Valid(in) {
 			return nil, fmt.Errorf("tool %s: input schema is not JSON: %w", s.Name, models.ErrInvalidRequest)
 		}
+		in = grammarSchema(in)
 		alts = append(alts, object[callProps]{
 			Type:       "object",
 			Properties: callProps{Tool: constant{s.Name}, Arguments: in},

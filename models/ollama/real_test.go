@@ -289,3 +289,29 @@ func describe(m models.Message) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// TestRealToolSchemasOllamaCannotCompile offers tools whose schemas use
+// keywords Ollama's grammar rejects (pattern, oneOf beside properties) or
+// that crash its runner (a huge maxLength). The provider must still get a
+// reply: it sends the grammar only what it handles.
+func TestRealToolSchemasOllamaCannotCompile(t *testing.T) {
+	p, _, tiny, _ := realOllama(t)
+	hostile := []keel.ToolSpec{
+		{Name: "fetch", Description: "Fetch a URL.", InputSchema: json.RawMessage(`{"type":"object","properties":{"url":{"type":"string","pattern":"^https?://"}},"required":["url"],"additionalProperties":false}`)},
+		{Name: "writefile", Description: "Write a file.", InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string","maxLength":1048576},"old":{"type":"string"},"new":{"type":"string"}},"required":["path"],"oneOf":[{"required":["content"]},{"required":["old","new"]}],"additionalProperties":false}`)},
+	}
+	resp, err := p.Chat(t.Context(), models.ChatRequest{
+		Model:     tiny,
+		Messages:  []models.Message{{Role: models.RoleUser, Content: "Save a note."}},
+		Tools:     hostile,
+		MaxTokens: 64,
+	}, nil)
+	if err != nil {
+		t.Fatalf("Chat with hostile tool schemas = %v", err)
+	}
+	t.Logf("reply: %s", describe(resp.Message))
+	// The server is still healthy afterwards.
+	if _, err := p.Chat(t.Context(), models.ChatRequest{Model: tiny, Messages: []models.Message{{Role: models.RoleUser, Content: "Hi."}}, MaxTokens: 8}, nil); err != nil {
+		t.Fatalf("Chat after hostile schemas = %v", err)
+	}
+}

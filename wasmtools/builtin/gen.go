@@ -1,7 +1,8 @@
 //go:build ignore
 
 // gen builds every example tool (each directory of examples/tools with a
-// main.go) for GOOS=wasip1 GOARCH=wasm and writes it gzipped to
+// main.go) for GOOS=wasip1 GOARCH=wasm as a reactor (-buildmode=c-shared,
+// so keel can keep initialized instances for warm calls) and writes it gzipped to
 // embedded/NAME.wasm.gz, removing files of tools that no longer exist. It
 // records the Go version that built them in embedded/GOVERSION.
 //
@@ -80,7 +81,7 @@ func build(dir, dst string) error {
 	}
 	defer os.RemoveAll(tmp)
 	wasm := filepath.Join(tmp, "tool.wasm")
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", wasm, ".")
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", wasm, ".")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0", "GOWASM=")
 	cmd.Stderr = os.Stderr

@@ -1,8 +1,15 @@
 // Package toolkit is the tool-author kit for keel tools: a keel tool is a
-// WebAssembly command module (Go built with GOOS=wasip1 GOARCH=wasm) whose
-// main calls [Main] with the tool's [Manifest] and a handler.
+// WebAssembly module (Go built with GOOS=wasip1 GOARCH=wasm) that
+// registers its [Manifest] and a handler with [Register] from init, and
+// whose main calls [Main] with the same two.
 //
-// [Main] speaks the keel tool convention, so the handler only deals with
+// Built with -buildmode=c-shared the module is a reactor: keel starts it
+// once and calls the registered handler many times on the same instance
+// (see [Register] for the exports), which makes a warm call much cheaper
+// than starting the Go runtime per call. Built without it, the module is
+// a command and [Main] serves it.
+//
+// As a command, [Main] speaks the keel tool convention, so the handler only deals with
 // its own input and output:
 //
 //   - argv [name, "--manifest"]: print the manifest as JSON and exit 0.

@@ -1,8 +1,9 @@
 // Command readfile is an example keel tool: it reads a text file under the
 // read-only directory the host grants at /workspace.
 //
-// Build it with GOOS=wasip1 GOARCH=wasm go build -o readfile.wasm; see
-// ../README.md.
+// Build it with GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o
+// readfile.wasm (a reactor, for warm calls), or without -buildmode (a
+// command); see ../README.md.
 package main
 
 import (
@@ -67,12 +68,15 @@ type output struct {
 	Truncated bool   `json:"truncated"`
 }
 
-func main() {
-	fsys := os.DirFS(root)
-	toolkit.Main(manifest, toolkit.Typed(func(in input) (output, error) {
-		return readFile(fsys, in)
-	}))
-}
+var handler = toolkit.Typed(func(in input) (output, error) {
+	return readFile(os.DirFS(root), in)
+})
+
+// init registers the tool for a reactor build (-buildmode=c-shared, how
+// keel ships it), which never runs main; main serves a command build.
+func init() { toolkit.Register(manifest, handler) }
+
+func main() { toolkit.Main(manifest, handler) }
 
 // readFile reads in.Path from fsys, whose root is the workspace.
 func readFile(fsys fs.FS, in input) (output, error) {

@@ -1,8 +1,9 @@
 // Command wordcount is an example keel tool: pure computation, no grants.
 // It counts the words, lines and characters of a text.
 //
-// Build it with GOOS=wasip1 GOARCH=wasm go build -o wordcount.wasm; see
-// ../README.md.
+// Build it with GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o
+// wordcount.wasm (a reactor, for warm calls), or without -buildmode (a
+// command); see ../README.md.
 package main
 
 import (
@@ -48,11 +49,15 @@ type output struct {
 	Chars int `json:"chars"`
 }
 
-func main() {
-	toolkit.Main(manifest, toolkit.Typed(func(in input) (output, error) {
-		return count(in.Text), nil
-	}))
-}
+var handler = toolkit.Typed(func(in input) (output, error) {
+	return count(in.Text), nil
+})
+
+// init registers the tool for a reactor build (-buildmode=c-shared, how
+// keel ships it), which never runs main; main serves a command build.
+func init() { toolkit.Register(manifest, handler) }
+
+func main() { toolkit.Main(manifest, handler) }
 
 // count counts s. A final line without a trailing newline still counts;
 // the empty text has no lines.

@@ -39,81 +39,91 @@ type input struct {
 
 var keep [][]byte
 
-func main() {
-	toolkit.Main(manifest, toolkit.Typed(func(in input) (any, error) {
-		switch in.Mode {
-		case "ok":
-			return map[string]any{"ok": true}, nil
-		case "fail":
-			return nil, toolkit.Errorf("on_purpose", "failed as asked")
-		case "loop":
-			for {
-			}
-		case "sleep":
-			time.Sleep(time.Hour)
-			return map[string]any{"slept": true}, nil
-		case "oom":
-			for {
-				b := make([]byte, 8<<20)
-				for i := 0; i < len(b); i += 4096 {
-					b[i] = 1 // touch every page
-				}
-				keep = append(keep, b)
-			}
-		case "bigalloc":
-			keep = append(keep, make([]byte, 1<<30))
-			return map[string]any{"allocated": len(keep[0])}, nil
-		case "spew":
-			line := []byte(strings.Repeat("x", 1023) + "\n")
-			for {
-				if _, err := os.Stdout.Write(line); err != nil {
-					os.Exit(0)
-				}
-			}
-		case "panic":
-			panic("boom")
-		case "exit":
-			fmt.Fprintln(os.Stderr, "exiting with 3")
-			os.Exit(3)
-		case "garbage":
-			fmt.Println("this is not JSON")
-			os.Exit(0)
-		case "two":
-			fmt.Println(`{"output":{}}`)
-			return map[string]any{}, nil
-		case "badoutput":
-			return []int{1, 2}, nil // the output schema wants an object
-		case "read":
-			b, err := os.ReadFile(in.Path)
-			if err != nil {
-				return nil, toolkit.Errorf("read", "%v", err)
-			}
-			return map[string]any{"content": string(b)}, nil
-		case "write":
-			if err := os.WriteFile(in.Path, []byte(in.Data), 0o644); err != nil {
-				return nil, toolkit.Errorf("write", "%v", err)
-			}
-			return map[string]any{"written": len(in.Data)}, nil
-		case "symlink":
-			if err := os.Symlink(in.Data, in.Path); err != nil {
-				return nil, toolkit.Errorf("symlink", "%v", err)
-			}
-			return map[string]any{"linked": true}, nil
-		case "ls":
-			entries, err := os.ReadDir(in.Path)
-			if err != nil {
-				return nil, toolkit.Errorf("ls", "%v", err)
-			}
-			names := []string{}
-			for _, e := range entries {
-				names = append(names, e.Name())
-			}
-			return map[string]any{"names": names}, nil
-		case "env":
-			env := os.Environ()
-			sort.Strings(env)
-			return map[string]any{"env": env, "args": os.Args}, nil
+// calls counts the calls this instance has served, to show whether state
+// survives from one call to the next.
+var calls int
+
+// The package's TestMain builds this both as a command and as a reactor.
+func init() { toolkit.Register(manifest, handler) }
+
+func main() { toolkit.Main(manifest, handler) }
+
+var handler = toolkit.Typed(func(in input) (any, error) {
+	calls++
+	switch in.Mode {
+	case "counter":
+		return map[string]any{"calls": calls}, nil
+	case "ok":
+		return map[string]any{"ok": true}, nil
+	case "fail":
+		return nil, toolkit.Errorf("on_purpose", "failed as asked")
+	case "loop":
+		for {
 		}
-		return nil, toolkit.Errorf("bad_mode", "unknown mode %q", in.Mode)
-	}))
-}
+	case "sleep":
+		time.Sleep(time.Hour)
+		return map[string]any{"slept": true}, nil
+	case "oom":
+		for {
+			b := make([]byte, 8<<20)
+			for i := 0; i < len(b); i += 4096 {
+				b[i] = 1 // touch every page
+			}
+			keep = append(keep, b)
+		}
+	case "bigalloc":
+		keep = append(keep, make([]byte, 1<<30))
+		return map[string]any{"allocated": len(keep[0])}, nil
+	case "spew":
+		line := []byte(strings.Repeat("x", 1023) + "\n")
+		for {
+			if _, err := os.Stdout.Write(line); err != nil {
+				os.Exit(0)
+			}
+		}
+	case "panic":
+		panic("boom")
+	case "exit":
+		fmt.Fprintln(os.Stderr, "exiting with 3")
+		os.Exit(3)
+	case "garbage":
+		fmt.Println("this is not JSON")
+		os.Exit(0)
+	case "two":
+		fmt.Println(`{"output":{}}`)
+		return map[string]any{}, nil
+	case "badoutput":
+		return []int{1, 2}, nil // the output schema wants an object
+	case "read":
+		b, err := os.ReadFile(in.Path)
+		if err != nil {
+			return nil, toolkit.Errorf("read", "%v", err)
+		}
+		return map[string]any{"content": string(b)}, nil
+	case "write":
+		if err := os.WriteFile(in.Path, []byte(in.Data), 0o644); err != nil {
+			return nil, toolkit.Errorf("write", "%v", err)
+		}
+		return map[string]any{"written": len(in.Data)}, nil
+	case "symlink":
+		if err := os.Symlink(in.Data, in.Path); err != nil {
+			return nil, toolkit.Errorf("symlink", "%v", err)
+		}
+		return map[string]any{"linked": true}, nil
+	case "ls":
+		entries, err := os.ReadDir(in.Path)
+		if err != nil {
+			return nil, toolkit.Errorf("ls", "%v", err)
+		}
+		names := []string{}
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return map[string]any{"names": names}, nil
+	case "env":
+		env := os.Environ()
+		sort.Strings(env)
+		return map[string]any{"env": env, "args": os.Args}, nil
+	}
+	return nil, toolkit.Errorf("bad_mode", "unknown mode %q", in.Mode)
+})

@@ -1,0 +1,284 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
+)
+
+// grantTable is the in-memory copy of the stored grants that the
+// registry consults (wasmtools.Config.GrantsFor). Writes go to the store
+// first, so the table never holds a grant the database does not.
+type grantTable struct {
+	mu sync.Mutex
+	m  map[string]capabilities.Grants
+}
+
+func (g *grantTable) get(name string) capabilities.Grants {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.m[name]
+}
+
+func (g *grantTable) set(name string, v capabilities.Grants) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.m[name] = v
+}
+
+func (g *grantTable) delete(name string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.m, name)
+}
+
+// examplesMarker records that the bundled examples were installed once;
+// a user who removes one does not get it back at the next start.
+const examplesMarker = ".examples-installed"
+
+// installExamples puts the bundled example tools into a new data dir and
+// grants readfile the workspace, read-only: the one grant keel makes on
+// the user's behalf, recorded like any other so it can be revoked.
+func installExamples(ctx context.Context, st *store.Store, toolsDir, workspace string) error {
+	marker := filepath.Join(toolsDir, examplesMarker)
+	if _, err := os.Stat(marker); err == nil {
+		return nil
+	}
+	if err := builtin.Install(toolsDir); err != nil {
+		return err
+	}
+	ro := capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: workspace, GuestPath: "/workspace", ReadOnly: true}}}
+	if err := st.SetToolGrants(ctx, "readfile", ro, time.Now()); err != nil {
+		return err
+	}
+	return writeFileAtomic(marker, []byte("the bundled example tools were installed here once\n"), 0o600)
+}
+
+// toolManager installs, removes, grants and revokes tools. Every change
+// is stored, then applied by reloading the registry.
+type toolManager struct {
+	reg    *wasmtools.Registry
+	st     *store.Store
+	grants *grantTable
+	dir    string
+}
+
+func (m *toolManager) info(name string) (protocol.ToolInfo, error) {
+	for _, t := range m.reg.Tools() {
+		if t.Spec.Name == name {
+			return toolInfo(t), nil
+		}
+	}
+	return protocol.ToolInfo{}, fmt.Errorf("no tool named %q is installed: %w", name, keel.ErrNotFound)
+}
+
+func toolInfo(t wasmtools.Tool) protocol.ToolInfo {
+	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256}
+}
+
+func (m *toolManager) inspect(ctx context.Context, file string) (wasmtools.Tool, error) {
+	t, err := m.reg.Inspect(ctx, file)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return wasmtools.Tool{}, fmt.Errorf("%s does not exist: %w", file, keel.ErrInvalid)
+		}
+		return wasmtools.Tool{}, fmt.Errorf("%w: %w", keel.ErrInvalid, err)
+	}
+	return t, nil
+}
+
+func (m *toolManager) Inspect(ctx context.Context, file string) (protocol.ToolInfo, error) {
+	t, err := m.inspect(ctx, file)
+	if err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	return toolInfo(t), nil
+}
+
+// Install validates the file, checks the grants against what it
+// requests, stores them, copies the module in atomically and reloads.
+func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	t, err := m.inspect(ctx, p.Path)
+	if err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	name := t.Spec.Name
+	if _, err := m.info(name); err == nil && !p.Replace {
+		return protocol.ToolInfo{}, fmt.Errorf("a tool named %s is already installed; pass replace to replace it: %w", name, keel.ErrConflict)
+	}
+	g, err := checkGrants(t.Requests, p.Grants)
+	if err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	if err := m.st.SetToolGrants(ctx, name, g, time.Now()); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	m.grants.set(name, g)
+	side := strings.TrimSuffix(p.Path, ".wasm") + ".manifest.json"
+	if _, err := os.Stat(side); err == nil {
+		if err := copyFile(side, filepath.Join(m.dir, name+".manifest.json")); err != nil {
+			return protocol.ToolInfo{}, err
+		}
+	}
+	if err := copyFile(p.Path, filepath.Join(m.dir, name+".wasm")); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	if _, err := m.reg.Reload(ctx); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	return m.info(name)
+}
+
+func (m *toolManager) Remove(ctx context.Context, name string) error {
+	if _, err := m.info(name); err != nil {
+		return err
+	}
+	for _, f := range []string{name + ".wasm", name + ".manifest.json"} {
+		if err := os.Remove(filepath.Join(m.dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if err := m.st.DeleteToolGrants(ctx, name); err != nil {
+		return err
+	}
+	m.grants.delete(name)
+	_, err := m.reg.Reload(ctx)
+	return err
+}
+
+func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+	info, err := m.info(p.Name)
+	if err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	add, err := checkGrants(info.Requests, p.Grants)
+	if err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	cur := m.grants.get(p.Name)
+	next := capabilities.Grants{
+		FS:      slices.Clone(cur.FS),
+		Network: union(cur.Network, add.Network),
+		Env:     union(cur.Env, add.Env),
+	}
+	for _, f := range add.FS {
+		next.FS = slices.DeleteFunc(next.FS, func(e capabilities.FSGrant) bool { return e.GuestPath == f.GuestPath })
+		next.FS = append(next.FS, f)
+	}
+	return m.store(ctx, p.Name, next)
+}
+
+func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+	if _, err := m.info(p.Name); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	var next capabilities.Grants
+	if !p.All {
+		cur := m.grants.get(p.Name)
+		next.FS = slices.DeleteFunc(slices.Clone(cur.FS), func(e capabilities.FSGrant) bool {
+			return slices.ContainsFunc(p.Grants.FS, func(r capabilities.FSGrant) bool { return path.Clean(r.GuestPath) == e.GuestPath })
+		})
+		next.Network = slices.DeleteFunc(slices.Clone(cur.Network), func(n string) bool { return slices.Contains(p.Grants.Network, n) })
+		next.Env = slices.DeleteFunc(slices.Clone(cur.Env), func(n string) bool { return slices.Contains(p.Grants.Env, n) })
+	}
+	return m.store(ctx, p.Name, next)
+}
+
+func (m *toolManager) store(ctx context.Context, name string, g capabilities.Grants) (protocol.ToolInfo, error) {
+	if err := m.st.SetToolGrants(ctx, name, g, time.Now()); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	m.grants.set(name, g)
+	if _, err := m.reg.Reload(ctx); err != nil {
+		return protocol.ToolInfo{}, err
+	}
+	return m.info(name)
+}
+
+// checkGrants returns g normalized if it grants only what req requests:
+// a filesystem grant names a requested guest path and an existing host
+// directory, and is read-only where the request is; network and
+// environment grants name requested entries exactly. Anything else is
+// refused, naming the offending entry.
+func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
+	var out capabilities.Grants
+	for _, f := range g.FS {
+		guest := path.Clean("/" + f.GuestPath)
+		i := slices.IndexFunc(req.FS, func(r capabilities.FSGrant) bool { return path.Clean("/"+r.GuestPath) == guest })
+		if i < 0 {
+			return out, fmt.Errorf("grant fs:%s: the tool does not request it: %w", guest, keel.ErrInvalid)
+		}
+		if !filepath.IsAbs(f.HostPath) {
+			return out, fmt.Errorf("grant fs:%s: host path %q must be absolute: %w", guest, f.HostPath, keel.ErrInvalid)
+		}
+		if fi, err := os.Stat(f.HostPath); err != nil || !fi.IsDir() {
+			return out, fmt.Errorf("grant fs:%s: host path %s is not a directory: %w", guest, f.HostPath, keel.ErrInvalid)
+		}
+		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly})
+	}
+	for _, n := range g.Network {
+		if !slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {
+			return out, fmt.Errorf("grant net:%s: the tool does not request it: %w", n, keel.ErrInvalid)
+		}
+		out.Network = append(out.Network, n)
+	}
+	for _, e := range g.Env {
+		if !slices.Contains(req.Env, e) {
+			return out, fmt.Errorf("grant env:%s: the tool does not request it: %w", e, keel.ErrInvalid)
+		}
+		out.Env = append(out.Env, e)
+	}
+	return out, nil
+}
+
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, s := range b {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// copyFile copies src to dst atomically (temp file, fsync, rename), so a
+// watcher never loads half a module.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}

@@ -1,0 +1,48 @@
+package wasmtools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/keel-runtime/keel/capabilities"
+)
+
+// grantsFor returns what the configuration grants the tool name now.
+func (r *Registry) grantsFor(name string) capabilities.Grants {
+	if r.cfg.GrantsFor != nil {
+		return r.cfg.GrantsFor(name)
+	}
+	return r.cfg.Grants[name]
+}
+
+// sameGrants reports whether a and b grant exactly the same things.
+func sameGrants(a, b capabilities.Grants) bool {
+	return slices.Equal(a.FS, b.FS) && slices.Equal(a.Network, b.Network) && slices.Equal(a.Env, b.Env)
+}
+
+// Inspect compiles and validates the tool file NAME.wasm (with its
+// sidecar manifest, if any) without installing it, and returns what it
+// is and what it requests. Its Grants are what the configuration would
+// give it now. The compilation lands in the cache, so installing the
+// same file afterwards does not compile it again.
+func (r *Registry) Inspect(ctx context.Context, file string) (Tool, error) {
+	name, ok := strings.CutSuffix(filepath.Base(file), ".wasm")
+	if !ok {
+		return Tool{}, fmt.Errorf("wasmtools: %s: a tool file is named NAME.wasm", file)
+	}
+	if !r.begin() {
+		return Tool{}, errors.New("wasmtools: inspect: registry closed")
+	}
+	defer r.calls.Done()
+	t, err := r.load(ctx, name, file)
+	if err != nil {
+		return Tool{}, fmt.Errorf("wasmtools: %s: %w", filepath.Base(file), err)
+	}
+	info := t.info.clone()
+	t.close(ctx, true)
+	return info, nil
+}

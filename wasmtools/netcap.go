@@ -1,0 +1,272 @@
+package wasmtools
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/keel-runtime/keel/capabilities"
+)
+
+// The host module keel offers tools besides WASI. Its only capability is
+// the network, and only to granted destinations:
+//
+//	http_request(req_ptr, req_len u32) -> resp_len u32
+//	http_response(buf_ptr, buf_cap u32) -> n u32
+//
+// http_request reads a JSON request {"method","url","headers","body"},
+// performs it if allowed, and keeps a JSON response {"status","headers",
+// "body","body_encoding"} or {"error":{"code","message"}} for the call;
+// http_response copies that document into guest memory.
+const hostModuleName = "keel"
+
+var hostFuncs = map[string]bool{"http_request": true, "http_response": true}
+
+// Limits of the network host function.
+const (
+	maxHTTPRequestBytes  = 1 << 20
+	maxHTTPResponseBytes = 4 << 20
+)
+
+// errPrivateAddress is returned by the dialer for loopback, private,
+// link-local and other non-public addresses.
+var errPrivateAddress = errors.New("destination resolves to a loopback, private or link-local address")
+
+type httpRequest struct {
+	Method  string            `json:"method"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers"`
+	Body    string            `json:"body"`
+}
+
+type httpResponse struct {
+	Status       int               `json:"status,omitempty"`
+	Headers      map[string]string `json:"headers,omitempty"`
+	Body         string            `json:"body,omitempty"`
+	BodyEncoding string            `json:"body_encoding,omitempty"` // "base64" when the body is not UTF-8
+	Error        *hostError        `json:"error,omitempty"`
+}
+
+type hostError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// netCall is the per-call network state, carried in the call's context to
+// the host functions: the tool's grants, the pending response, and the
+// first denial, which turns the whole call into permission_denied.
+type netCall struct {
+	tool         string
+	grants       []string
+	allowPrivate bool
+
+	mu     sync.Mutex
+	resp   []byte
+	denied string
+}
+
+type netCallKey struct{}
+
+// withNet returns ctx carrying the network state of one call of t.
+func (r *Registry) withNet(ctx context.Context, t *tool) (context.Context, *netCall) {
+	nc := &netCall{tool: t.info.Spec.Name, grants: t.info.Grants.Network, allowPrivate: r.cfg.AllowPrivateNetwork}
+	return context.WithValue(ctx, netCallKey{}, nc), nc
+}
+
+// denial returns what the call was refused, or "".
+func (nc *netCall) denial() string {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	return nc.denied
+}
+
+func (nc *netCall) deny(what string) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	if nc.denied == "" {
+		nc.denied = what
+	}
+}
+
+// instantiateHost adds the keel host module to the runtime.
+func (r *Registry) instantiateHost(ctx context.Context) error {
+	_, err := r.rt.NewHostModuleBuilder(hostModuleName).
+		NewFunctionBuilder().WithFunc(r.httpRequest).Export("http_request").
+		NewFunctionBuilder().WithFunc(httpResponseCopy).Export("http_response").
+		Instantiate(ctx)
+	return err
+}
+
+func (r *Registry) httpRequest(ctx context.Context, mod api.Module, ptr, n uint32) uint32 {
+	nc, _ := ctx.Value(netCallKey{}).(*netCall)
+	resp := r.doHTTP(ctx, nc, mod, ptr, n)
+	b, _ := json.Marshal(resp)
+	if nc != nil {
+		nc.mu.Lock()
+		nc.resp = b
+		nc.mu.Unlock()
+	}
+	return uint32(len(b))
+}
+
+func httpResponseCopy(ctx context.Context, mod api.Module, ptr, capacity uint32) uint32 {
+	nc, _ := ctx.Value(netCallKey{}).(*netCall)
+	if nc == nil {
+		return 0
+	}
+	nc.mu.Lock()
+	b := nc.resp
+	nc.mu.Unlock()
+	if uint32(len(b)) > capacity {
+		b = b[:capacity]
+	}
+	if !mod.Memory().Write(ptr, b) {
+		return 0
+	}
+	return uint32(len(b))
+}
+
+func (r *Registry) doHTTP(ctx context.Context, nc *netCall, mod api.Module, ptr, n uint32) httpResponse {
+	fail := func(code, format string, args ...any) httpResponse {
+		return httpResponse{Error: &hostError{Code: code, Message: fmt.Sprintf(format, args...)}}
+	}
+	if nc == nil {
+		return fail("permission_denied", "network access outside a tool call")
+	}
+	if n > maxHTTPRequestBytes {
+		return fail("invalid_request", "request of %d bytes exceeds %d", n, maxHTTPRequestBytes)
+	}
+	raw, ok := mod.Memory().Read(ptr, n)
+	if !ok {
+		return fail("invalid_request", "request out of memory bounds")
+	}
+	var req httpRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return fail("invalid_request", "request is not JSON: %v", err)
+	}
+	if req.Method == "" {
+		req.Method = http.MethodGet
+	}
+	dest, err := capabilities.ParseDestination(req.URL)
+	if err != nil {
+		return fail("invalid_request", "url: %v", err)
+	}
+	if !capabilities.MatchNetwork(nc.grants, dest) {
+		nc.deny("network " + dest.String())
+		return fail("permission_denied", "%s is not granted to %s", dest, nc.tool)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, req.Method, req.URL, strings.NewReader(req.Body))
+	if err != nil {
+		return fail("invalid_request", "%v", err)
+	}
+	for k, v := range req.Headers {
+		if strings.EqualFold(k, "Host") {
+			continue // the URL decides where the request goes
+		}
+		hreq.Header.Set(k, v)
+	}
+	client := httpClient(nc)
+	res, err := client.Do(hreq)
+	if err != nil {
+		var denied *redirectDenied
+		switch {
+		case errors.As(err, &denied):
+			nc.deny("network " + denied.dest.String() + " (redirect)")
+			return fail("permission_denied", "redirect to %s is not granted to %s", denied.dest, nc.tool)
+		case errors.Is(err, errPrivateAddress):
+			nc.deny("network " + dest.String() + " (private address)")
+			return fail("permission_denied", "%s: %v; tools may not reach the local machine or private networks", dest, errPrivateAddress)
+		case ctx.Err() != nil:
+			return fail("timeout", "request cancelled: %v", ctx.Err())
+		}
+		return fail("network_error", "%v", err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxHTTPResponseBytes+1))
+	if err != nil {
+		return fail("network_error", "reading the response: %v", err)
+	}
+	if len(body) > maxHTTPResponseBytes {
+		return fail("too_large", "response body exceeds %d bytes", maxHTTPResponseBytes)
+	}
+	out := httpResponse{Status: res.StatusCode, Headers: map[string]string{}}
+	for k := range res.Header {
+		out.Headers[k] = res.Header.Get(k)
+	}
+	if utf8.Valid(body) {
+		out.Body = string(body)
+	} else {
+		out.Body, out.BodyEncoding = base64.StdEncoding.EncodeToString(body), "base64"
+	}
+	return out
+}
+
+type redirectDenied struct{ dest capabilities.Destination }
+
+func (e *redirectDenied) Error() string { return "redirect to " + e.dest.String() + " is not granted" }
+
+// httpClient builds the client of one call: no proxy, no cookies, every
+// redirect checked against the grants, and every connection's resolved
+// address checked at dial time, so DNS cannot point a granted name at the
+// local machine.
+func httpClient(nc *netCall) *http.Client {
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	if !nc.allowPrivate {
+		dialer.Control = func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			if ip := net.ParseIP(host); ip == nil || !publicIP(ip) {
+				return errPrivateAddress
+			}
+			return nil
+		}
+	}
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           dialer.DialContext,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ResponseHeaderTimeout: 30 * time.Second,
+			DisableKeepAlives:     true,
+		},
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) >= 5 {
+				return errors.New("more than 5 redirects")
+			}
+			d, err := capabilities.ParseDestination(req.URL.String())
+			if err != nil || !capabilities.MatchNetwork(nc.grants, d) {
+				return &redirectDenied{dest: d}
+			}
+			return nil
+		},
+	}
+}
+
+// publicIP reports whether ip is a globally routable unicast address.
+func publicIP(ip net.IP) bool {
+	if ip.IsLoopback() || ip.IsPrivate() || ip.IsUnspecified() || ip.IsLinkLocalUnicast() ||
+		ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() || ip.IsMulticast() {
+		return false
+	}
+	if v4 := ip.To4(); v4 != nil {
+		// 100.64.0.0/10 (carrier-grade NAT) and 0.0.0.0/8.
+		if v4[0] == 100 && v4[1]&0xc0 == 64 || v4[0] == 0 {
+			return false
+		}
+	}
+	return true
+}

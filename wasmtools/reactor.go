@@ -1,0 +1,276 @@
+package wasmtools
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
+)
+
+// A reactor tool is a module that exports _initialize, keel_alloc and
+// keel_call (a Go tool built with -buildmode=c-shared and
+// toolkit.Register). _initialize runs once per instance; keel_call may
+// then be called many times on the same instance, so a warm call pays
+// neither instantiation nor the guest runtime's start-up.
+const (
+	exportInitialize = "_initialize"
+	exportAlloc      = "keel_alloc"
+	exportCall       = "keel_call"
+	exportManifest   = "keel_manifest"
+)
+
+// reactorExports are the exports a reactor needs, with their signatures.
+var reactorExports = map[string]struct{ params, results []api.ValueType }{
+	exportInitialize: {nil, nil},
+	exportAlloc:      {[]api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}},
+	exportCall:       {[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}},
+}
+
+// isReactor reports whether m exports _initialize and keel_call, and if
+// so checks the reactor exports' signatures.
+func isReactor(m wazero.CompiledModule) (bool, error) {
+	fns := m.ExportedFunctions()
+	if fns[exportInitialize] == nil || fns[exportCall] == nil {
+		return false, nil
+	}
+	check := func(name string, params, results []api.ValueType) error {
+		f := fns[name]
+		if f == nil {
+			return fmt.Errorf("is a reactor (exports %s and %s) but does not export %s", exportInitialize, exportCall, name)
+		}
+		if !bytes.Equal(f.ParamTypes(), params) || !bytes.Equal(f.ResultTypes(), results) {
+			return fmt.Errorf("exports %s with the wrong signature", name)
+		}
+		return nil
+	}
+	for name, sig := range reactorExports {
+		if err := check(name, sig.params, sig.results); err != nil {
+			return true, err
+		}
+	}
+	if fns[exportManifest] != nil {
+		if err := check(exportManifest, nil, []api.ValueType{api.ValueTypeI64}); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// instance is one initialized instance of a reactor tool. It is used by
+// one call at a time; the pool hands it from call to call.
+type instance struct {
+	mod    api.Module
+	alloc  api.Function
+	call   api.Function
+	mem    *memoryCap
+	stdout *limitedWriter
+	stderr *limitedWriter
+	// ctx is the context of the call using the instance, for the guest's
+	// sleeps. It is set before each call, on the goroutine that makes it.
+	ctx context.Context
+	// in and inCap are the input buffer keel_alloc returned last.
+	in, inCap uint32
+}
+
+// pool is a bounded LIFO free list of idle instances of one tool. The
+// most recently used instance is reused first, while its memory is warm.
+type pool struct {
+	mu     sync.Mutex
+	idle   []*instance
+	max    int
+	closed bool // set when the tool is retired or the registry closes
+	// instantiations counts every instance created for calls, for tests
+	// and statistics.
+	instantiations atomic.Int64
+}
+
+func newPool(max int) *pool {
+	if max <= 0 {
+		max = 2 * runtime.GOMAXPROCS(0)
+	}
+	return &pool{max: max}
+}
+
+func (p *pool) get() *instance {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.idle); n > 0 {
+		inst := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		return inst
+	}
+	return nil
+}
+
+// put returns inst to the pool, or closes it when the pool is full or
+// closed.
+func (p *pool) put(ctx context.Context, inst *instance) {
+	p.mu.Lock()
+	if !p.closed && len(p.idle) < p.max {
+		p.idle = append(p.idle, inst)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	inst.close(ctx)
+}
+
+// close closes the idle instances; instances put back later are closed
+// too.
+func (p *pool) close(ctx context.Context) {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle, p.closed = nil, true
+	p.mu.Unlock()
+	for _, inst := range idle {
+		inst.close(ctx)
+	}
+}
+
+func (inst *instance) close(ctx context.Context) {
+	_ = inst.mod.Close(context.WithoutCancel(ctx))
+}
+
+// PoolStats describes the instance pool of one reactor tool.
+type PoolStats struct {
+	// Idle is the number of idle instances ready for a call.
+	Idle int
+	// IdleMemoryBytes is the linear memory of those instances (WebAssembly
+	// pages × 64 KiB). Compiled code is shared and not counted.
+	IdleMemoryBytes uint64
+	// Instantiations counts the instances created for calls so far,
+	// pooled or not.
+	Instantiations int64
+}
+
+// PoolStats reports on the instance pool of the named tool. It returns
+// false if no tool has that name or the tool is a command module, which
+// gets a fresh instance for every call and has no pool.
+func (r *Registry) PoolStats(name string) (PoolStats, bool) {
+	t, ok := r.set.Load().tools[name]
+	if !ok || t.pool == nil {
+		return PoolStats{}, false
+	}
+	p := t.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := PoolStats{Idle: len(p.idle), Instantiations: p.instantiations.Load()}
+	for _, inst := range p.idle {
+		s.IdleMemoryBytes += uint64(inst.mod.Memory().Size())
+	}
+	return s, true
+}
+
+// instantiate starts an instance of a reactor tool with configuration mc
+// (the tool's grants, or nothing for its manifest) and runs _initialize.
+// On failure it returns the outcome to classify and no instance.
+func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig) (*instance, outcome) {
+	inst := &instance{
+		mem:    &memoryCap{limit: r.memoryLimit()},
+		stdout: &limitedWriter{limit: r.cfg.MaxOutputBytes, fail: true},
+		stderr: &limitedWriter{limit: stderrLimit},
+		ctx:    ctx,
+	}
+	mc = mc.WithStartFunctions(exportInitialize).
+		WithStdin(bytes.NewReader(nil)).
+		WithStdout(inst.stdout).
+		WithStderr(inst.stderr).
+		WithNanosleep(func(ns int64) { sleep(inst.ctx, ns) })
+	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, inst.mem), compiled, mc)
+	if err != nil {
+		if mod != nil {
+			_ = mod.Close(context.WithoutCancel(ctx))
+		}
+		return nil, inst.outcome(nil, err, false)
+	}
+	inst.mod = mod
+	inst.alloc = mod.ExportedFunction(exportAlloc)
+	inst.call = mod.ExportedFunction(exportCall)
+	return inst, outcome{}
+}
+
+// outcome is what the instance's last call left behind.
+func (inst *instance) outcome(result []byte, err error, tooBig bool) outcome {
+	return outcome{
+		stdout:         result,
+		stderr:         bytes.Clone(inst.stderr.buf.Bytes()),
+		err:            err,
+		memoryExceeded: inst.mem.exceeded.Load(),
+		outputExceeded: inst.stdout.exceeded || tooBig,
+	}
+}
+
+// invoke runs one call on inst: input into a keel_alloc buffer, then
+// keel_call, whose result object is returned as the outcome's stdout.
+// What the guest writes to stdout itself counts toward the output limit
+// but is otherwise dropped.
+func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) outcome {
+	inst.ctx = ctx
+	inst.stdout.reset()
+	inst.stderr.reset()
+	inst.mem.exceeded.Store(false) // a refused grow the guest survived is history
+	if uint32(len(input)) > inst.inCap || inst.inCap == 0 {
+		res, err := inst.alloc.Call(ctx, uint64(len(input)))
+		if err != nil {
+			return inst.outcome(nil, err, false)
+		}
+		inst.in, inst.inCap = uint32(res[0]), uint32(len(input))
+	}
+	if !inst.mod.Memory().Write(inst.in, input) {
+		inst.inCap = 0
+		return inst.outcome(nil, errors.New("keel_alloc returned a buffer outside the tool's memory"), false)
+	}
+	res, err := inst.call.Call(ctx, uint64(inst.in), uint64(len(input)))
+	if err != nil {
+		return inst.outcome(nil, err, false)
+	}
+	ptr, n := uint32(res[0]>>32), uint32(res[0])
+	if int64(n) > int64(r.cfg.MaxOutputBytes) {
+		return inst.outcome(nil, nil, true)
+	}
+	b, ok := inst.mod.Memory().Read(ptr, n)
+	if !ok {
+		return inst.outcome(nil, errors.New("keel_call returned a result outside the tool's memory"), false)
+	}
+	return inst.outcome(bytes.Clone(b), nil, false)
+}
+
+// reactorManifest starts an instance with nothing granted and reads what
+// keel_manifest returns.
+func (r *Registry) reactorManifest(ctx context.Context, name string, compiled wazero.CompiledModule) ([]byte, error) {
+	if compiled.ExportedFunctions()[exportManifest] == nil {
+		return nil, fmt.Errorf("reactor exports no %s and has no sidecar %s.manifest.json", exportManifest, name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	late := fmt.Sprintf("did not finish within %s", r.cfg.CallTimeout)
+	inst, o := r.instantiate(ctx, compiled, baseModuleConfig().WithArgs(name))
+	if inst == nil {
+		return nil, fmt.Errorf("start reactor for its manifest: %s", r.failure(ctx, o, late).Message)
+	}
+	defer inst.close(ctx)
+	res, err := inst.mod.ExportedFunction(exportManifest).Call(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", exportManifest, r.failure(ctx, inst.outcome(nil, err, false), late).Message)
+	}
+	ptr, n := uint32(res[0]>>32), uint32(res[0])
+	if n == 0 {
+		return nil, fmt.Errorf("%s returned nothing (did the tool call toolkit.Register from init?)", exportManifest)
+	}
+	if n > maxManifestBytes {
+		return nil, fmt.Errorf("manifest is larger than %d bytes", maxManifestBytes)
+	}
+	b, ok := inst.mod.Memory().Read(ptr, n)
+	if !ok {
+		return nil, fmt.Errorf("%s returned a manifest outside the tool's memory", exportManifest)
+	}
+	return bytes.Clone(b), nil
+}
