@@ -24,9 +24,13 @@ func toolsCmd() *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			tools, err := c.ListTools(cmd.Context())
+			res, err := c.ToolsList(cmd.Context())
 			if err != nil {
 				return err
+			}
+			tools := res.Tools
+			if res.Compiling != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "compiling tools: %d of %d done; the list is partial\n", res.Compiling.Loaded, res.Compiling.Total)
 			}
 			if asJSON {
 				return writeJSON(cmd, tools)

@@ -25,7 +25,17 @@ type auditedTools struct {
 	log *slog.Logger
 }
 
-func (a *auditedTools) Specs() []keel.ToolSpec { return a.reg.Specs() }
+// Specs returns the tools a run may use. A run started while the tools
+// found at start are still compiling waits for them (at most a few
+// minutes), so it is offered every tool.
+func (a *auditedTools) Specs() []keel.ToolSpec {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := a.reg.WaitReady(ctx); err != nil {
+		a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)
+	}
+	return a.reg.Specs()
+}
 
 func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	sum := sha256.Sum256(input)

@@ -58,6 +58,8 @@ func (b *backend) Subscribe(fn func(keel.Event)) (cancel func()) {
 	return b.eng.Subscribe(fn)
 }
 
+func (b *backend) ToolsProgress() (loaded, total int, ready bool) { return b.reg.Progress() }
+
 func (b *backend) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 	tools := b.reg.Tools()
 	out := make([]protocol.ToolInfo, len(tools))

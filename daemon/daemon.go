@@ -146,7 +146,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		GrantsFor: grants.get,
 		// Network grants never reach the local machine unless asked for.
 		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
-		Logger:              log.With("component", "wasmtools"),
+		// Accept connections at once; tools compile meanwhile.
+		Background: true,
+		Logger:     log.With("component", "wasmtools"),
 	})
 	if err != nil {
 		return fmt.Errorf("load tools: %w", err)
@@ -199,7 +201,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		<-srvDone
 		return fmt.Errorf("write %s: %w", infoPath, err)
 	}
-	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tools", len(reg.Specs()))
+	_, total, _ := reg.Progress()
+	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tool_files", total)
 	if cfg.Ready != nil {
 		cfg.Ready(info)
 	}

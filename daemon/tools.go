@@ -78,7 +78,13 @@ type toolManager struct {
 	dir    string
 }
 
-func (m *toolManager) info(name string) (protocol.ToolInfo, error) {
+// info returns the installed tool name. Every manager method starts with
+// it (or waitReady), so none acts on the partial set seen while the tools
+// found at start are still compiling.
+func (m *toolManager) info(ctx context.Context, name string) (protocol.ToolInfo, error) {
+	if err := m.reg.WaitReady(ctx); err != nil {
+		return protocol.ToolInfo{}, fmt.Errorf("tools are still compiling: %w", err)
+	}
 	for _, t := range m.reg.Tools() {
 		if t.Spec.Name == name {
 			return toolInfo(t), nil
@@ -118,7 +124,7 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 		return protocol.ToolInfo{}, err
 	}
 	name := t.Spec.Name
-	if _, err := m.info(name); err == nil && !p.Replace {
+	if _, err := m.info(ctx, name); err == nil && !p.Replace {
 		return protocol.ToolInfo{}, fmt.Errorf("a tool named %s is already installed; pass replace to replace it: %w", name, keel.ErrConflict)
 	}
 	g, err := checkGrants(t.Requests, p.Grants)
@@ -141,11 +147,11 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	if _, err := m.reg.Reload(ctx); err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	return m.info(name)
+	return m.info(ctx, name)
 }
 
 func (m *toolManager) Remove(ctx context.Context, name string) error {
-	if _, err := m.info(name); err != nil {
+	if _, err := m.info(ctx, name); err != nil {
 		return err
 	}
 	for _, f := range []string{name + ".wasm", name + ".manifest.json"} {
@@ -162,7 +168,7 @@ func (m *toolManager) Remove(ctx context.Context, name string) error {
 }
 
 func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
-	info, err := m.info(p.Name)
+	info, err := m.info(ctx, p.Name)
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
@@ -184,7 +190,7 @@ func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (p
 }
 
 func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
-	if _, err := m.info(p.Name); err != nil {
+	if _, err := m.info(ctx, p.Name); err != nil {
 		return protocol.ToolInfo{}, err
 	}
 	var next capabilities.Grants
@@ -207,7 +213,7 @@ func (m *toolManager) store(ctx context.Context, name string, g capabilities.Gra
 	if _, err := m.reg.Reload(ctx); err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	return m.info(name)
+	return m.info(ctx, name)
 }
 
 // checkGrants returns g normalized if it grants only what req requests:

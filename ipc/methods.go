@@ -173,7 +173,13 @@ func handleToolsList(ctx context.Context, c *conn, params json.RawMessage) (any,
 	if err != nil {
 		return nil, err
 	}
-	return protocol.ToolsListResult{Tools: nonNil(tools)}, nil
+	res := protocol.ToolsListResult{Tools: nonNil(tools)}
+	if tp, ok := c.s.b.(ToolsProgress); ok {
+		if loaded, total, ready := tp.ToolsProgress(); !ready {
+			res.Compiling = &protocol.ToolsProgress{Loaded: loaded, Total: total}
+		}
+	}
+	return res, nil
 }
 
 func handleToolsCall(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

@@ -78,6 +78,12 @@ type Backend interface {
 	Describe(ctx context.Context) (capabilities.Environment, error)
 }
 
+// ToolsProgress is an optional Backend method: a backend that compiles
+// tools in the background reports its progress, and tools.list shows it.
+type ToolsProgress interface {
+	ToolsProgress() (loaded, total int, ready bool)
+}
+
 // Config configures a Server. Token is required; the zero value of every
 // other field selects a safe default.
 type Config struct {

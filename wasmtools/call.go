@@ -36,6 +36,9 @@ import (
 //   - tool_error: the tool reported its own error, or its output broke
 //     its output schema.
 func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	if err := r.WaitReady(ctx); err != nil {
+		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: "tools are still being compiled: " + err.Error()}
+	}
 	t, ok := r.set.Load().tools[name]
 	if !ok {
 		return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}

@@ -46,3 +46,27 @@ func (r *Registry) Inspect(ctx context.Context, file string) (Tool, error) {
 	t.close(ctx, true)
 	return info, nil
 }
+
+// Ready is closed once the tools present at Open are loaded.
+func (r *Registry) Ready() <-chan struct{} { return r.ready }
+
+// WaitReady blocks until the tools present at Open are loaded or ctx ends.
+func (r *Registry) WaitReady(ctx context.Context) error {
+	select {
+	case <-r.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Progress reports how many of the tool files present at Open have been
+// compiled and checked, and whether that first load is finished.
+func (r *Registry) Progress() (loaded, total int, ready bool) {
+	select {
+	case <-r.ready:
+		ready = true
+	default:
+	}
+	return int(r.loaded.Load()), int(r.total.Load()), ready
+}

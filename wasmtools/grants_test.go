@@ -59,3 +59,35 @@ func TestGrantsChangeOnReload(t *testing.T) {
 	reload(true)
 	wantCode(t, r, "readfile", `{"path":"hello.txt"}`, keel.ToolPermissionDenied)
 }
+
+// TestBackgroundOpen opens a registry that compiles in the background:
+// Open returns before the tools are loaded, a call waits for them, and
+// Close during the load stops it without leaking its goroutine.
+func TestBackgroundOpen(t *testing.T) {
+	r := openRegistry(t, Config{Dir: toolsDir, Background: true})
+	if _, total, _ := r.Progress(); total != 4 {
+		t.Errorf("Progress total = %d, want the 4 bundled tools", total)
+	}
+	out := mustCall(t, r, "wordcount", `{"text":"waits for the load"}`)
+	if m, _ := out.(map[string]any); m["words"] != float64(4) {
+		t.Errorf("wordcount = %v", out)
+	}
+	if loaded, total, ready := r.Progress(); !ready || loaded != total || len(r.Specs()) != 4 {
+		t.Errorf("after a call: Progress = %d/%d ready=%v, %d specs", loaded, total, ready, len(r.Specs()))
+	}
+
+	// A cold cache makes the load slow; Close must still return promptly.
+	cold, err := Open(context.Background(), Config{Dir: toolsDir, CacheDir: t.TempDir(), Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ready := cold.Progress(); ready {
+		t.Log("the cold load finished before Close; the test still checks Close")
+	}
+	if err := cold.Close(context.Background()); err != nil {
+		t.Fatalf("Close during the background load = %v", err)
+	}
+	if _, te := call(t, cold, "wordcount", `{"text":"x"}`); te == nil {
+		t.Error("a call after Close succeeded")
+	}
+}

@@ -67,6 +67,11 @@ type Config struct {
 	// and the rest of the local network are out of reach whatever a tool
 	// is granted.
 	AllowPrivateNetwork bool
+	// Background makes Open return at once and compile the tools in the
+	// background (compiling a Go module takes seconds); Ready reports when
+	// they are loaded, Progress how far it got, and Call waits for them.
+	// Default false: Open returns with every tool loaded.
+	Background bool
 	// CallTimeout bounds a whole call, from instantiation to the last
 	// byte of output, and printing the manifest at Open. Default 10s.
 	CallTimeout time.Duration
@@ -103,6 +108,10 @@ type Registry struct {
 	// set is the current tool set; Reload swaps it atomically so calls
 	// never see a half-updated registry.
 	set atomic.Pointer[toolSet]
+	// ready is closed when the first load is done; total and loaded
+	// count the tool files of that load, for progress.
+	ready         chan struct{}
+	total, loaded atomic.Int32
 	// loadMu serializes Reload; retired holds replaced tools, released at
 	// Close because calls begun before a swap may still use them.
 	loadMu  sync.Mutex
@@ -204,13 +213,39 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		r.wasi[name] = true
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.ready = make(chan struct{})
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".wasm") && !e.IsDir() {
+			r.total.Add(1)
+		}
+	}
 
+	if cfg.Background {
+		// Serve an empty set at once; the loader holds loadMu so a Reload
+		// waits for it, and Close waits for it through loadMu too.
+		r.set.Store(&toolSet{tools: map[string]*tool{}})
+		r.loadMu.Lock()
+		go func() {
+			defer r.loadMu.Unlock()
+			defer close(r.ready)
+			start := time.Now()
+			set, err := r.loadDir(r.ctx, entries, nil)
+			if err != nil {
+				log.Error("wasmtools: loading tools stopped", "error", err)
+				return
+			}
+			r.set.Store(set)
+			log.Info("wasmtools: all tools loaded", "tools", len(set.names), "duration", time.Since(start))
+		}()
+		return r, nil
+	}
 	set, err := r.loadDir(ctx, entries, nil)
 	if err != nil {
 		_ = r.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	r.set.Store(set)
+	close(r.ready)
 	for name := range cfg.Grants {
 		if _, ok := set.tools[name]; !ok {
 			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
@@ -240,6 +275,7 @@ func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *too
 			}
 		}
 		t, err := r.load(ctx, name, file)
+		r.loaded.Add(1)
 		if err != nil {
 			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
 			continue

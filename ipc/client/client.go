@@ -454,6 +454,14 @@ func (c *Client) Unsubscribe(ctx context.Context, id keel.RunID) error {
 }
 
 // ListTools returns the installed tools.
+// ToolsList returns the installed tools and, while the daemon is still
+// compiling the tools it found at start, its progress.
+func (c *Client) ToolsList(ctx context.Context) (protocol.ToolsListResult, error) {
+	var r protocol.ToolsListResult
+	err := c.Call(ctx, protocol.MethodToolsList, nil, &r)
+	return r, err
+}
+
 func (c *Client) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 	var r protocol.ToolsListResult
 	err := c.Call(ctx, protocol.MethodToolsList, nil, &r)

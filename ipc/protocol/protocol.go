@@ -219,6 +219,15 @@ type ToolsRevokeParams struct {
 // ToolsListResult is the result of tools.list.
 type ToolsListResult struct {
 	Tools []ToolInfo `json:"tools"`
+	// Compiling is set while the daemon is still compiling the tools it
+	// found at start; Tools then lists only those already loaded.
+	Compiling *ToolsProgress `json:"compiling,omitempty"`
+}
+
+// ToolsProgress counts tool files compiled out of those found.
+type ToolsProgress struct {
+	Loaded int `json:"loaded"`
+	Total  int `json:"total"`
 }
 
 // ToolsCallParams calls a tool directly, with no model.
