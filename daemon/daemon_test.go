@@ -24,6 +24,8 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // cacheDir is one wazero compilation cache shared by every daemon of the
@@ -36,9 +38,31 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	cacheDir = dir
+	// Compile the bundled tools into the shared cache once, up front and
+	// without a deadline (minutes under -race on a cold machine), so each
+	// test's daemon loads them from the cache.
+	if err := warmCache(dir); err != nil {
+		panic(err)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+func warmCache(cache string) error {
+	tools, err := os.MkdirTemp("", "keel-daemon-test-tools")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tools)
+	if err := builtin.Install(tools); err != nil {
+		return err
+	}
+	reg, err := wasmtools.Open(context.Background(), wasmtools.Config{Dir: tools, CacheDir: cache})
+	if err != nil {
+		return err
+	}
+	return reg.Close(context.Background())
 }
 
 // started is a daemon running in the test process on a temp data dir.

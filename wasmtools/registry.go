@@ -258,31 +258,63 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 // and sidecar are unchanged since prev is reused, not recompiled.
 func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *toolSet) (*toolSet, error) {
 	set := &toolSet{tools: map[string]*tool{}}
+	var todo []string
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".wasm")
 		if !ok || e.IsDir() {
 			continue
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("wasmtools: open: %w", err)
-		}
-		file := filepath.Join(r.cfg.Dir, e.Name())
 		if prev != nil {
+			file := filepath.Join(r.cfg.Dir, e.Name())
 			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name)) {
 				set.tools[name] = old
-				set.names = append(set.names, name)
 				continue
 			}
 		}
-		t, err := r.load(ctx, name, file)
-		r.loaded.Add(1)
-		if err != nil {
-			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
-			continue
+		todo = append(todo, name)
+	}
+	// Load the new and changed tools in parallel, one per core: loading
+	// from the compilation cache is single-threaded per module.
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, runtime.GOMAXPROCS(0))
+		fresh   []*tool
+		stopped error
+	)
+	for _, name := range todo {
+		if err := ctx.Err(); err != nil {
+			stopped = err
+			break
 		}
-		set.tools[name] = t
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			file := filepath.Join(r.cfg.Dir, name+".wasm")
+			t, err := r.load(ctx, name, file)
+			r.loaded.Add(1)
+			if err != nil {
+				r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
+				return
+			}
+			r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+			mu.Lock()
+			set.tools[name] = t
+			fresh = append(fresh, t)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if stopped != nil {
+		for _, t := range fresh {
+			t.close(context.WithoutCancel(ctx), true)
+		}
+		return nil, fmt.Errorf("wasmtools: open: %w", stopped)
+	}
+	for name := range set.tools {
 		set.names = append(set.names, name)
-		r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
 	}
 	slices.Sort(set.names)
 	return set, nil

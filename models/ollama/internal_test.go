@@ -117,7 +117,7 @@ func TestToolChoiceSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"anyOf":[` +
-		`{"type":"object","properties":{"tool":{"const":"search"},"arguments":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}},"required":["tool","arguments"],"additionalProperties":false},` +
+		`{"type":"object","properties":{"tool":{"const":"search"},"arguments":{"properties":{"q":{"type":"string"}},"required":["q"],"type":"object"}},"required":["tool","arguments"],"additionalProperties":false},` +
 		`{"type":"object","properties":{"tool":{"const":"now"},"arguments":{"type":"object"}},"required":["tool","arguments"],"additionalProperties":false},` +
 		`{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"],"additionalProperties":false}]}`
 	if string(schema) != want {
