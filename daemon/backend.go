@@ -16,15 +16,16 @@ import (
 
 // backend adapts the engine, store and tool registry to ipc.Backend.
 type backend struct {
-	st       *store.Store
-	eng      *engine.Engine
-	reg      *wasmtools.Registry
-	tools    *auditedTools
-	mgr      *toolManager
-	provider models.Provider
-	endpoint string
-	url      string
-	cfg      Config
+	*toolsNotifier // SubscribeTools: clients hear of tool changes
+	st             *store.Store
+	eng            *engine.Engine
+	reg            *wasmtools.Registry
+	tools          *auditedTools
+	mgr            *toolManager
+	provider       models.Provider
+	endpoint       string
+	url            string
+	cfg            Config
 }
 
 func (b *backend) StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error) {

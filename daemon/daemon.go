@@ -140,6 +140,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("load tool grants: %w", err)
 	}
 	grants := &grantTable{m: stored}
+	notifier := &toolsNotifier{}
 	reg, err := wasmtools.Open(ctx, wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
@@ -148,6 +149,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
+		OnChange:   notifier.notify,
 		Logger:     log.With("component", "wasmtools"),
 	})
 	if err != nil {
@@ -178,7 +180,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 
 	mgr := &toolManager{reg: reg, st: st, grants: grants, dir: toolsDir}
-	b := &backend{st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, endpoint: endpoint, cfg: cfg}
+	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, endpoint: endpoint, cfg: cfg}
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err

@@ -526,8 +526,17 @@ func TestToolsHotReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	select { // drain a signal left from the initial load
+	case <-c.ToolsChanged():
+	default:
+	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-c.ToolsChanged():
+	case <-time.After(60 * time.Second):
+		t.Fatal("no tools.changed notification after a tool was deleted")
 	}
 	waitNames("fetch,readfile,writefile")
 	if err := os.WriteFile(path, bin, 0o644); err != nil {
@@ -536,6 +545,43 @@ func TestToolsHotReload(t *testing.T) {
 	waitNames("fetch,readfile,wordcount,writefile")
 	if _, err := c.CallTool(ctx, "wordcount", json.RawMessage(`{"text":"back again"}`)); err != nil {
 		t.Fatalf("call after reload: %v", err)
+	}
+
+	// A replacement that requests more than was granted gets none of the
+	// new request: readfile, granted the workspace, now also asks for an
+	// environment value through a sidecar manifest.
+	if err := os.WriteFile(filepath.Join(d.dir, "workspace", "a.txt"), []byte("hi"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"a.txt"}`)); err != nil {
+		t.Fatalf("readfile before the replacement: %v", err)
+	}
+	tools, err := c.ListTools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec protocol.ToolInfo
+	for _, tl := range tools {
+		if tl.Name == "readfile" {
+			spec = tl
+		}
+	}
+	manifest, _ := json.Marshal(map[string]any{
+		"name": "readfile", "version": "0.2.0", "description": spec.Description,
+		"input_schema": spec.InputSchema, "output_schema": spec.OutputSchema, "side_effects": spec.SideEffects,
+		"requests": map[string]any{"fs": []map[string]any{{"guest_path": "/workspace", "read_only": true}}, "env": []string{"HOME"}},
+	})
+	if err := os.WriteFile(filepath.Join(d.dir, "tools", "readfile.manifest.json"), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"a.txt"}`))
+		if err != nil && strings.Contains(err.Error(), "permission_denied") && strings.Contains(err.Error(), "HOME") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replacement requesting env HOME still runs: last err %v", err)
+		}
 	}
 }
 

@@ -47,6 +47,41 @@ func (g *grantTable) delete(name string) {
 	delete(g.m, name)
 }
 
+// toolsNotifier fans tool changes out to subscribers (the IPC server).
+type toolsNotifier struct {
+	mu   sync.Mutex
+	next int
+	subs map[int]func()
+}
+
+func (n *toolsNotifier) SubscribeTools(fn func()) (cancel func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.subs == nil {
+		n.subs = map[int]func(){}
+	}
+	id := n.next
+	n.next++
+	n.subs[id] = fn
+	return func() {
+		n.mu.Lock()
+		delete(n.subs, id)
+		n.mu.Unlock()
+	}
+}
+
+func (n *toolsNotifier) notify() {
+	n.mu.Lock()
+	fns := make([]func(), 0, len(n.subs))
+	for _, fn := range n.subs {
+		fns = append(fns, fn)
+	}
+	n.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
+}
+
 // examplesMarker records that the bundled examples were installed once;
 // a user who removes one does not get it back at the next start.
 const examplesMarker = ".examples-installed"

@@ -78,6 +78,14 @@ type Backend interface {
 	Describe(ctx context.Context) (capabilities.Environment, error)
 }
 
+// ToolsNotifier is an optional Backend method: a backend that can tell
+// when tools change gets every client sent a tools.changed notification.
+type ToolsNotifier interface {
+	// SubscribeTools calls fn after every change of the installed tools
+	// or their grants. fn does not block.
+	SubscribeTools(fn func()) (cancel func())
+}
+
 // ToolsProgress is an optional Backend method: a backend that compiles
 // tools in the background reports its progress, and tools.list shows it.
 type ToolsProgress interface {
@@ -250,6 +258,10 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		},
 	}
 	s.log.Info("ipc: serving", logKeyAddr, ln.Addr().String())
+	if tn, ok := s.b.(ToolsNotifier); ok {
+		stop := tn.SubscribeTools(s.broadcastToolsChanged)
+		defer stop()
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
@@ -282,6 +294,26 @@ type netConnKey struct{}
 // closeConns refuses new connections, asks every open one to close and
 // waits for their goroutines; connections that do not finish the close
 // handshake within shutdownGrace are closed outright.
+// toolsChangedFrame is the whole tools.changed notification.
+var toolsChangedFrame = []byte(`{"jsonrpc":"2.0","method":"` + protocol.NotifyToolsChanged + `"}`)
+
+// broadcastToolsChanged queues a tools.changed notification to every
+// client without waiting; a client whose queue is full is dropped, as
+// for run events.
+func (s *Server) broadcastToolsChanged() {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		if !c.q.tryPushLive(outMsg{data: toolsChangedFrame}) {
+			c.end(websocket.StatusPolicyViolation, reasonTooSlow)
+		}
+	}
+}
+
 func (s *Server) closeConns() {
 	s.mu.Lock()
 	s.closing = true

@@ -72,6 +72,10 @@ type Config struct {
 	// they are loaded, Progress how far it got, and Call waits for them.
 	// Default false: Open returns with every tool loaded.
 	Background bool
+	// OnChange, when set, is called after every Reload that changed the
+	// tools or their grants (including those Watch makes). It must not
+	// block or call back into the Registry.
+	OnChange func()
 	// CallTimeout bounds a whole call, from instantiation to the last
 	// byte of output, and printing the manifest at Open. Default 10s.
 	CallTimeout time.Duration

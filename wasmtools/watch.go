@@ -49,6 +49,9 @@ func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
 		}
 	}
 	r.set.Store(next)
+	if changed && r.cfg.OnChange != nil {
+		r.cfg.OnChange()
+	}
 	return changed, nil
 }
 

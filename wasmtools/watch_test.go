@@ -2,6 +2,8 @@ package wasmtools
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,4 +141,86 @@ func TestReloadWhileCalling(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestRegistryConcurrentChurn installs, replaces and removes tool files
+// and reloads while other goroutines call and list, under -race. Every
+// call either succeeds or fails with not_found (the tool was removed at
+// that moment); nothing else.
+func TestRegistryConcurrentChurn(t *testing.T) {
+	dir := t.TempDir()
+	bin, err := os.ReadFile(filepath.Join(tinyDir, "fixed.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(tinyDir, "fixed.manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := func(version string) {
+		m := strings.Replace(string(manifest), `"1.0.0"`, `"`+version+`"`, 1)
+		if err := os.WriteFile(filepath.Join(dir, "fixed.manifest.json"), []byte(m), 0o644); err != nil {
+			t.Error(err)
+		}
+		tmp := filepath.Join(dir, ".fixed.tmp")
+		if err := os.WriteFile(tmp, bin, 0o644); err != nil {
+			t.Error(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "fixed.wasm")); err != nil {
+			t.Error(err)
+		}
+	}
+	install("1.0.0")
+	var changes sync.WaitGroup
+	r := openRegistry(t, Config{Dir: dir, OnChange: func() {}})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := r.Call(context.Background(), "fixed", []byte(`{}`))
+				var te *keel.ToolError
+				if err != nil && (!errors.As(err, &te) || te.Code != keel.ToolNotFound) {
+					t.Errorf("Call during churn = %v", err)
+					return
+				}
+				r.Tools()
+			}
+		}()
+	}
+	changes.Add(1)
+	go func() {
+		defer changes.Done()
+		for i := 0; i < 20; i++ {
+			switch i % 3 {
+			case 0:
+				install(fmt.Sprintf("1.0.%d", i))
+			case 1:
+				os.Remove(filepath.Join(dir, "fixed.wasm"))
+			case 2:
+				install("2.0.0")
+			}
+			if _, err := r.Reload(context.Background()); err != nil {
+				t.Errorf("Reload = %v", err)
+			}
+		}
+	}()
+	changes.Wait()
+	close(stop)
+	wg.Wait()
+	install("3.0.0")
+	if _, err := r.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ts := r.Tools(); len(ts) != 1 || ts[0].Spec.Version != "3.0.0" {
+		t.Errorf("after churn tools = %+v", ts)
+	}
+	mustCall(t, r, "fixed", `{}`)
 }

@@ -51,10 +51,12 @@ type Client struct {
 	pending map[int64]chan *protocol.Response
 	err     error // why the connection ended; set before done is closed
 
-	events    chan keel.Event
-	closing   chan struct{} // closed by Close
-	closeOnce sync.Once
-	done      chan struct{} // closed when the reader has exited
+	events chan keel.Event
+	// toolsChanged holds at most one pending tools.changed signal.
+	toolsChanged chan struct{}
+	closing      chan struct{} // closed by Close
+	closeOnce    sync.Once
+	done         chan struct{} // closed when the reader has exited
 }
 
 // Dial connects to the daemon at url (as in daemon.json, such as
@@ -83,11 +85,12 @@ func Dial(ctx context.Context, url, token string) (*Client, error) {
 	}
 	ws.SetReadLimit(readLimit)
 	c := &Client{
-		ws:      ws,
-		pending: make(map[int64]chan *protocol.Response),
-		events:  make(chan keel.Event, eventBuffer),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
+		ws:           ws,
+		pending:      make(map[int64]chan *protocol.Response),
+		events:       make(chan keel.Event, eventBuffer),
+		toolsChanged: make(chan struct{}, 1),
+		closing:      make(chan struct{}),
+		done:         make(chan struct{}),
 	}
 	go c.readLoop()
 	return c, nil
@@ -183,6 +186,11 @@ func shellQuote(s string) string {
 // subscribed: when its buffer (1024 events) is full the client stops
 // reading, responses included, and the daemon eventually drops a client
 // that does not keep up.
+// ToolsChanged signals when the daemon reports that the installed tools
+// or their grants changed (several changes may arrive as one signal);
+// call ListTools to see the new state.
+func (c *Client) ToolsChanged() <-chan struct{} { return c.toolsChanged }
+
 func (c *Client) Events() <-chan keel.Event { return c.events }
 
 // Err returns why the connection ended, or nil while it is open.
@@ -308,6 +316,13 @@ func (c *Client) readLoop() {
 			continue // not JSON-RPC; nothing to route it to
 		}
 		if m.Method != "" {
+			if m.Method == protocol.NotifyToolsChanged {
+				select {
+				case c.toolsChanged <- struct{}{}:
+				default: // one pending signal says it all
+				}
+				continue
+			}
 			if m.Method != protocol.NotifyRunEvent {
 				continue // clients ignore notifications they do not know
 			}

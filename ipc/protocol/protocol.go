@@ -115,6 +115,9 @@ const (
 
 	// NotifyRunEvent carries one keel.Event to a subscriber.
 	NotifyRunEvent = "run.event"
+	// NotifyToolsChanged tells every client that the installed tools or
+	// their grants changed (no params); clients call tools.list again.
+	NotifyToolsChanged = "tools.changed"
 )
 
 // InitializeParams is sent by a client first; all fields are optional.
