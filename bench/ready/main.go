@@ -77,7 +77,7 @@ func seed(dir string) error {
 		}
 		m, _ := json.Marshal(map[string]any{
 			"name": name, "version": "0.1.0", "description": "wordcount variant " + name,
-			"input_schema":  json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`),
+			"input_schema": json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`),
 			"side_effects": "read_only",
 		})
 		if err := os.WriteFile(filepath.Join(tools, name+".manifest.json"), m, 0o644); err != nil {
