@@ -37,7 +37,9 @@ func toolsCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if len(tools) == 0 {
-				fmt.Fprintln(out, "no tools installed")
+				if res.Compiling == nil {
+					fmt.Fprintln(out, "no tools installed")
+				}
 				return nil
 			}
 			for _, t := range tools {

@@ -160,7 +160,7 @@ func missingGrant(req, g capabilities.Grants) string {
 		return slices.ContainsFunc(req.Network, func(n string) bool { return capabilities.PatternCovers(n, gr) })
 	}
 	if len(req.Network) > 0 && !slices.ContainsFunc(g.Network, covered) {
-		return "network access (" + strings.Join(req.Network, " or ") + "): no destination is granted"
+		return "network access to " + strings.Join(req.Network, " or ")
 	}
 	for _, e := range req.Env {
 		if !slices.Contains(g.Env, e) {

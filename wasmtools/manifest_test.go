@@ -122,7 +122,7 @@ func TestMissingGrant(t *testing.T) {
 		{"ro asked, nothing given", capabilities.Grants{FS: []capabilities.FSGrant{req("/w", true)}}, capabilities.Grants{}, "filesystem /w"},
 		{"sibling given", capabilities.Grants{FS: []capabilities.FSGrant{req("/w", true)}}, capabilities.Grants{FS: []capabilities.FSGrant{ro("/w2")}}, "filesystem /w"},
 		{"env", capabilities.Grants{Env: []string{"TOKEN"}}, capabilities.Grants{Env: []string{"HOME"}}, "environment variable TOKEN"},
-		{"network", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{}, "network access (https://api.example:443)"},
+		{"network", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{}, "network access to https://api.example:443"},
 		{"network, other host granted", capabilities.Grants{Network: []string{"https://api.example:443"}}, capabilities.Grants{Network: []string{"https://evil.example:443"}}, "network access"},
 		{"network wildcard, one host granted", capabilities.Grants{Network: []string{"https://*:443"}}, capabilities.Grants{Network: []string{"https://api.example:443"}}, ""},
 	}
