@@ -13,8 +13,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/keel-runtime/keel/wasmtools/toolkit"
@@ -80,7 +78,7 @@ func main() { toolkit.Main(manifest, handler) }
 
 // readFile reads in.Path from fsys, whose root is the workspace.
 func readFile(fsys fs.FS, in input) (output, error) {
-	name, err := workspacePath(in.Path)
+	name, err := toolkit.RootPath(root, in.Path)
 	if err != nil {
 		return output{}, err
 	}
@@ -118,27 +116,6 @@ func readFile(fsys fs.FS, in input) (output, error) {
 	return output{Path: name, Content: string(b), Truncated: truncated}, nil
 }
 
-// workspacePath turns a path relative to the workspace, or an absolute one
-// inside it, into an fs.FS name. Anything that leaves the workspace is an
-// error; the sandbox would refuse it anyway, but a clear message helps the
-// caller.
-func workspacePath(p string) (string, error) {
-	if path.IsAbs(p) {
-		rel, ok := strings.CutPrefix(path.Clean(p), root)
-		if !ok || (rel != "" && rel[0] != '/') {
-			return "", toolkit.Errorf("outside_workspace", "%s is outside the workspace; use a path relative to it", p)
-		}
-		p = strings.TrimPrefix(rel, "/")
-	}
-	name := path.Clean(p)
-	if name == "" || name == "." {
-		return "", toolkit.Errorf("is_directory", "%q names the workspace itself, not a file", p)
-	}
-	if !fs.ValidPath(name) {
-		return "", toolkit.Errorf("outside_workspace", "%s is outside the workspace", p)
-	}
-	return name, nil
-}
 
 func fsError(p string, err error) error {
 	switch {

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 
@@ -87,7 +86,7 @@ func main() { toolkit.Main(manifest, handler) }
 
 // apply writes or patches in.Path under dir.
 func apply(dir string, in input) (output, error) {
-	name, err := workspacePath(in.Path)
+	name, err := toolkit.RootPath(root, in.Path)
 	if err != nil {
 		return output{}, err
 	}
@@ -126,25 +125,6 @@ func apply(dir string, in input) (output, error) {
 	return output{Path: name, Bytes: len(patched), Patched: true}, nil
 }
 
-// workspacePath turns a path relative to the workspace, or an absolute one
-// inside it, into a clean relative name; anything leaving it is an error.
-func workspacePath(p string) (string, error) {
-	if path.IsAbs(p) {
-		rel, ok := strings.CutPrefix(path.Clean(p), root)
-		if !ok || (rel != "" && rel[0] != '/') {
-			return "", toolkit.Errorf("outside_workspace", "%s is outside the workspace; use a path relative to it", p)
-		}
-		p = strings.TrimPrefix(rel, "/")
-	}
-	name := path.Clean(p)
-	if name == "" || name == "." {
-		return "", toolkit.Errorf("is_directory", "%q names the workspace itself, not a file", p)
-	}
-	if !fs.ValidPath(name) {
-		return "", toolkit.Errorf("outside_workspace", "%s is outside the workspace", p)
-	}
-	return name, nil
-}
 
 func fsError(p string, err error) error {
 	switch {
