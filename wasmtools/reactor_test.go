@@ -147,8 +147,12 @@ func TestReactorConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	s := stats(t, r, "wordcount")
-	if s.Idle > idle || s.Instantiations > workers || s.Instantiations < 1 {
-		t.Errorf("PoolStats after %d workers × %d calls = %+v, want at most %d idle and %d instantiations", workers, calls, s, idle, workers)
+	// With 16 concurrent callers and 3 idle slots, an instance returned
+	// to a full pool is closed and a later burst instantiates again, so
+	// the count depends on scheduling; what must hold is that most calls
+	// reused an instance (without a pool it would be workers × calls).
+	if s.Idle > idle || s.Instantiations >= workers*calls/2 || s.Instantiations < 1 {
+		t.Errorf("PoolStats after %d workers × %d calls = %+v, want at most %d idle and fewer than %d instantiations", workers, calls, s, idle, workers*calls/2)
 	}
 }
 
