@@ -668,6 +668,35 @@ func TestToolInstallAndGrants(t *testing.T) {
 		t.Fatalf("revoke: code %d\n%s", code, out)
 	}
 	wantCode(read(), protocol.CodeToolError, "call after revoke")
+
+	// --replace from a module without a sidecar drops a sidecar left in
+	// the tool directory, which would otherwise win over the new manifest.
+	tools, _ := c.ListTools(ctx)
+	var rf protocol.ToolInfo
+	for _, tl := range tools {
+		if tl.Name == "readfile" {
+			rf = tl
+		}
+	}
+	stale, _ := json.Marshal(map[string]any{"name": "readfile", "version": "9.9.9", "description": "stale",
+		"input_schema": rf.InputSchema, "side_effects": "read_only", "requests": rf.Requests})
+	if err := os.WriteFile(filepath.Join(d.dir, "tools", "readfile.manifest.json"), stale, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if info, err := c.InspectTool(ctx, filepath.Join(d.dir, "tools", "readfile.wasm")); err == nil && info.Version == "9.9.9" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stale sidecar was not picked up")
+		}
+	}
+	if out, code := keelCLI("tools", "install", "--replace", filepath.Join(src, "readfile.wasm")); code != 0 || !strings.Contains(out, "readfile 0.1.0") {
+		t.Fatalf("install --replace: code %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, "tools", "readfile.manifest.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale sidecar still in the tool directory: %v", err)
+	}
 	if _, err := c.Describe(ctx); err != nil {
 		t.Fatalf("daemon unhealthy after the tool changes: %v", err)
 	}

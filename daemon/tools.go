@@ -171,10 +171,15 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	}
 	m.grants.set(name, g)
 	side := strings.TrimSuffix(p.Path, ".wasm") + ".manifest.json"
+	dstSide := filepath.Join(m.dir, name+".manifest.json")
 	if _, err := os.Stat(side); err == nil {
-		if err := copyFile(side, filepath.Join(m.dir, name+".manifest.json")); err != nil {
+		if err := copyFile(side, dstSide); err != nil {
 			return protocol.ToolInfo{}, err
 		}
+	} else if err := os.Remove(dstSide); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// A sidecar left from the tool being replaced would win over the
+		// new module's own manifest.
+		return protocol.ToolInfo{}, err
 	}
 	if err := copyFile(p.Path, filepath.Join(m.dir, name+".wasm")); err != nil {
 		return protocol.ToolInfo{}, err
