@@ -116,7 +116,6 @@ func readFile(fsys fs.FS, in input) (output, error) {
 	return output{Path: name, Content: string(b), Truncated: truncated}, nil
 }
 
-
 func fsError(p string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

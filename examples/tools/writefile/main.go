@@ -125,7 +125,6 @@ func apply(dir string, in input) (output, error) {
 	return output{Path: name, Bytes: len(patched), Patched: true}, nil
 }
 
-
 func fsError(p string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
