@@ -90,7 +90,7 @@ func run(n int) error {
 		return err
 	}
 	defer warm.stop()
-	fmt.Printf("daemon ready, 2 tools: cold cache %v, warm cache %v\n", cold.ready.Round(time.Millisecond), warm.ready.Round(time.Millisecond))
+	fmt.Printf("daemon accepting connections (bundled tools compile in the background): cold cache %v, warm cache %v\n", cold.ready.Round(time.Millisecond), warm.ready.Round(time.Millisecond))
 
 	// Tool call: in process vs over the WebSocket.
 	toolsDir := filepath.Join(tmp, "tools")
