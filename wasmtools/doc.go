@@ -58,20 +58,28 @@
 //
 // # Sandbox
 //
-// Only WASI (wasi_snapshot_preview1) is offered: a module importing any
-// other host function is not loaded. A tool must export its memory as
+// Only WASI (wasi_snapshot_preview1) and the keel host module's
+// http_request/http_response are offered: a module importing any other
+// host function is not loaded. A tool must export its memory as
 // "memory", and _start (a command) or the reactor exports.
 //
-// Grants come from [Config.Grants] and nothing else: a tool that is not
-// in the map gets no directory and no environment variable. Each granted
-// directory is mounted exactly as configured. Mounts go through os.Root,
-// which keeps every path, and every symbolic link, inside the granted
-// host directory; wazero's own directory mounts follow links out of the
-// mount (https://github.com/wazero/wazero/issues/2321). A call whose
-// manifest requests a directory, environment variable or network
-// destination that was not granted fails with permission_denied before
-// the tool starts. Network grants are recorded and checked against
-// requests, but no host function reaches the network yet.
+// Grants come from [Config.GrantsFor] (or the fixed [Config.Grants]) and
+// nothing else: a tool without grants gets no directory, no environment
+// variable and no network. Each granted directory is mounted exactly as
+// configured. Mounts go through os.Root, which keeps every path, and
+// every symbolic link, inside the granted host directory; wazero's own
+// directory mounts follow links out of the mount
+// (https://github.com/wazero/wazero/issues/2321). A call whose manifest
+// requests a directory or environment variable that was not granted, or
+// network access with no destination granted, fails with
+// permission_denied before the tool starts.
+//
+// The network is reached only through http_request (netcap.go): each
+// request, and each redirect, must match a granted scheme://host:port
+// pattern, and the dialer refuses loopback, private and link-local
+// addresses after DNS resolution unless [Config.AllowPrivateNetwork]. A
+// refused request fails the whole call with permission_denied naming the
+// destination, whatever the tool does with the refusal.
 //
 // Each call runs with its own limits: a deadline
 // ([Config.CallTimeout]; wazero closes a module whose context is done,
