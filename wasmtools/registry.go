@@ -422,7 +422,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	t.granted = r.grantsFor(name)
 	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
-		r.log.Warn("wasmtools: tool requests more than it is granted; its calls will be denied", "tool", name, "missing", t.missing)
+		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
 	return t, nil
 }
