@@ -40,11 +40,8 @@ func (a *auditedTools) Specs() []keel.ToolSpec {
 func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	sum := sha256.Sum256(input)
 	rec := keel.ToolAudit{Time: time.Now().UTC(), Tool: name, ArgsSHA256: hex.EncodeToString(sum[:])}
-	for _, t := range a.reg.Tools() {
-		if t.Spec.Name == name {
-			rec.Version, rec.SHA256, rec.Grants = t.Spec.Version, t.SHA256, grantStrings(t.Grants)
-			break
-		}
+	if t, ok := a.reg.Tool(name); ok {
+		rec.Version, rec.SHA256, rec.Grants = t.Spec.Version, t.SHA256, grantStrings(t.Grants)
 	}
 	if c, ok := engine.CallerFrom(ctx); ok {
 		rec.RunID, rec.Step, rec.CallID = c.RunID, c.Step, c.CallID

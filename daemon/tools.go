@@ -120,10 +120,8 @@ func (m *toolManager) info(ctx context.Context, name string) (protocol.ToolInfo,
 	if err := m.reg.WaitReady(ctx); err != nil {
 		return protocol.ToolInfo{}, fmt.Errorf("tools are still compiling: %w", err)
 	}
-	for _, t := range m.reg.Tools() {
-		if t.Spec.Name == name {
-			return toolInfo(t), nil
-		}
+	if t, ok := m.reg.Tool(name); ok {
+		return toolInfo(t), nil
 	}
 	return protocol.ToolInfo{}, fmt.Errorf("no tool named %q is installed: %w", name, keel.ErrNotFound)
 }

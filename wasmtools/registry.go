@@ -569,6 +569,15 @@ func (r *Registry) Tools() []Tool {
 	return out
 }
 
+// Tool returns the loaded tool name (a copy), and whether there is one.
+func (r *Registry) Tool(name string) (Tool, bool) {
+	t, ok := r.set.Load().tools[name]
+	if !ok {
+		return Tool{}, false
+	}
+	return t.info.clone(), true
+}
+
 // Specs returns the specs of the loaded tools sorted by name.
 func (r *Registry) Specs() []keel.ToolSpec {
 	set := r.set.Load()
