@@ -2,6 +2,7 @@ package capabilities
 
 import (
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -24,6 +25,28 @@ type Grants struct {
 // Empty reports whether g grants nothing.
 func (g Grants) Empty() bool {
 	return len(g.FS) == 0 && len(g.Network) == 0 && len(g.Env) == 0
+}
+
+// Add returns g with more added: network and environment entries not yet
+// present, and filesystem grants that replace any grant of the same guest
+// path. g is not modified.
+func (g Grants) Add(more Grants) Grants {
+	out := Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env)}
+	for _, f := range more.FS {
+		out.FS = slices.DeleteFunc(out.FS, func(e FSGrant) bool { return e.GuestPath == f.GuestPath })
+		out.FS = append(out.FS, f)
+	}
+	for _, n := range more.Network {
+		if !slices.Contains(out.Network, n) {
+			out.Network = append(out.Network, n)
+		}
+	}
+	for _, e := range more.Env {
+		if !slices.Contains(out.Env, e) {
+			out.Env = append(out.Env, e)
+		}
+	}
+	return out
 }
 
 // GuestPathAllowed reports whether a guest path lies inside a granted

@@ -85,3 +85,17 @@ func TestPatternCovers(t *testing.T) {
 		t.Error("MatchNetwork(https://*:443) does not match any https host")
 	}
 }
+
+func TestGrantsAdd(t *testing.T) {
+	g := Grants{FS: []FSGrant{{HostPath: "/a", GuestPath: "/w", ReadOnly: true}}, Network: []string{"https://x:443"}}
+	got := g.Add(Grants{FS: []FSGrant{{HostPath: "/b", GuestPath: "/w"}}, Network: []string{"https://x:443", "https://y:443"}, Env: []string{"E"}})
+	if len(got.FS) != 1 || got.FS[0].HostPath != "/b" || got.FS[0].ReadOnly {
+		t.Errorf("Add FS = %+v, want /w replaced by /b read-write", got.FS)
+	}
+	if len(got.Network) != 2 || len(got.Env) != 1 {
+		t.Errorf("Add = %+v, want 2 network entries (no duplicate) and 1 env", got)
+	}
+	if g.FS[0].HostPath != "/a" || len(g.Network) != 1 {
+		t.Errorf("Add modified its receiver: %+v", g)
+	}
+}

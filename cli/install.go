@@ -173,8 +173,7 @@ func installCmd() *cobra.Command {
 				describeGrants(out, "  ", info.Requests)
 			}
 			if all {
-				g.Network = union(g.Network, info.Requests.Network)
-				g.Env = union(g.Env, info.Requests.Env)
+				g = g.Add(capabilities.Grants{Network: info.Requests.Network, Env: info.Requests.Env})
 				for _, f := range info.Requests.FS {
 					if !slices.ContainsFunc(g.FS, func(x capabilities.FSGrant) bool { return x.GuestPath == f.GuestPath }) {
 						return &exitError{code: ExitUsage, err: fmt.Errorf("--grant-all cannot choose a host directory for %s: add --grant fs:%s=HOSTDIR", f.GuestPath, f.GuestPath)}
@@ -287,14 +286,4 @@ func revokeCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "revoke every grant")
 	return cmd
-}
-
-func union(a, b []string) []string {
-	out := slices.Clone(a)
-	for _, s := range b {
-		if !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -214,16 +214,7 @@ func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (p
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	cur := m.grants.get(p.Name)
-	next := capabilities.Grants{
-		FS:      slices.Clone(cur.FS),
-		Network: union(cur.Network, add.Network),
-		Env:     union(cur.Env, add.Env),
-	}
-	for _, f := range add.FS {
-		next.FS = slices.DeleteFunc(next.FS, func(e capabilities.FSGrant) bool { return e.GuestPath == f.GuestPath })
-		next.FS = append(next.FS, f)
-	}
+	next := m.grants.get(p.Name).Add(add)
 	return m.store(ctx, p.Name, next)
 }
 
@@ -288,16 +279,6 @@ func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 		out.Env = append(out.Env, e)
 	}
 	return out, nil
-}
-
-func union(a, b []string) []string {
-	out := slices.Clone(a)
-	for _, s := range b {
-		if !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // copyFile copies src to dst atomically (temp file, fsync, rename), so a
