@@ -1,6 +1,7 @@
 package toolkit
 
 import (
+	"errors"
 	"io/fs"
 	"path"
 	"strings"
@@ -28,4 +29,28 @@ func RootPath(root, p string) (string, error) {
 		return "", Errorf("outside_workspace", "%s is outside the workspace", p)
 	}
 	return name, nil
+}
+
+// FSError turns a filesystem error on the workspace path p into a tool
+// error a model can act on: not_found, permission_denied or io_error,
+// without the host path (which means nothing to the caller). writing
+// selects the wording of the operation.
+func FSError(p string, err error, writing bool) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Errorf("not_found", "%s does not exist in the workspace", p)
+	case errors.Is(err, fs.ErrPermission):
+		if writing {
+			return Errorf("permission_denied", "%s cannot be written (is the workspace granted read-write?)", p)
+		}
+		return Errorf("permission_denied", "%s cannot be read", p)
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	if writing {
+		return Errorf("io_error", "writing %s: %v", p, err)
+	}
+	return Errorf("io_error", "reading %s: %v", p, err)
 }

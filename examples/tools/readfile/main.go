@@ -9,7 +9,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -90,17 +89,17 @@ func readFile(fsys fs.FS, in input) (output, error) {
 
 	f, err := fsys.Open(name)
 	if err != nil {
-		return output{}, fsError(in.Path, err)
+		return output{}, toolkit.FSError(in.Path, err, false)
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err != nil {
-		return output{}, fsError(in.Path, err)
+		return output{}, toolkit.FSError(in.Path, err, false)
 	} else if st.IsDir() {
 		return output{}, toolkit.Errorf("is_directory", "%s is a directory, not a file", in.Path)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, int64(maxBytes)+1))
 	if err != nil {
-		return output{}, fsError(in.Path, err)
+		return output{}, toolkit.FSError(in.Path, err, false)
 	}
 	truncated := len(b) > maxBytes
 	if truncated {
@@ -114,18 +113,4 @@ func readFile(fsys fs.FS, in input) (output, error) {
 		return output{}, toolkit.Errorf("not_text", "%s is not a UTF-8 text file", in.Path)
 	}
 	return output{Path: name, Content: string(b), Truncated: truncated}, nil
-}
-
-func fsError(p string, err error) error {
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return toolkit.Errorf("not_found", "%s does not exist in the workspace", p)
-	case errors.Is(err, fs.ErrPermission):
-		return toolkit.Errorf("permission_denied", "%s cannot be read", p)
-	}
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		err = pe.Err // the host path of the error means nothing to the caller
-	}
-	return toolkit.Errorf("io_error", "reading %s: %v", p, err)
 }

@@ -94,10 +94,10 @@ func apply(dir string, in input) (output, error) {
 	if in.Content != nil {
 		_, statErr := os.Stat(full)
 		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			return output{}, fsError(in.Path, err)
+			return output{}, toolkit.FSError(in.Path, err, true)
 		}
 		if err := os.WriteFile(full, []byte(*in.Content), 0o644); err != nil {
-			return output{}, fsError(in.Path, err)
+			return output{}, toolkit.FSError(in.Path, err, true)
 		}
 		return output{Path: name, Bytes: len(*in.Content), Created: errors.Is(statErr, fs.ErrNotExist)}, nil
 	}
@@ -106,7 +106,7 @@ func apply(dir string, in input) (output, error) {
 	}
 	b, err := os.ReadFile(full)
 	if err != nil {
-		return output{}, fsError(in.Path, err)
+		return output{}, toolkit.FSError(in.Path, err, true)
 	}
 	switch n := strings.Count(string(b), in.Old); n {
 	case 0:
@@ -120,21 +120,7 @@ func apply(dir string, in input) (output, error) {
 		return output{}, toolkit.Errorf("too_large", "the patched file would exceed %d bytes", maxFileBytes)
 	}
 	if err := os.WriteFile(full, []byte(patched), 0o644); err != nil {
-		return output{}, fsError(in.Path, err)
+		return output{}, toolkit.FSError(in.Path, err, true)
 	}
 	return output{Path: name, Bytes: len(patched), Patched: true}, nil
-}
-
-func fsError(p string, err error) error {
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return toolkit.Errorf("not_found", "%s does not exist in the workspace", p)
-	case errors.Is(err, fs.ErrPermission):
-		return toolkit.Errorf("permission_denied", "%s cannot be written (is the workspace granted read-write?)", p)
-	}
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		err = pe.Err // the host path of the error means nothing to the caller
-	}
-	return toolkit.Errorf("io_error", "writing %s: %v", p, err)
 }
