@@ -396,20 +396,23 @@ func TestCancelDisconnects(t *testing.T) {
 			}
 			p := f.provider(t, Config{CancelDrain: tt.drain})
 			ctx, cancel := context.WithCancel(t.Context())
-			_, err := p.Chat(ctx, hi("tiny"), func(models.Delta) { cancel() })
-			returned := time.Now()
+			// The drain timer starts when the call sees its context end,
+			// which is no earlier than the moment of cancel: measure from there.
+			var cancelled time.Time
+			_, err := p.Chat(ctx, hi("tiny"), func(models.Delta) { cancelled = time.Now(); cancel() })
+			returned := cancelled
 			if !errors.Is(err, context.Canceled) {
 				t.Errorf("Chat() error = %v, want context.Canceled", err)
 			}
 			if tt.close {
 				p.Close()
 				if d := time.Since(returned); d < tt.atLeast {
-					t.Errorf("Close() returned %v after Chat, want it to wait for the drain (%v)", d, tt.atLeast)
+					t.Errorf("Close() returned %v after the cancel, want it to wait for the drain (%v)", d, tt.atLeast)
 				}
 			}
 			saw := <-serverSaw
 			if d := saw.Sub(returned); saw.IsZero() || d < tt.atLeast || d > tt.atLeast+2*time.Second {
-				t.Errorf("server saw the disconnect %v after Chat returned, want about %v", d, tt.atLeast)
+				t.Errorf("server saw the disconnect %v after the cancel, want about %v", d, tt.atLeast)
 			}
 		})
 	}
