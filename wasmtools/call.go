@@ -49,7 +49,7 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}") // models send no arguments for tools without parameters
 	}
-	if v, err := validate(t.input, input); err != nil {
+	if v, err := t.input.Validate(input); err != nil {
 		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Message: fmt.Sprintf("input is not valid JSON: %v", err)}
 	} else if v != nil {
 		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Path: v.Pointer, Message: v.Message}
@@ -222,7 +222,7 @@ func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) 
 		return nil, toolErr
 	}
 	if t.output != nil {
-		v, err := validate(t.output, out)
+		v, err := t.output.Validate(out)
 		if err == nil && v != nil {
 			at := v.Pointer
 			if at == "" {

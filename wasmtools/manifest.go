@@ -13,7 +13,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
-	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/keel-runtime/keel/schema"
 )
 
 // namePattern is what a tool name must match. Names are also file names
@@ -45,8 +45,8 @@ type manifest struct {
 // parsedManifest is a validated manifest with its schemas compiled.
 type parsedManifest struct {
 	manifest
-	input  *jsonschema.Schema
-	output *jsonschema.Schema // nil when the tool declares no output schema
+	input  *schema.Schema
+	output *schema.Schema // nil when the tool declares no output schema
 }
 
 // parseManifest decodes and validates a manifest. Unknown fields are
@@ -87,11 +87,11 @@ func parseManifest(data []byte) (*parsedManifest, error) {
 		return nil, errors.New("manifest input_schema is required")
 	}
 	var err error
-	if p.input, err = compileSchema(m.Name, "input_schema", m.InputSchema); err != nil {
+	if p.input, err = schema.Compile("tools/"+m.Name+"/input_schema", "input_schema", m.InputSchema); err != nil {
 		return nil, fmt.Errorf("manifest %w", err)
 	}
 	if len(m.OutputSchema) != 0 && string(m.OutputSchema) != "null" {
-		if p.output, err = compileSchema(m.Name, "output_schema", m.OutputSchema); err != nil {
+		if p.output, err = schema.Compile("tools/"+m.Name+"/output_schema", "output_schema", m.OutputSchema); err != nil {
 			return nil, fmt.Errorf("manifest %w", err)
 		}
 	} else {

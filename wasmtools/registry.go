@@ -23,7 +23,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
-	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
@@ -140,8 +140,8 @@ type toolSet struct {
 type tool struct {
 	info     Tool
 	compiled wazero.CompiledModule
-	input    *jsonschema.Schema
-	output   *jsonschema.Schema // nil: no output schema
+	input    *schema.Schema
+	output   *schema.Schema // nil: no output schema
 	// module holds argv, clocks, randomness, the granted mounts and
 	// environment; each call adds its own stdio.
 	module wazero.ModuleConfig

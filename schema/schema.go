@@ -1,4 +1,11 @@
-package wasmtools
+// Package schema compiles and applies JSON Schemas for keel: tool input
+// and output schemas, and the schemas structured model output must meet.
+// It wraps github.com/santhosh-tekuri/jsonschema/v6 (draft 2020-12 by
+// default) with two rules of its own: a schema may not reference other
+// documents (so a schema can never make keel read a file or fetch a URL),
+// and a violation is reported as the single most specific failing field,
+// as a JSON pointer and a message a model or a human can act on.
+package schema
 
 import (
 	"bytes"
@@ -13,17 +20,22 @@ import (
 	"golang.org/x/text/message"
 )
 
-// errNoLoader refuses every $ref outside the schema itself: a manifest
-// must not make the host read files or fetch URLs.
+// errNoLoader refuses every $ref outside the schema itself: a schema
+// must not make keel read files or fetch URLs.
 var errNoLoader = errors.New("schemas may not reference other documents")
 
 type noLoader struct{}
 
 func (noLoader) Load(string) (any, error) { return nil, errNoLoader }
 
-// compileSchema compiles one JSON Schema of a manifest (draft 2020-12
-// unless the schema says otherwise). The schema must be a JSON object.
-func compileSchema(tool, field string, raw json.RawMessage) (*jsonschema.Schema, error) {
+// Schema is a compiled JSON Schema.
+type Schema struct{ s *jsonschema.Schema }
+
+// Compile compiles raw (draft 2020-12 unless the schema says otherwise),
+// which must be a JSON object. id names the schema in errors and is part
+// of its base URI ("keel:///" + id + ".json"); field names it in error
+// messages, as "input_schema".
+func Compile(id, field string, raw json.RawMessage) (*Schema, error) {
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
 		return nil, fmt.Errorf("%s is not JSON: %w", field, err)
@@ -34,7 +46,7 @@ func compileSchema(tool, field string, raw json.RawMessage) (*jsonschema.Schema,
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(noLoader{})
-	url := "keel:///tools/" + tool + "/" + field + ".json"
+	url := "keel:///" + id + ".json"
 	if err := c.AddResource(url, doc); err != nil {
 		return nil, fmt.Errorf("%s: %w", field, err)
 	}
@@ -42,32 +54,32 @@ func compileSchema(tool, field string, raw json.RawMessage) (*jsonschema.Schema,
 	if err != nil {
 		return nil, fmt.Errorf("%s does not compile: %w", field, err)
 	}
-	return sch, nil
+	return &Schema{sch}, nil
 }
 
-// schemaViolation is the most specific reason a value broke a schema.
-type schemaViolation struct {
+// Violation is the most specific reason a value broke a schema.
+type Violation struct {
 	Pointer string // JSON pointer of the failing value; "" is the whole value
 	Message string
 }
 
 var printer = message.NewPrinter(language.English)
 
-// validate checks raw against sch. It returns a parse error for input that
-// is not JSON, and a *schemaViolation naming the deepest failing field
-// otherwise.
-func validate(sch *jsonschema.Schema, raw []byte) (*schemaViolation, error) {
+// Validate checks raw against s. It returns a parse error for input that
+// is not JSON, a *Violation naming the deepest failing field when raw
+// breaks the schema, and nil, nil when raw is valid.
+func (s *Schema) Validate(raw []byte) (*Violation, error) {
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
 		return nil, err
 	}
-	err = sch.Validate(v)
+	err = s.s.Validate(v)
 	if err == nil {
 		return nil, nil
 	}
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
-		return &schemaViolation{Message: err.Error()}, nil
+		return &Violation{Message: err.Error()}, nil
 	}
 	leaf := deepest(ve)
 	loc := leaf.InstanceLocation
@@ -83,7 +95,7 @@ func validate(sch *jsonschema.Schema, raw []byte) (*schemaViolation, error) {
 			loc = append(loc[:len(loc):len(loc)], k.Properties[0])
 		}
 	}
-	return &schemaViolation{Pointer: jsonPointer(loc), Message: leaf.ErrorKind.LocalizedString(printer)}, nil
+	return &Violation{Pointer: jsonPointer(loc), Message: leaf.ErrorKind.LocalizedString(printer)}, nil
 }
 
 // deepest returns the leaf error with the longest instance location, the
