@@ -3,7 +3,7 @@ package models
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"time"
 
 	"github.com/keel-runtime/keel"
 )
@@ -29,6 +29,25 @@ type ModelInfo struct {
 	ContextLength int          `json:"context_length"` // tokens; 0 when unknown
 	Family        string       `json:"family,omitempty"`
 	Size          int64        `json:"size,omitempty"` // bytes on disk, when local
+	// Cloud is true when calls send data off this machine.
+	Cloud bool `json:"cloud,omitempty"`
+	// Price is what a call costs; nil means free (local inference).
+	Price *Price `json:"price,omitempty"`
+}
+
+// Price is what a model charges, in US dollars per million tokens.
+type Price struct {
+	InputPerMTok  float64 `json:"input_per_mtok"`
+	OutputPerMTok float64 `json:"output_per_mtok"`
+}
+
+// Cost returns the price of a call with the given token counts; a nil
+// price costs nothing.
+func (p *Price) Cost(prompt, completion int) float64 {
+	if p == nil {
+		return 0
+	}
+	return (float64(prompt)*p.InputPerMTok + float64(completion)*p.OutputPerMTok) / 1e6
 }
 
 // Has reports whether m declares capability c.
@@ -60,6 +79,11 @@ type Message struct {
 	ToolCalls  []keel.ToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string          `json:"tool_call_id,omitempty"`
 	ToolName   string          `json:"tool_name,omitempty"`
+	// Images are attached pictures (PNG or JPEG bytes) for vision models.
+	Images [][]byte `json:"images,omitempty"`
+	// Private marks content that must never leave this machine: a
+	// request holding a private message goes to local models only.
+	Private bool `json:"private,omitempty"`
 }
 
 // ChatRequest asks a model for the next message.
@@ -71,6 +95,32 @@ type ChatRequest struct {
 	Format json.RawMessage `json:"format,omitempty"`
 	// MaxTokens caps the completion; 0 means the provider's default.
 	MaxTokens int `json:"max_tokens,omitempty"`
+
+	// The fields below are read by the Router; providers ignore them.
+
+	// Route names the routing rule to use when Model is empty; empty
+	// means the rule named "default".
+	Route string `json:"route,omitempty"`
+	// AllowCloud permits this call to go to a cloud model, where the
+	// router's policy allows cloud at all. Default: local only.
+	AllowCloud bool `json:"allow_cloud,omitempty"`
+	// Private marks the whole request as private (see Message.Private).
+	Private bool `json:"private,omitempty"`
+	// Budget, when set, is charged for the call (a run's budget).
+	Budget *Budget `json:"-"`
+}
+
+// IsPrivate reports whether req, or any of its messages, is private.
+func (req ChatRequest) IsPrivate() bool {
+	if req.Private {
+		return true
+	}
+	for _, m := range req.Messages {
+		if m.Private {
+			return true
+		}
+	}
+	return false
 }
 
 // Usage counts the tokens of one call as the provider reported them.
@@ -85,11 +135,57 @@ type ChatResponse struct {
 	Message      Message `json:"message"`
 	Usage        Usage   `json:"usage"`
 	FinishReason string  `json:"finish_reason,omitempty"`
+	// Meta is how the call was served; the Router fills it in.
+	Meta CallMeta `json:"meta,omitzero"`
 }
 
-// Delta is a streamed fragment of a reply.
+// CallMeta is the accounting of one call through the Router: what served
+// it, what it cost, how long it took and what was tried first.
+type CallMeta struct {
+	Provider  string        `json:"provider,omitempty"`
+	Route     string        `json:"route,omitempty"`
+	Variant   string        `json:"variant,omitempty"` // the A/B choice, "provider/model"
+	CostUSD   float64       `json:"cost_usd,omitempty"`
+	Latency   time.Duration `json:"latency_ns,omitempty"`
+	FirstByte time.Duration `json:"ttft_ns,omitempty"` // time to the first streamed token
+	Retries   int           `json:"retries,omitempty"`
+	Attempts  []Attempt     `json:"attempts,omitempty"` // failed attempts before the answer
+}
+
+// Attempt is one failed try of a call.
+type Attempt struct {
+	Provider string        `json:"provider"`
+	Model    string        `json:"model"`
+	Kind     Kind          `json:"kind"`
+	Error    string        `json:"error"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+// Delta is a streamed fragment of a reply. Restart means the fragments
+// streamed so far are void (the router retried after a broken stream)
+// and the reply starts again with this delta.
 type Delta struct {
 	Content string
+	Restart bool
+}
+
+// Embedder is implemented by providers that serve embeddings.
+type Embedder interface {
+	Embed(ctx context.Context, req EmbedRequest) (EmbedResponse, error)
+}
+
+// EmbedRequest asks for one vector per input text.
+type EmbedRequest struct {
+	Model   string   `json:"model"`
+	Input   []string `json:"input"`
+	Private bool     `json:"private,omitempty"`
+}
+
+// EmbedResponse holds a vector per input, in order.
+type EmbedResponse struct {
+	Model   string      `json:"model"`
+	Vectors [][]float32 `json:"vectors"`
+	Usage   Usage       `json:"usage"`
 }
 
 // Provider is a model backend. It is the plug-in point of the model layer;
@@ -113,13 +209,3 @@ type Provider interface {
 	// ErrModelNotFound or ErrInvalidRequest where they apply.
 	Chat(ctx context.Context, req ChatRequest, onDelta func(Delta)) (ChatResponse, error)
 }
-
-// Errors callers branch on.
-var (
-	// ErrUnavailable: the provider could not be reached or failed; retry later.
-	ErrUnavailable = errors.New("model provider unavailable")
-	// ErrModelNotFound: the provider does not serve the named model.
-	ErrModelNotFound = errors.New("model not found")
-	// ErrInvalidRequest: the provider refused the request as malformed.
-	ErrInvalidRequest = errors.New("invalid model request")
-)
