@@ -86,8 +86,9 @@ type Provider struct {
 	closed     bool
 	readers    sync.WaitGroup
 
-	mu    sync.Mutex
-	shows map[string]showEntry
+	mu      sync.Mutex
+	shows   map[string]showEntry
+	ctxSize map[string]int // num_ctx last sent per model; see numCtx
 }
 
 type showEntry struct {
@@ -119,6 +120,7 @@ func New(cfg Config) (*Provider, error) {
 		log:         cfg.Logger,
 		now:         time.Now,
 		shows:       make(map[string]showEntry),
+		ctxSize:     make(map[string]int),
 	}
 	p.life, p.disconnect = context.WithCancel(context.Background())
 	if p.keepAlive == 0 {
@@ -372,11 +374,11 @@ func (p *Provider) Chat(ctx context.Context, req models.ChatRequest, onDelta fun
 		done    bool
 	)
 	for r := range st.chunks(ctx) {
-		if r.Message.Content != "" {
-			content.WriteString(r.Message.Content)
-			if onDelta != nil {
-				onDelta(models.Delta{Content: r.Message.Content})
-			}
+		content.WriteString(r.Message.Content)
+		if onDelta != nil {
+			// Every chunk, even one without content (a native tool
+			// call), tells the caller that the model is generating.
+			onDelta(models.Delta{Content: r.Message.Content})
 		}
 		calls = append(calls, r.Message.ToolCalls...)
 		if r.Done {
@@ -392,7 +394,7 @@ func (p *Provider) Chat(ctx context.Context, req models.ChatRequest, onDelta fun
 	case err != nil:
 		return models.ChatResponse{}, p.wrap(ctx, "chat", req.Model, err)
 	case !done:
-		return models.ChatResponse{}, fmt.Errorf("ollama chat %s: %w: the reply stream ended before it was complete", req.Model, models.ErrUnavailable)
+		return models.ChatResponse{}, &models.Error{Kind: models.KindNetwork, Provider: "ollama", Model: req.Model, Msg: "the reply stream ended before it was complete"}
 	}
 
 	resp := models.ChatResponse{
@@ -520,7 +522,18 @@ func (p *Provider) request(req models.ChatRequest, info models.ModelInfo) (*api.
 	}
 	opts := map[string]any{"num_predict": numPredict}
 	if info.ContextLength > 0 {
-		opts["num_ctx"] = info.ContextLength
+		// Ollama silently drops the start of a prompt that does not fit
+		// num_ctx, so a prompt that cannot fit is refused here.
+		prompt := models.EstimateTokens(req.Messages, req.Tools)
+		if prompt+minReply > info.ContextLength {
+			return nil, "", &models.Error{Kind: models.KindContextTooLong, Provider: "ollama", Model: req.Model,
+				Msg: fmt.Sprintf("the prompt is about %d tokens and %s holds %d with room for a reply; shorten it or use a model with a longer context (nothing was sent)", prompt, req.Model, info.ContextLength)}
+		}
+		if numPredict > 0 {
+			numPredict = min(numPredict, info.ContextLength-prompt)
+			opts["num_predict"] = numPredict
+		}
+		opts["num_ctx"] = p.numCtx(req.Model, prompt+max(numPredict, minReply), info.ContextLength)
 	}
 	stream := true
 	areq := &api.ChatRequest{
@@ -564,6 +577,9 @@ func toAPIMessages(ms []models.Message, native bool) ([]api.Message, error) {
 	out := make([]api.Message, 0, len(ms))
 	for _, m := range ms {
 		am := api.Message{Role: string(m.Role), Content: m.Content}
+		for _, img := range m.Images {
+			am.Images = append(am.Images, api.ImageData(img))
+		}
 		switch {
 		case m.Role == models.RoleAssistant && len(m.ToolCalls) > 0 && native:
 			for i, c := range m.ToolCalls {
@@ -788,40 +804,47 @@ func parseChoice(content string, specs []keel.ToolSpec) (calls []keel.ToolCall, 
 	return nil, "", false
 }
 
-// wrap classifies an error of the api client for operation op on model.
+// wrap classifies an error of the api client for operation op on model
+// as a *models.Error.
 func (p *Provider) wrap(ctx context.Context, op, model string, err error) error {
-	if model != "" {
-		op += " " + model
-	}
+	e := &models.Error{Provider: "ollama", Model: model, Err: err}
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return fmt.Errorf("ollama %s: %w", op, ctxErr)
+		e.Kind, e.Msg, e.Err = models.KindCancelled, op+" cancelled", ctxErr
+		return e
 	}
 	var se api.StatusError
 	if errors.As(err, &se) {
+		e.Status = se.StatusCode
 		switch code := se.StatusCode; {
 		case code == http.StatusNotFound:
-			return fmt.Errorf("ollama %s: %w: pull it with `ollama pull %s` (%w)", op, models.ErrModelNotFound, model, err)
+			e.Kind, e.Msg = models.KindNotFound, fmt.Sprintf("%s: pull it with `keel models pull %s`", op, model)
 		case code == http.StatusInternalServerError && isFormatError(se.ErrorMessage):
-			return fmt.Errorf("ollama %s: %w: %w", op, models.ErrInvalidRequest, err)
+			e.Kind, e.Msg = models.KindInvalidRequest, op+": Ollama refused the output schema"
+		case code == http.StatusTooManyRequests:
+			e.Kind, e.Msg = models.KindRateLimited, fmt.Sprintf("%s: Ollama at %s is busy (OLLAMA_MAX_QUEUE reached)", op, p.Endpoint())
 		case code >= 500:
-			return fmt.Errorf("ollama %s: %w: Ollama at %s failed, see its server log (%w)", op, models.ErrUnavailable, p.Endpoint(), err)
+			e.Kind, e.Msg = models.KindOverloaded, fmt.Sprintf("%s: Ollama at %s failed, see its server log", op, p.Endpoint())
 		case code == http.StatusUnauthorized || code == http.StatusForbidden:
-			return fmt.Errorf("ollama %s: %w: Ollama at %s refused access (%w)", op, models.ErrUnavailable, p.Endpoint(), err)
+			e.Kind, e.Msg = models.KindAuth, fmt.Sprintf("%s: Ollama at %s refused access", op, p.Endpoint())
 		default:
-			return fmt.Errorf("ollama %s: %w: %w", op, models.ErrInvalidRequest, err)
+			e.Kind, e.Msg = models.KindInvalidRequest, op
 		}
+		return e
 	}
 	var ae api.AuthorizationError
 	if errors.As(err, &ae) {
-		return fmt.Errorf("ollama %s: %w: Ollama at %s requires authorization (%w)", op, models.ErrUnavailable, p.Endpoint(), err)
+		e.Kind, e.Msg = models.KindAuth, fmt.Sprintf("%s: Ollama at %s requires authorization", op, p.Endpoint())
+		return e
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return fmt.Errorf("ollama %s: %w: cannot reach Ollama at %s: is Ollama running? start it with `ollama serve` or set OLLAMA_HOST (%w)", op, models.ErrUnavailable, p.Endpoint(), err)
+		e.Kind, e.Msg = models.KindNetwork, fmt.Sprintf("%s: cannot reach Ollama at %s: is Ollama running? start it with `ollama serve` or set OLLAMA_HOST", op, p.Endpoint())
+		return e
 	}
 	// An error Ollama streams after the reply began reaches us as a bare
 	// string error; it means the server failed mid-generation.
-	return fmt.Errorf("ollama %s: %w: %w", op, models.ErrUnavailable, err)
+	e.Kind, e.Msg = models.KindOverloaded, op+": Ollama failed mid-reply"
+	return e
 }
 
 // isFormatError reports whether an HTTP 500 message is Ollama refusing a

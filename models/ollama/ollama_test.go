@@ -86,8 +86,10 @@ func TestChatNativeTools(t *testing.T) {
 		t.Errorf("request sent mismatch (-want +got):\n%s", diff)
 	}
 
-	if got := strings.Join(deltas, ""); got != "Let me look." || len(deltas) != 2 {
-		t.Errorf("deltas = %q, want [Let me,  look.]", deltas)
+	// One delta per chunk: those without content (the tool call, done)
+	// still tell the caller the model is generating.
+	if got := strings.Join(deltas, ""); got != "Let me look." || len(deltas) != 4 {
+		t.Errorf("deltas = %q, want [Let me,  look., \"\", \"\"]", deltas)
 	}
 	if len(resp.Message.ToolCalls) != 1 || !strings.HasPrefix(resp.Message.ToolCalls[0].ID, "call_") {
 		t.Fatalf("Chat() tool calls = %+v, want one with a generated ID", resp.Message.ToolCalls)
@@ -149,7 +151,7 @@ func TestChatSchemaTools(t *testing.T) {
 			if diff := cmp.Diff(decode(t, string(schema)), sent["format"]); diff != "" {
 				t.Errorf("format sent mismatch (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(decode(t, `{"num_ctx":4096,"num_predict":64}`), sent["options"]); diff != "" {
+			if diff := cmp.Diff(decode(t, `{"num_ctx":2048,"num_predict":64}`), sent["options"]); diff != "" {
 				t.Errorf("options sent mismatch (-want +got):\n%s", diff)
 			}
 			if sent["keep_alive"] != "1m0s" {
@@ -198,15 +200,15 @@ func TestChatOptions(t *testing.T) {
 		want string // JSON of the fields checked
 	}{
 		{"defaults", Config{}, models.ChatRequest{Model: "tiny"},
-			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512}}`},
+			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512}}`},
 		{"max tokens wins", Config{NumPredict: 100}, models.ChatRequest{Model: "tiny", MaxTokens: 7},
-			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":7}}`},
+			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":7}}`},
 		{"no cap, keep loaded", Config{NumPredict: -1, KeepAlive: -1}, models.ChatRequest{Model: "tiny"},
-			`{"keep_alive":-1,"options":{"num_ctx":4096,"num_predict":-1}}`},
+			`{"keep_alive":-1,"options":{"num_ctx":2048,"num_predict":-1}}`},
 		{"format as is", Config{}, models.ChatRequest{Model: "tiny", Format: format},
-			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
+			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
 		{"format wins over schema tools", Config{}, models.ChatRequest{Model: "tiny", Format: format, Tools: testTools},
-			`{"keep_alive":"5m0s","options":{"num_ctx":4096,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
+			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512},"format":{"type":"object","properties":{"n":{"type":"integer"}}}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -280,12 +282,67 @@ func TestErrorsFake(t *testing.T) {
 	}
 }
 
+func TestErrorKinds(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply func(http.ResponseWriter, *http.Request)
+		want  models.Kind
+	}{
+		{"429", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, `{"error":"server busy"}`, 429) }, models.KindRateLimited},
+		{"500", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, `{"error":"runner died"}`, 500) }, models.KindOverloaded},
+		{"401", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, `{"error":"no"}`, 401) }, models.KindAuth},
+		{"stream cut", func(w http.ResponseWriter, _ *http.Request) { ndjson(w, chunk("Once")) }, models.KindNetwork},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			f.reply = tt.reply
+			_, err := f.provider(t, Config{}).Chat(t.Context(), hi("tiny"), nil)
+			if got := models.KindOf(err); got != tt.want {
+				t.Errorf("Chat() error = %v, kind %q; want %q", err, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestNumCtxSizedForRequest: num_ctx covers the prompt and the reply,
+// grows in powers of two, never shrinks for a model (a change reloads
+// it), and a prompt that cannot fit is refused before anything is sent.
+func TestNumCtxSizedForRequest(t *testing.T) {
+	f := newFake(t)
+	f.lines = []any{chunk("ok"), done("stop", 1, 1)}
+	p := f.provider(t, Config{})
+	send := func(bytes int) (int, error) {
+		req := hi("tiny")
+		req.Messages[0].Content = strings.Repeat("x", bytes)
+		if _, err := p.Chat(t.Context(), req, nil); err != nil {
+			return 0, err
+		}
+		opts := f.lastChat(t)["options"].(map[string]any)
+		return int(opts["num_ctx"].(float64)), nil
+	}
+	for _, step := range []struct{ bytes, want int }{{100, 2048}, {6000, 4096}, {100, 4096}} {
+		got, err := send(step.bytes)
+		if err != nil || got != step.want {
+			t.Errorf("prompt of %d bytes: num_ctx %d, %v; want %d", step.bytes, got, err, step.want)
+		}
+	}
+	before := f.count("/api/chat")
+	_, err := send(13000) // about 4300 tokens for a 4096-token model
+	if !errors.Is(err, models.ErrContextTooLong) || !strings.Contains(err.Error(), "nothing was sent") {
+		t.Errorf("too long a prompt: %v, want ErrContextTooLong", err)
+	}
+	if f.count("/api/chat") != before {
+		t.Errorf("Ollama received the prompt that cannot fit")
+	}
+}
+
 func TestModelNotFoundSuggestsPull(t *testing.T) {
 	p := newFake(t).provider(t, Config{})
 	_, err := p.Chat(t.Context(), models.ChatRequest{Model: "llama9", Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
 	var se api.StatusError
-	if !errors.Is(err, models.ErrModelNotFound) || !errors.As(err, &se) || !strings.Contains(err.Error(), "ollama pull llama9") {
-		t.Errorf("Chat(unknown) error = %v, want ErrModelNotFound wrapping the StatusError and suggesting `ollama pull llama9`", err)
+	if !errors.Is(err, models.ErrModelNotFound) || !errors.As(err, &se) || !strings.Contains(err.Error(), "keel models pull llama9") {
+		t.Errorf("Chat(unknown) error = %v, want ErrModelNotFound wrapping the StatusError and suggesting `keel models pull llama9`", err)
 	}
 }
 

@@ -172,8 +172,8 @@ func TestRealCancel(t *testing.T) {
 func TestRealUnknownModel(t *testing.T) {
 	p, _, _, _ := realOllama(t)
 	_, err := p.Chat(t.Context(), models.ChatRequest{Model: "keel-no-such-model", Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}, nil)
-	if !errors.Is(err, models.ErrModelNotFound) || !strings.Contains(err.Error(), "ollama pull keel-no-such-model") {
-		t.Errorf("Chat(unknown model) error = %v, want ErrModelNotFound suggesting ollama pull", err)
+	if !errors.Is(err, models.ErrModelNotFound) || !strings.Contains(err.Error(), "keel models pull keel-no-such-model") {
+		t.Errorf("Chat(unknown model) error = %v, want ErrModelNotFound suggesting keel models pull", err)
 	}
 }
 
@@ -313,5 +313,38 @@ func TestRealToolSchemasOllamaCannotCompile(t *testing.T) {
 	// The server is still healthy afterwards.
 	if _, err := p.Chat(t.Context(), models.ChatRequest{Model: tiny, Messages: []models.Message{{Role: models.RoleUser, Content: "Hi."}}, MaxTokens: 8}, nil); err != nil {
 		t.Fatalf("Chat after hostile schemas = %v", err)
+	}
+}
+
+func TestRealEmbed(t *testing.T) {
+	p, _, tiny, _ := realOllama(t)
+	resp, err := p.Embed(t.Context(), models.EmbedRequest{Model: tiny, Input: []string{"a cat", "a dog", "a cat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Vectors) != 3 || len(resp.Vectors[0]) == 0 || len(resp.Vectors[0]) != len(resp.Vectors[1]) {
+		t.Fatalf("Embed() = %d vectors, want 3 of one non-zero dimension", len(resp.Vectors))
+	}
+	if !slices.Equal(resp.Vectors[0], resp.Vectors[2]) || slices.Equal(resp.Vectors[0], resp.Vectors[1]) {
+		t.Errorf("Embed(): equal inputs must give equal vectors and different inputs different ones")
+	}
+	if _, err := p.Embed(t.Context(), models.EmbedRequest{Model: "keel-no-such-model", Input: []string{"x"}}); !errors.Is(err, models.ErrModelNotFound) {
+		t.Errorf("Embed(unknown model) error = %v, want ErrModelNotFound", err)
+	}
+}
+
+// TestRealPromptTooLong: a prompt beyond the model's context is refused
+// before anything reaches Ollama, which would otherwise cut it silently.
+func TestRealPromptTooLong(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	req := models.ChatRequest{Model: tiny, Messages: []models.Message{{Role: models.RoleUser, Content: strings.Repeat("lorem ipsum ", 2000)}}}
+	_, err := p.Chat(t.Context(), req, nil)
+	if !errors.Is(err, models.ErrContextTooLong) {
+		t.Fatalf("Chat(24 KB prompt) error = %v, want ErrContextTooLong", err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.chats) != 0 {
+		t.Errorf("the prompt that cannot fit was sent to Ollama")
 	}
 }
