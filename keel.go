@@ -41,10 +41,26 @@ type Run struct {
 	Result    string    `json:"result,omitempty"` // final answer when succeeded
 	Error     string    `json:"error,omitempty"`  // failure or cancel reason
 	MaxSteps  int       `json:"max_steps"`
+	Policy    RunPolicy `json:"policy,omitzero"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// LastSeq is the sequence number of the newest event of the run.
 	LastSeq int64 `json:"last_seq"`
+}
+
+// RunPolicy is what a run's model calls may do. The zero value is the
+// default: local models only, no budget of its own (the daily one holds).
+type RunPolicy struct {
+	// AllowCloud lets the run's calls go to cloud models, where the
+	// daemon's configuration allows cloud at all.
+	AllowCloud bool `json:"allow_cloud,omitempty"`
+	// Private marks everything in the run as private: it never leaves
+	// the machine, whatever else allows.
+	Private bool `json:"private,omitempty"`
+	// BudgetTokens and BudgetUSD cap what the run's model calls spend;
+	// 0 is no cap.
+	BudgetTokens int64   `json:"budget_tokens,omitempty"`
+	BudgetUSD    float64 `json:"budget_usd,omitempty"`
 }
 
 // EventType names what an Event records. The set is documented in
@@ -89,6 +105,9 @@ type RunStartedData struct {
 type ModelDeltaData struct {
 	Step    int    `json:"step"`
 	Content string `json:"content"`
+	// Restart voids the step's earlier deltas: the model layer retried
+	// after a broken stream and the reply starts again here.
+	Restart bool `json:"restart,omitempty"`
 }
 
 // ModelResultData is the payload of EventModelResult.
@@ -217,6 +236,13 @@ type Span struct {
 	Error            string        `json:"error,omitempty"`
 	PromptTokens     int           `json:"prompt_tokens,omitempty"`
 	CompletionTokens int           `json:"completion_tokens,omitempty"`
+	// Model calls only: what served the call and what it cost.
+	Provider     string          `json:"provider,omitempty"`
+	CostUSD      float64         `json:"cost_usd,omitempty"`
+	TTFT         time.Duration   `json:"ttft_ns,omitempty"` // time to first token
+	Retries      int             `json:"retries,omitempty"`
+	FinishReason string          `json:"finish_reason,omitempty"`
+	Attrs        json.RawMessage `json:"attrs,omitempty"` // route, A/B variant, failed attempts
 }
 
 // RunUpdate changes a run's status together with the event that records

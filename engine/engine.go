@@ -168,6 +168,7 @@ type StartRequest struct {
 	Goal     string
 	Model    string
 	MaxSteps int
+	Policy   keel.RunPolicy
 }
 
 // Start validates req, stores the run and starts it in the background.
@@ -184,13 +185,16 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if req.MaxSteps == 0 {
 		req.MaxSteps = e.cfg.DefaultMaxSteps
 	}
+	if req.Policy.BudgetTokens < 0 || req.Policy.BudgetUSD < 0 {
+		return keel.Run{}, fmt.Errorf("a budget cannot be negative: %w", keel.ErrInvalid)
+	}
 	model, err := e.resolveModel(ctx, req.Model)
 	if err != nil {
 		return keel.Run{}, err
 	}
 	now := e.cfg.Now()
 	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Goal: req.Goal, Model: model, Status: keel.RunQueued,
-		MaxSteps: req.MaxSteps, CreatedAt: now, UpdatedAt: now}
+		MaxSteps: req.MaxSteps, Policy: req.Policy, CreatedAt: now, UpdatedAt: now}
 
 	e.mu.Lock()
 	if e.closed {
@@ -243,10 +247,14 @@ func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) 
 		}
 		return "", fmt.Errorf("no local model can chat; pull one (for example `ollama pull qwen2.5:0.5b`) or pass --model: %w", keel.ErrModelUnavailable)
 	}
+	if r, ok := e.cfg.Model.(interface{ HasRoute(string) bool }); ok && r.HasRoute(name) {
+		return name, nil // a routing rule: the model layer picks per call
+	}
 	var names []string
 	for _, m := range list {
-		if m.Name == name || strings.TrimSuffix(m.Name, ":latest") == name {
-			return m.Name, nil
+		full := m.Provider + "/" + m.Name
+		if m.Name == name || strings.TrimSuffix(m.Name, ":latest") == name || full == name || strings.TrimSuffix(full, ":latest") == name {
+			return name, nil
 		}
 		names = append(names, m.Name)
 	}

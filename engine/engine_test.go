@@ -71,11 +71,19 @@ type harness struct {
 
 func newHarness(t *testing.T, p *scripted.Provider) *harness {
 	t.Helper()
+	h := newHarnessWith(t, p)
+	h.model = p
+	return h
+}
+
+// newHarnessWith runs the engine over any model layer, such as a Router.
+func newHarnessWith(t *testing.T, p engine.Model) *harness {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{st: st, model: p, tools: &echoTools{}, events: map[keel.RunID][]keel.Event{}}
+	h := &harness{st: st, tools: &echoTools{}, events: map[keel.RunID][]keel.Event{}}
 	h.eng, err = engine.New(engine.Config{Store: st, Model: p, Tools: h.tools, DefaultMaxSteps: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -97,8 +105,14 @@ func newHarness(t *testing.T, p *scripted.Provider) *harness {
 
 func (h *harness) runToEnd(t *testing.T, goal string) keel.Run {
 	t.Helper()
+	return h.runWith(t, engine.StartRequest{Goal: goal})
+}
+
+func (h *harness) runWith(t *testing.T, req engine.StartRequest) keel.Run {
+	t.Helper()
 	ctx := context.Background()
-	r, err := h.eng.Start(ctx, engine.StartRequest{Goal: goal})
+	goal := req.Goal
+	r, err := h.eng.Start(ctx, req)
 	if err != nil {
 		t.Fatalf("Start(%q) = %v", goal, err)
 	}
@@ -388,5 +402,53 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached in 5s")
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestRunPolicyThroughRouter: a run's policy reaches the model layer.
+// Cloud only when the run allows it, never for a private run, the run's
+// budget enforced, and the serving provider and cost on the span.
+func TestRunPolicyThroughRouter(t *testing.T) {
+	local := scripted.New(nil, scripted.Repeat(scripted.Answer("local answer")))
+	cloud := scripted.New(nil, scripted.Repeat(scripted.Answer("cloud answer")))
+	r, err := models.NewRouter(models.RouterConfig{
+		Providers: map[string]models.ProviderConfig{
+			"local": {Provider: local},
+			"cloud": {Provider: cloud, Cloud: true, Prices: map[string]models.Price{scripted.DefaultModel.Name: {InputPerMTok: 1000, OutputPerMTok: 1000}}},
+		},
+		Routes: []models.Route{{Name: "default",
+			Targets:  []models.Target{{Provider: "cloud", Model: scripted.DefaultModel.Name}},
+			Fallback: []models.Target{{Provider: "local", Model: scripted.DefaultModel.Name}}}},
+		AllowCloud: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, r)
+	ctx := context.Background()
+
+	run := h.runWith(t, engine.StartRequest{Goal: "g1", Model: "default", Policy: keel.RunPolicy{AllowCloud: true}})
+	spans, _ := h.st.Spans(ctx, run.ID)
+	if run.Result != "cloud answer" || len(spans) != 1 || spans[0].Provider != "cloud" || spans[0].CostUSD <= 0 {
+		t.Errorf("cloud-allowed run: result %q, spans %+v; want the cloud's answer with its cost on the span", run.Result, spans)
+	}
+	sent := len(cloud.Requests())
+
+	run = h.runWith(t, engine.StartRequest{Goal: "g2", Model: "default", Policy: keel.RunPolicy{AllowCloud: true, Private: true}})
+	spans, _ = h.st.Spans(ctx, run.ID)
+	if run.Result != "local answer" || len(spans) != 1 || spans[0].Provider != "local" || !strings.Contains(string(spans[0].Attrs), "policy_denied") {
+		t.Errorf("private run: result %q, spans %+v; want the local answer, the refused cloud attempt in the span", run.Result, spans)
+	}
+	run = h.runWith(t, engine.StartRequest{Goal: "g3", Model: "default"})
+	if run.Result != "local answer" {
+		t.Errorf("run without allow_cloud: result %q, want the local answer", run.Result)
+	}
+	if n := len(cloud.Requests()); n != sent {
+		t.Errorf("the cloud received %d more requests from runs that did not allow it", n-sent)
+	}
+
+	run = h.runWith(t, engine.StartRequest{Goal: "g4", Model: "local/" + scripted.DefaultModel.Name, Policy: keel.RunPolicy{BudgetTokens: 5}})
+	if run.Status != keel.RunFailed || !strings.Contains(run.Error, "budget") {
+		t.Errorf("run over its budget: %s %q, want failed naming the budget", run.Status, run.Error)
 	}
 }

@@ -29,10 +29,14 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 	}
 	msgs := []models.Message{
 		{Role: models.RoleSystem, Content: e.cfg.SystemPrompt},
-		{Role: models.RoleUser, Content: run.Goal},
+		{Role: models.RoleUser, Content: run.Goal, Private: run.Policy.Private},
 	}
+	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, 0, 0)
 	for step := 1; step <= run.MaxSteps; step++ {
-		resp, err := e.modelStep(ctx, run, step, msgs, specs)
+		resp, err := e.modelStep(ctx, run, step, models.ChatRequest{
+			Model: run.Model, Messages: msgs, Tools: specs,
+			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
+		})
 		if err != nil {
 			e.end(ctx, run.ID, err)
 			return
@@ -48,24 +52,24 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 				e.end(ctx, run.ID, err)
 				return
 			}
-			msgs = append(msgs, models.Message{Role: models.RoleTool, ToolCallID: call.ID, ToolName: call.Name, Content: out})
+			msgs = append(msgs, models.Message{Role: models.RoleTool, ToolCallID: call.ID, ToolName: call.Name, Content: out, Private: run.Policy.Private})
 		}
 	}
 	e.end(ctx, run.ID, fmt.Errorf("step limit reached: %d model calls without a final answer", run.MaxSteps))
 }
 
 // modelStep makes one model call as a span and journals its result.
-func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, msgs []models.Message, specs []keel.ToolSpec) (models.ChatResponse, error) {
+func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest) (models.ChatResponse, error) {
 	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
 	start := time.Now()
-	resp, err := e.cfg.Model.Chat(ctx, models.ChatRequest{Model: run.Model, Messages: msgs, Tools: specs}, func(d models.Delta) {
+	resp, err := e.cfg.Model.Chat(ctx, req, func(d models.Delta) {
 		if d.Content == "" {
 			return
 		}
-		raw, _ := json.Marshal(keel.ModelDeltaData{Step: step, Content: d.Content})
+		raw, _ := json.Marshal(keel.ModelDeltaData{Step: step, Content: d.Content, Restart: d.Restart})
 		e.publish(keel.Event{RunID: run.ID, Type: keel.EventModelDelta, Time: e.cfg.Now(), Data: raw})
 	})
 	sp.Duration = time.Since(start)
@@ -74,6 +78,17 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, msgs []m
 		sp.Status, sp.Error = keel.SpanError, err.Error()
 	}
 	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
+	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
+	if resp.Model != "" && resp.Model != sp.Name {
+		sp.Name = resp.Model // the model a route chose
+	}
+	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 {
+		sp.Attrs, _ = json.Marshal(struct {
+			Route    string           `json:"route,omitempty"`
+			Variant  string           `json:"variant,omitempty"`
+			Attempts []models.Attempt `json:"attempts,omitempty"`
+		}{m.Route, m.Variant, m.Attempts})
+	}
 	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", ferr)
 	}

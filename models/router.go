@@ -647,3 +647,47 @@ func (r *Router) dayBudget(ctx context.Context) *Budget {
 func (r *Router) DaySpent(ctx context.Context) (tokens int64, usd float64) {
 	return r.dayBudget(ctx).Spent()
 }
+
+// HasRoute reports whether a routing rule called name is configured.
+func (r *Router) HasRoute(name string) bool {
+	_, ok := r.route[name]
+	return ok
+}
+
+// Embed routes an embedding request: to req.Model ("provider/model" or a
+// bare name served by some provider) or, when empty, to the route named
+// "embedding". Cloud policy applies as for Chat; embedding requests are
+// not retried.
+func (r *Router) Embed(ctx context.Context, req EmbedRequest) (EmbedResponse, error) {
+	creq := ChatRequest{Model: req.Model, Private: req.Private}
+	if req.Model == "" {
+		creq.Route = "embedding"
+	}
+	targets, _, _, err := r.plan(ctx, creq)
+	if err != nil {
+		return EmbedResponse{}, err
+	}
+	var last error
+	for _, t := range targets {
+		p := r.prov[t.Provider]
+		if err := r.policy(p, creq); err != nil {
+			last = err
+			continue
+		}
+		em, ok := p.cfg.Provider.(Embedder)
+		if !ok {
+			last = &Error{Kind: KindInvalidRequest, Provider: t.Provider, Model: t.Model, Msg: "this provider serves no embeddings"}
+			continue
+		}
+		req.Model = t.Model
+		resp, err := em.Embed(ctx, req)
+		if err == nil {
+			return resp, nil
+		}
+		last = err
+		if !KindOf(err).Fallback() {
+			break
+		}
+	}
+	return EmbedResponse{}, last
+}

@@ -138,9 +138,17 @@ func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 // CreateRun stores a new run. It fails with keel.ErrConflict if the ID
 // exists.
 func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
-		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt))
+	policy := ""
+	if r.Policy != (keel.RunPolicy{}) {
+		b, err := json.Marshal(r.Policy)
+		if err != nil {
+			return fmt.Errorf("create run %s: policy: %w", r.ID, err)
+		}
+		policy = string(b)
+	}
+	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)`,
+		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy)
 	if err != nil {
 		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
 	}
@@ -180,14 +188,19 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 	return ev, nil
 }
 
-const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq`
+const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
 	var r keel.Run
-	var id, status string
+	var id, status, policy string
 	var created, updated int64
-	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq); err != nil {
+	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy); err != nil {
 		return keel.Run{}, err
+	}
+	if policy != "" {
+		if err := json.Unmarshal([]byte(policy), &r.Policy); err != nil {
+			return keel.Run{}, fmt.Errorf("run %s: policy: %w", id, err)
+		}
 	}
 	r.ID, r.Status = keel.RunID(id), keel.RunStatus(status)
 	r.CreatedAt, r.UpdatedAt = fromNanos(created), fromNanos(updated)
@@ -285,8 +298,10 @@ func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 
 // FinishSpan records a span's outcome: duration, status, error and tokens.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ? WHERE id = ?`,
-		int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens, sp.ID)
+	res, err := s.w.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
+		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE id = ?`,
+		int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
+		sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ID)
 	if err != nil {
 		return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
 	}
@@ -298,7 +313,8 @@ func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
 
 // Spans returns the run's spans in start order.
 func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens
+	rows, err := s.r.QueryContext(ctx, `SELECT id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
+		provider, cost_usd, ttft, retries, finish_reason, attrs
 		FROM spans WHERE run_id = ? ORDER BY start, id`, string(id))
 	if err != nil {
 		return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
@@ -308,16 +324,43 @@ func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 	for rows.Next() {
 		sp := keel.Span{RunID: id}
 		var kind, status string
-		var start, dur int64
-		if err := rows.Scan(&sp.ID, &kind, &sp.Name, &sp.Step, &start, &dur, &status, &sp.Error, &sp.PromptTokens, &sp.CompletionTokens); err != nil {
+		var start, dur, ttft int64
+		var attrs string
+		if err := rows.Scan(&sp.ID, &kind, &sp.Name, &sp.Step, &start, &dur, &status, &sp.Error, &sp.PromptTokens, &sp.CompletionTokens,
+			&sp.Provider, &sp.CostUSD, &ttft, &sp.Retries, &sp.FinishReason, &attrs); err != nil {
 			return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
 		}
 		sp.Kind, sp.Status = keel.SpanKind(kind), keel.SpanStatus(status)
-		sp.Start, sp.Duration = fromNanos(start), time.Duration(dur)
+		sp.Start, sp.Duration, sp.TTFT = fromNanos(start), time.Duration(dur), time.Duration(ttft)
+		if attrs != "" {
+			sp.Attrs = json.RawMessage(attrs)
+		}
 		out = append(out, sp)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
 	}
 	return out, nil
+}
+
+// DaySpent returns what model calls spent on day (YYYY-MM-DD, UTC).
+func (s *Store) DaySpent(ctx context.Context, day string) (tokens int64, usd float64, err error) {
+	err = s.r.QueryRowContext(ctx, `SELECT tokens, usd FROM model_spend WHERE day = ?`, day).Scan(&tokens, &usd)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("spending of %s: %w", day, mapErr(err))
+	}
+	return tokens, usd, nil
+}
+
+// AddDaySpent adds to what model calls spent on day.
+func (s *Store) AddDaySpent(ctx context.Context, day string, tokens int64, usd float64) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO model_spend (day, tokens, usd) VALUES (?, ?, ?)
+		ON CONFLICT (day) DO UPDATE SET tokens = tokens + excluded.tokens, usd = usd + excluded.usd`, day, tokens, usd)
+	if err != nil {
+		return fmt.Errorf("record spending of %s: %w", day, mapErr(err))
+	}
+	return nil
 }

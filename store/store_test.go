@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/store"
@@ -146,6 +148,8 @@ func TestSpansAndStatusQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	sp.Duration, sp.Status, sp.PromptTokens, sp.CompletionTokens = 1500*time.Millisecond, keel.SpanOK, 12, 34
+	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = "ollama", 0.25, 80*time.Millisecond, 2, "stop"
+	sp.Attrs = json.RawMessage(`{"route":"default"}`)
 	if err := s.FinishSpan(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
@@ -157,12 +161,35 @@ func TestSpansAndStatusQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := keel.Span{ID: "s1", RunID: "a", Kind: keel.SpanModelCall, Name: "tiny", Step: 1, Start: start,
-		Duration: 1500 * time.Millisecond, Status: keel.SpanOK, PromptTokens: 12, CompletionTokens: 34}
-	if len(spans) != 1 || spans[0] != want {
-		t.Errorf("Spans(a) = %+v, want [%+v]", spans, want)
+		Duration: 1500 * time.Millisecond, Status: keel.SpanOK, PromptTokens: 12, CompletionTokens: 34,
+		Provider: "ollama", CostUSD: 0.25, TTFT: 80 * time.Millisecond, Retries: 2, FinishReason: "stop", Attrs: json.RawMessage(`{"route":"default"}`)}
+	if diff := cmp.Diff([]keel.Span{want}, spans); diff != "" {
+		t.Errorf("Spans(a) mismatch (-want +got):\n%s", diff)
 	}
 	if err := s.StartSpan(ctx, keel.Span{ID: "s2", RunID: "nope", Kind: keel.SpanToolCall, Start: start}); !errors.Is(err, keel.ErrConflict) {
 		t.Errorf("StartSpan(unknown run) = %v, want ErrConflict (foreign key)", err)
+	}
+}
+
+func TestDaySpendingAccumulates(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if tok, usd, err := s.DaySpent(ctx, "2026-11-29"); tok != 0 || usd != 0 || err != nil {
+		t.Errorf("DaySpent(no record) = %d, %v, %v; want zero", tok, usd, err)
+	}
+	for range 3 {
+		if err := s.AddDaySpent(ctx, "2026-11-29", 100, 0.5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.AddDaySpent(ctx, "2026-11-30", 7, 0); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = open(t, path)
+	if tok, usd, err := s.DaySpent(ctx, "2026-11-29"); tok != 300 || usd != 1.5 || err != nil {
+		t.Errorf("DaySpent after reopen = %d, %v, %v; want 300, 1.5", tok, usd, err)
 	}
 }
 
@@ -247,5 +274,25 @@ func TestToolGrantsPersist(t *testing.T) {
 	}
 	if f, ok := all["fetch"]; !ok || !f.Empty() {
 		t.Errorf("an empty grant must persist as a decision: %+v, %v", f, ok)
+	}
+}
+
+func TestRunPolicyPersists(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	r := newRun("p")
+	r.Policy = keel.RunPolicy{AllowCloud: true, Private: true, BudgetTokens: 5000, BudgetUSD: 0.25}
+	if err := s.CreateRun(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateRun(ctx, newRun("q")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetRun(ctx, "p")
+	if err != nil || got.Policy != r.Policy {
+		t.Errorf("GetRun(p).Policy = %+v, %v; want %+v", got.Policy, err, r.Policy)
+	}
+	if got, err := s.GetRun(ctx, "q"); err != nil || got.Policy != (keel.RunPolicy{}) {
+		t.Errorf("GetRun(q).Policy = %+v, %v; want the default", got.Policy, err)
 	}
 }
