@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
@@ -104,25 +103,13 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 	if b.cfg.AllowNonLoopback {
 		env.Network = "any"
 	}
-	pd := capabilities.ProviderDecl{Name: b.provider.Name(), Kind: "local", Endpoint: b.endpoint}
-	mctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	list, err := b.provider.Models(mctx)
+	list, hint, err := b.providerModels(ctx)
+	pd := capabilities.ProviderDecl{Name: b.provider.Name(), Kind: "local", Endpoint: b.endpoint, Reachable: err == nil, Hint: hint}
 	if err != nil {
 		pd.Error = err.Error()
-		pd.Hint = "start Ollama (`ollama serve`), or point keel at it with OLLAMA_HOST / --ollama-host; without it keel still runs tools directly (`keel tool call`)"
-	} else {
-		pd.Reachable = true
-		if len(list) == 0 {
-			pd.Hint = "no models yet: pull one, e.g. `ollama pull qwen2.5:0.5b`"
-		}
-		for _, m := range list {
-			caps := make([]string, len(m.Capabilities))
-			for i, c := range m.Capabilities {
-				caps[i] = string(c)
-			}
-			pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: caps, ContextLength: m.ContextLength})
-		}
+	}
+	for _, m := range list {
+		pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: capNames(m.Capabilities), ContextLength: m.ContextLength})
 	}
 	env.Providers = []capabilities.ProviderDecl{pd}
 	for _, t := range b.reg.Tools() {

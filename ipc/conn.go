@@ -173,7 +173,7 @@ func (c *conn) dispatch(data []byte) bool {
 		}
 		return c.reply(id, nil, rerr) == nil
 	}
-	h, ok := methods[req.method]
+	h, ok := c.s.served[req.method]
 	if !ok {
 		if req.id == nil {
 			return true
@@ -207,7 +207,11 @@ func (c *conn) call(req *request, h methodFunc) {
 			}
 		}
 	}()
-	res, err := h(c.ctx, c, req.params)
+	ctx := c.ctx
+	if req.id != nil {
+		ctx = context.WithValue(ctx, requestIDKey{}, req.id)
+	}
+	res, err := h(ctx, c, req.params)
 	var then func()
 	if f, ok := res.(followUp); ok {
 		res, then = f.result, f.then
@@ -246,6 +250,32 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *protocol.Error) error
 		return err
 	}
 	return c.q.push(c.ctx, outMsg{data: data})
+}
+
+// notify queues a notification to this connection only, waiting for
+// room in the queue as a response does. It fails when ctx is done or the
+// connection has ended.
+func (c *conn) notify(ctx context.Context, method string, params any) error {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(protocol.Notification{JSONRPC: "2.0", Method: method, Params: raw})
+	if err != nil {
+		return err
+	}
+	return c.q.push(ctx, outMsg{data: data})
+}
+
+// requestIDKey is the context key of the id of the request a handler
+// serves; requests sent as notifications have none.
+type requestIDKey struct{}
+
+// requestID returns the id of the request whose handler ctx belongs to,
+// exactly as the client sent it, or nil for a notification.
+func requestID(ctx context.Context) json.RawMessage {
+	id, _ := ctx.Value(requestIDKey{}).(json.RawMessage)
+	return id
 }
 
 // followUp is a handler result with work to do after the response is

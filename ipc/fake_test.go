@@ -46,6 +46,9 @@ type fakeBackend struct {
 	eventsHook func(before bool)
 	// callTool, if set, implements CallTool.
 	callTool func(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// pullModel, if set, implements PullModel; by default a pull
+	// succeeds at once.
+	pullModel func(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
 }
 
 func newFake() *fakeBackend {
@@ -265,6 +268,26 @@ func (f *fakeBackend) Describe(context.Context) (capabilities.Environment, error
 		return capabilities.Environment{}, err
 	}
 	return capabilities.Environment{Runtime: "keel", Version: "test", Network: "loopback"}, nil
+}
+
+func (f *fakeBackend) ListModels(context.Context) (protocol.ModelsListResult, error) {
+	if err := f.failWith("ListModels"); err != nil {
+		return protocol.ModelsListResult{}, err
+	}
+	return protocol.ModelsListResult{
+		Models:    []protocol.ModelInfo{{Name: "tiny", Provider: "fake", Capabilities: []string{"completion"}, ContextLength: 2048}},
+		Providers: []protocol.ProviderStatus{{Name: "fake", Reachable: true}},
+	}, nil
+}
+
+func (f *fakeBackend) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+	f.mu.Lock()
+	pull := f.pullModel
+	f.mu.Unlock()
+	if pull != nil {
+		return pull(ctx, name, progress)
+	}
+	return f.failWith("PullModel")
 }
 
 // testServer is a Server running on a real loopback listener.

@@ -41,13 +41,29 @@ func init() {
 		protocol.MethodToolsGrant:     handleToolsGrant,
 		protocol.MethodToolsRevoke:    handleToolsRevoke,
 		protocol.MethodEnvDescribe:    handleEnvDescribe,
+		protocol.MethodModelsList:     handleModelsList,
+		protocol.MethodModelsPull:     handleModelsPull,
 	}
 }
 
-// methodNames returns the method table's names, sorted.
-func methodNames() []string {
-	names := make([]string, 0, len(methods))
-	for name := range methods {
+// servedMethods returns the method table less the methods whose
+// optional Backend interface b does not implement.
+func servedMethods(b Backend) map[string]methodFunc {
+	_, models := b.(ModelManager)
+	served := make(map[string]methodFunc, len(methods))
+	for name, h := range methods {
+		if !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull) {
+			continue
+		}
+		served[name] = h
+	}
+	return served
+}
+
+// methodNames returns the names of the methods s serves, sorted.
+func (s *Server) methodNames() []string {
+	names := make([]string, 0, len(s.served))
+	for name := range s.served {
 		names = append(names, name)
 	}
 	slices.Sort(names)
@@ -66,7 +82,7 @@ func handleInitialize(_ context.Context, c *conn, params json.RawMessage) (any, 
 		Protocol: protocol.Version,
 		Server:   "keel",
 		Version:  c.s.cfg.Version,
-		Methods:  methodNames(),
+		Methods:  c.s.methodNames(),
 	}, nil
 }
 
@@ -308,6 +324,47 @@ func handleEnvDescribe(ctx context.Context, c *conn, params json.RawMessage) (an
 		env.Protocol = protocol.Version
 	}
 	return protocol.EnvDescribeResult(env), nil
+}
+
+func handleModelsList(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	if err := decodeParams(params, &struct{}{}); err != nil {
+		return nil, err
+	}
+	res, err := c.s.b.(ModelManager).ListModels(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Models, res.Providers = nonNil(res.Models), nonNil(res.Providers)
+	return res, nil
+}
+
+// handleModelsPull pulls a model, sending its progress to this
+// connection as models.pull.progress notifications carrying the
+// request's id; they are queued before the response, so they all arrive
+// before it. A models.pull sent as a notification has no id to carry,
+// and pulls without progress.
+func handleModelsPull(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ModelsPullParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(p.Name) == "" {
+		return nil, paramError("name", "must not be empty")
+	}
+	id := requestID(ctx)
+	progress := func(protocol.ModelsPullProgress) {}
+	if id != nil {
+		progress = func(pr protocol.ModelsPullProgress) {
+			pr.ID = id
+			// Fails only when the connection has ended, which cancels
+			// ctx and so the pull.
+			_ = c.notify(ctx, protocol.NotifyModelsPullProgress, pr)
+		}
+	}
+	if err := c.s.b.(ModelManager).PullModel(ctx, p.Name, progress); err != nil {
+		return nil, err
+	}
+	return protocol.ModelsPullResult{Name: p.Name}, nil
 }
 
 // nonNil makes a nil slice encode as [] rather than null.

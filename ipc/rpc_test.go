@@ -61,6 +61,10 @@ func TestBadInput(t *testing.T) {
 		{"tools.revoke both", `{"jsonrpc":"2.0","id":29,"method":"tools.revoke","params":{"name":"t","all":true,"grants":{"env":["X"]}}}`, "29", protocol.CodeInvalidParams, "grants"},
 		{"tools.remove no name", `{"jsonrpc":"2.0","id":30,"method":"tools.remove","params":{}}`, "30", protocol.CodeInvalidParams, "name"},
 		{"tools.audit tool a number", `{"jsonrpc":"2.0","id":25,"method":"tools.audit","params":{"tool":5}}`, "25", protocol.CodeInvalidParams, "tool"},
+		{"models.pull without name", `{"jsonrpc":"2.0","id":31,"method":"models.pull","params":{}}`, "31", protocol.CodeInvalidParams, "name"},
+		{"models.pull blank name", `{"jsonrpc":"2.0","id":32,"method":"models.pull","params":{"name":"  "}}`, "32", protocol.CodeInvalidParams, "name"},
+		{"models.pull name a number", `{"jsonrpc":"2.0","id":33,"method":"models.pull","params":{"name":7}}`, "33", protocol.CodeInvalidParams, "name"},
+		{"unknown field in models.list", `{"jsonrpc":"2.0","id":34,"method":"models.list","params":{"all":true}}`, "34", protocol.CodeInvalidParams, "all"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,7 +194,7 @@ func TestMethods(t *testing.T) {
 	wantInit := protocol.InitializeResult{
 		Protocol: protocol.Version, Server: "keel", Version: "1.2.3",
 		Methods: []string{
-			protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodRunCancel,
+			protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodModelsList, protocol.MethodModelsPull, protocol.MethodRunCancel,
 			protocol.MethodRunGet, protocol.MethodRunList, protocol.MethodRunStart,
 			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
 			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsGrant, protocol.MethodToolsInspect, protocol.MethodToolsInstall, protocol.MethodToolsList, protocol.MethodToolsRemove, protocol.MethodToolsRevoke,

@@ -92,6 +92,25 @@ type ToolsProgress interface {
 	ToolsProgress() (loaded, total int, ready bool)
 }
 
+// ModelManager is an optional Backend interface: a backend that manages
+// models serves models.list and models.pull. For any other backend those
+// methods do not exist (CodeMethodNotFound) and initialize does not list
+// them.
+type ModelManager interface {
+	// ListModels returns the models of every configured provider and
+	// each provider's status. A provider that cannot be reached is
+	// reported in the result (Reachable false, with Error and Hint), not
+	// as an error.
+	ListModels(ctx context.Context) (protocol.ModelsListResult, error)
+	// PullModel downloads the model name and returns once it is
+	// complete. It calls progress from the calling goroutine, in order,
+	// with each progress report (the server sets their ID); progress may
+	// block while the client's queue is full. Cancelling ctx cancels the
+	// pull. A name the provider refuses or does not know wraps
+	// keel.ErrInvalid; an unreachable provider keel.ErrModelUnavailable.
+	PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
+}
+
 // Config configures a Server. Token is required; the zero value of every
 // other field selects a safe default.
 type Config struct {
@@ -152,6 +171,7 @@ const reasonTooSlow = "client too slow: event queue full"
 type Server struct {
 	b       Backend
 	cfg     Config
+	served  map[string]methodFunc // the method table less what b cannot serve
 	log     *slog.Logger
 	token   [sha256.Size]byte
 	origins map[string]bool
@@ -196,6 +216,7 @@ func NewServer(b Backend, cfg Config) (*Server, error) {
 	return &Server{
 		b:       b,
 		cfg:     cfg,
+		served:  servedMethods(b),
 		log:     log,
 		token:   sha256.Sum256([]byte(cfg.Token)),
 		origins: origins,

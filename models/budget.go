@@ -22,7 +22,7 @@ type Budget struct {
 	name   string
 	limits Limits
 
-	mu                   sync.Mutex
+	mu                    sync.Mutex
 	spentTok, reservedTok int64
 	spentUSD, reservedUSD float64
 }

@@ -175,4 +175,3 @@ func TestParseResult(t *testing.T) {
 		}
 	}
 }
-

@@ -29,6 +29,9 @@ const (
 	readLimit = 64 << 20
 	// eventBuffer is the capacity of the Events channel.
 	eventBuffer = 1024
+	// progressBuffer is how many progress notifications of one call the
+	// reader queues before it waits for the caller to take them.
+	progressBuffer = 64
 	// writeTimeout bounds writing one request.
 	writeTimeout = 30 * time.Second
 )
@@ -48,7 +51,7 @@ type Client struct {
 	nextID atomic.Int64
 
 	mu      sync.Mutex
-	pending map[int64]chan *protocol.Response
+	pending map[int64]*pendingCall
 	err     error // why the connection ended; set before done is closed
 
 	events chan keel.Event
@@ -86,7 +89,7 @@ func Dial(ctx context.Context, url, token string) (*Client, error) {
 	ws.SetReadLimit(readLimit)
 	c := &Client{
 		ws:           ws,
-		pending:      make(map[int64]chan *protocol.Response),
+		pending:      make(map[int64]*pendingCall),
 		events:       make(chan keel.Event, eventBuffer),
 		toolsChanged: make(chan struct{}, 1),
 		closing:      make(chan struct{}),
@@ -218,11 +221,27 @@ func (c *Client) Close() error {
 	return err
 }
 
+// pendingCall is a call waiting for its response.
+type pendingCall struct {
+	resp chan *protocol.Response // capacity 1
+	// progress, for a call that takes progress, receives the
+	// models.pull.progress notifications carrying the call's id.
+	progress chan protocol.ModelsPullProgress
+	gone     chan struct{} // closed when the caller stops waiting
+}
+
 // Call calls method with params and decodes the result into result,
 // which may be nil to discard it. An error response is returned as a
 // *protocol.Error. If ctx ends first, Call returns ctx's error; the
 // request may still take effect.
 func (c *Client) Call(ctx context.Context, method string, params, result any) error {
+	return c.call(ctx, method, params, result, nil)
+}
+
+// call is Call. When progress is not nil, it is called on the calling
+// goroutine, in order, with every models.pull.progress notification that
+// carries this request's id, all of them before call returns.
+func (c *Client) call(ctx context.Context, method string, params, result any, progress func(protocol.ModelsPullProgress)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -240,19 +259,23 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 		return fmt.Errorf("keel: %s: %w", method, err)
 	}
 
-	ch := make(chan *protocol.Response, 1)
+	pc := &pendingCall{resp: make(chan *protocol.Response, 1), gone: make(chan struct{})}
+	if progress != nil {
+		pc.progress = make(chan protocol.ModelsPullProgress, progressBuffer)
+	}
 	c.mu.Lock()
 	if c.pending == nil {
 		err := c.err
 		c.mu.Unlock()
 		return err
 	}
-	c.pending[id] = ch
+	c.pending[id] = pc
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
+		close(pc.gone)
 	}()
 
 	// Cancelling a websocket write closes the connection, so the write
@@ -264,22 +287,36 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 		return fmt.Errorf("keel: %s: send: %w", method, err)
 	}
 
-	select {
-	case resp := <-ch:
-		if resp.Error != nil {
-			return resp.Error
-		}
-		if result == nil {
+	for {
+		select {
+		case pr := <-pc.progress: // never ready when nil
+			progress(pr)
+		case resp := <-pc.resp:
+			// The reader queued every notification sent before the
+			// response before it passed the response on.
+			for drained := false; !drained; {
+				select {
+				case pr := <-pc.progress:
+					progress(pr)
+				default:
+					drained = true
+				}
+			}
+			if resp.Error != nil {
+				return resp.Error
+			}
+			if result == nil {
+				return nil
+			}
+			if err := json.Unmarshal(resp.Result, result); err != nil {
+				return fmt.Errorf("keel: %s: decode result: %w", method, err)
+			}
 			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.done:
+			return c.err
 		}
-		if err := json.Unmarshal(resp.Result, result); err != nil {
-			return fmt.Errorf("keel: %s: decode result: %w", method, err)
-		}
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.done:
-		return c.err
 	}
 }
 
@@ -323,6 +360,14 @@ func (c *Client) readLoop() {
 				}
 				continue
 			}
+			if m.Method == protocol.NotifyModelsPullProgress {
+				if !c.routeProgress(m.Params) {
+					cause = fmt.Errorf("keel: %w", ErrClosed)
+					c.ws.CloseNow()
+					return
+				}
+				continue
+			}
 			if m.Method != protocol.NotifyRunEvent {
 				continue // clients ignore notifications they do not know
 			}
@@ -344,12 +389,40 @@ func (c *Client) readLoop() {
 			continue // a response to no request of ours (id null)
 		}
 		c.mu.Lock()
-		ch := c.pending[id]
+		pc := c.pending[id]
 		c.mu.Unlock()
-		if ch != nil {
-			ch <- &protocol.Response{JSONRPC: "2.0", ID: m.ID, Result: m.Result, Error: m.Error}
+		if pc != nil {
+			pc.resp <- &protocol.Response{JSONRPC: "2.0", ID: m.ID, Result: m.Result, Error: m.Error}
 		}
 	}
+}
+
+// routeProgress passes a models.pull.progress notification to the call
+// whose id it carries, waiting while that call's buffer is full. A
+// notification for no call of ours is dropped. It reports false when the
+// client is closing.
+func (c *Client) routeProgress(params json.RawMessage) bool {
+	var pr protocol.ModelsPullProgress
+	if err := json.Unmarshal(params, &pr); err != nil {
+		return true
+	}
+	id, err := strconv.ParseInt(string(pr.ID), 10, 64)
+	if err != nil {
+		return true
+	}
+	c.mu.Lock()
+	pc := c.pending[id]
+	c.mu.Unlock()
+	if pc == nil || pc.progress == nil {
+		return true
+	}
+	select {
+	case pc.progress <- pr:
+	case <-pc.gone:
+	case <-c.closing:
+		return false
+	}
+	return true
 }
 
 func (c *Client) isClosing() bool {
@@ -488,6 +561,28 @@ func (c *Client) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 func (c *Client) CallTool(ctx context.Context, name string, input json.RawMessage) (protocol.ToolsCallResult, error) {
 	var r protocol.ToolsCallResult
 	err := c.Call(ctx, protocol.MethodToolsCall, protocol.ToolsCallParams{Name: name, Input: input}, &r)
+	return r, err
+}
+
+// ListModels returns the models of every model provider the daemon has,
+// and whether each provider answered.
+func (c *Client) ListModels(ctx context.Context) (protocol.ModelsListResult, error) {
+	var r protocol.ModelsListResult
+	err := c.Call(ctx, protocol.MethodModelsList, nil, &r)
+	return r, err
+}
+
+// PullModel asks the daemon to download the model name and returns once
+// the pull has ended. progress, when not nil, is called on the calling
+// goroutine with each progress report of this pull, in order, all of
+// them before PullModel returns. It should return promptly: while the
+// reports it has not taken fill a buffer (64), the client stops reading,
+// responses included, so it must not wait for another call. If ctx ends
+// first, PullModel returns ctx's error and the pull goes on until the
+// connection closes: close the client to cancel it.
+func (c *Client) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) (protocol.ModelsPullResult, error) {
+	var r protocol.ModelsPullResult
+	err := c.call(ctx, protocol.MethodModelsPull, protocol.ModelsPullParams{Name: name}, &r, progress)
 	return r, err
 }
 

@@ -112,12 +112,17 @@ const (
 	MethodToolsGrant     = "tools.grant"
 	MethodToolsRevoke    = "tools.revoke"
 	MethodEnvDescribe    = "env.describe"
+	MethodModelsList     = "models.list"
+	MethodModelsPull     = "models.pull"
 
 	// NotifyRunEvent carries one keel.Event to a subscriber.
 	NotifyRunEvent = "run.event"
 	// NotifyToolsChanged tells every client that the installed tools or
 	// their grants changed (no params); clients call tools.list again.
 	NotifyToolsChanged = "tools.changed"
+	// NotifyModelsPullProgress carries one ModelsPullProgress of a
+	// models.pull to the connection that asked for the pull.
+	NotifyModelsPullProgress = "models.pull.progress"
 )
 
 // InitializeParams is sent by a client first; all fields are optional.
@@ -258,3 +263,59 @@ type ToolsAuditResult struct {
 
 // EnvDescribeResult is the result of env.describe.
 type EnvDescribeResult = capabilities.Environment
+
+// ModelInfo is one model as models.list shows it.
+type ModelInfo struct {
+	Name         string   `json:"name"`
+	Provider     string   `json:"provider"`
+	Capabilities []string `json:"capabilities"` // such as "completion", "tools", "structured"
+	// ContextLength is the context window in tokens; 0 when unknown.
+	ContextLength int    `json:"context_length"`
+	Size          int64  `json:"size,omitempty"` // bytes on disk, for a local model
+	Family        string `json:"family,omitempty"`
+}
+
+// ProviderStatus says whether a model provider answered models.list.
+type ProviderStatus struct {
+	Name      string `json:"name"`
+	Endpoint  string `json:"endpoint,omitempty"`
+	Reachable bool   `json:"reachable"`
+	Error     string `json:"error,omitempty"`
+	Hint      string `json:"hint,omitempty"` // what to do: when unreachable, or when it has no models
+}
+
+// ModelsListResult is the result of models.list: the models of every
+// configured provider, and each provider's status. A provider that does
+// not answer contributes no models.
+type ModelsListResult struct {
+	Models    []ModelInfo      `json:"models"`
+	Providers []ProviderStatus `json:"providers"`
+}
+
+// ModelsPullParams names the model models.pull downloads, as its
+// provider spells it (for Ollama, such as "qwen2.5:0.5b").
+type ModelsPullParams struct {
+	Name string `json:"name"`
+}
+
+// ModelsPullResult is the result of models.pull, sent once the pull has
+// completed.
+type ModelsPullResult struct {
+	Name string `json:"name"`
+}
+
+// ModelsPullProgress is the params of a models.pull.progress
+// notification: one progress report of a pull in flight.
+type ModelsPullProgress struct {
+	// ID is the id of the models.pull request, byte for byte.
+	ID json.RawMessage `json:"id"`
+	// Status is the provider's own text, such as "pulling manifest",
+	// "pulling 8eeb52dfb3bb", "verifying sha256 digest" or "success".
+	Status string `json:"status"`
+	// Digest names the layer being downloaded; empty when none is.
+	Digest string `json:"digest,omitempty"`
+	// Completed and Total count the bytes of that layer downloaded so far
+	// and in all; Total is 0 when no download is under way.
+	Completed int64 `json:"completed,omitempty"`
+	Total     int64 `json:"total,omitempty"`
+}

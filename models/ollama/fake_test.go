@@ -31,17 +31,21 @@ func TestMain(m *testing.M) {
 }
 
 // fake is an httptest server speaking the parts of Ollama's API the
-// provider uses: /api/tags, /api/show and streamed NDJSON /api/chat.
+// provider uses: /api/tags, /api/show, streamed NDJSON /api/chat and
+// /api/pull.
 type fake struct {
 	srv *httptest.Server
 
 	mu     sync.Mutex
 	calls  map[string]int
 	chats  []string                     // /api/chat request bodies
+	pulls  []string                     // /api/pull request bodies
 	models map[string]*api.ShowResponse // by name without ":latest"
 	// reply answers /api/chat; by default it streams lines.
 	reply func(w http.ResponseWriter, r *http.Request)
 	lines []any
+	// pull answers /api/pull; by default it streams success.
+	pull func(w http.ResponseWriter, r *http.Request)
 }
 
 func newFake(t *testing.T) *fake {
@@ -62,6 +66,7 @@ func newFake(t *testing.T) *fake {
 		},
 	}
 	f.reply = func(w http.ResponseWriter, r *http.Request) { ndjson(w, f.lines...) }
+	f.pull = func(w http.ResponseWriter, r *http.Request) { ndjson(w, api.ProgressResponse{Status: "success"}) }
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
@@ -130,6 +135,11 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		f.chats = append(f.chats, string(body))
 		f.mu.Unlock()
 		f.reply(w, r)
+	case "/api/pull":
+		f.mu.Lock()
+		f.pulls = append(f.pulls, string(body))
+		f.mu.Unlock()
+		f.pull(w, r)
 	default:
 		http.NotFound(w, r)
 	}
