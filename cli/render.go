@@ -33,6 +33,11 @@ func (p *eventPrinter) print(ev keel.Event) {
 		if json.Unmarshal(ev.Data, &d) != nil {
 			return
 		}
+		if d.Restart && p.streaming {
+			// The model layer retried after a broken stream.
+			fmt.Fprintf(p.w, " [stream broken; retrying]")
+			p.closeStream()
+		}
 		if !p.streaming {
 			fmt.Fprintf(p.w, "  model  │ ")
 			p.streaming, p.streamed = true, true

@@ -69,6 +69,10 @@ func runCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
 	cmd.Flags().IntVar(&p.MaxSteps, "max-steps", 0, "most model calls the run may make (default 8)")
+	cmd.Flags().BoolVar(&p.Policy.AllowCloud, "allow-cloud", false, "let this run use cloud models, where the daemon's models configuration allows cloud")
+	cmd.Flags().BoolVar(&p.Policy.Private, "private", false, "treat everything in this run as private: it never leaves this machine")
+	cmd.Flags().Int64Var(&p.Policy.BudgetTokens, "budget-tokens", 0, "most tokens the run's model calls may spend (0: no cap)")
+	cmd.Flags().Float64Var(&p.Policy.BudgetUSD, "budget-usd", 0, "most US dollars the run's model calls may spend (0: no cap)")
 	return cmd
 }
 

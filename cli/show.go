@@ -79,12 +79,22 @@ func showCmd() *cobra.Command {
 			}
 			fmt.Fprintf(out, "\ntrace (%d spans)\n", len(d.Spans))
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "STEP\tKIND\tNAME\tSTATUS\tDURATION\tTOKENS IN\tTOKENS OUT\tERROR")
-			var in, outTok int
+			fmt.Fprintln(tw, "STEP\tKIND\tNAME\tSTATUS\tDURATION\tTTFT\tTOKENS IN\tTOKENS OUT\tCOST\tRETRIES\tERROR")
+			var in, outTok, retries int
+			var cost float64
 			var model, tool time.Duration
 			for _, s := range d.Spans {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Step, s.Kind, s.Name, s.Status, s.Duration.Round(time.Microsecond), s.PromptTokens, s.CompletionTokens, clip(s.Error, 80))
-				in, outTok = in+s.PromptTokens, outTok+s.CompletionTokens
+				name := s.Name
+				if s.Provider != "" {
+					name = s.Provider + "/" + s.Name
+				}
+				ttft := "-"
+				if s.TTFT > 0 {
+					ttft = s.TTFT.Round(time.Millisecond).String()
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", s.Step, s.Kind, name, s.Status, s.Duration.Round(time.Microsecond), ttft,
+					s.PromptTokens, s.CompletionTokens, usd(s.CostUSD), s.Retries, clip(s.Error, 80))
+				in, outTok, cost, retries = in+s.PromptTokens, outTok+s.CompletionTokens, cost+s.CostUSD, retries+s.Retries
 				switch s.Kind {
 				case keel.SpanModelCall:
 					model += s.Duration
@@ -93,7 +103,7 @@ func showCmd() *cobra.Command {
 				}
 			}
 			tw.Flush()
-			fmt.Fprintf(out, "total: %d tokens in, %d out; model time %s, tool time %s\n", in, outTok, model.Round(time.Millisecond), tool.Round(time.Microsecond))
+			fmt.Fprintf(out, "total: %d tokens in, %d out, cost %s, %d retries; model time %s, tool time %s\n", in, outTok, usd(cost), retries, model.Round(time.Millisecond), tool.Round(time.Microsecond))
 			return nil
 		},
 	}
@@ -105,4 +115,12 @@ func writeJSON(cmd *cobra.Command, v any) error {
 	enc := json.NewEncoder(cmd.OutOrStdout())
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// usd formats a cost; local calls cost nothing.
+func usd(v float64) string {
+	if v == 0 {
+		return "$0"
+	}
+	return fmt.Sprintf("$%.6f", v)
 }

@@ -145,6 +145,9 @@ type RunStartParams struct {
 	Model string `json:"model,omitempty"`
 	// MaxSteps bounds model calls; 0 means the daemon's default (8).
 	MaxSteps int `json:"max_steps,omitempty"`
+	// Policy: cloud models allowed (where the daemon allows cloud),
+	// private content, token and dollar budgets. Default: local only.
+	Policy keel.RunPolicy `json:"policy,omitzero"`
 }
 
 // RunRef names a run.
