@@ -66,7 +66,8 @@ type ProviderConfig struct {
 	// model (default 2; negative means never).
 	MaxRetries int
 	// DefaultMaxTokens is the completion cap, and so the budget
-	// reservation, of a call that sets none (default 1024).
+	// reservation, of a call that sets none (default 512, which is also
+	// what the Ollama provider caps a reply at by default).
 	DefaultMaxTokens int
 }
 
@@ -182,7 +183,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 			pc.MaxRetries = 2
 		}
 		if pc.DefaultMaxTokens <= 0 {
-			pc.DefaultMaxTokens = 1024
+			pc.DefaultMaxTokens = 512
 		}
 		rp := &routed{name: name, cfg: pc, sem: make(chan struct{}, pc.MaxConcurrent)}
 		if pc.RequestsPerMinute > 0 {
@@ -563,7 +564,9 @@ func (r *Router) try(ctx context.Context, p *routed, req ChatRequest, st *stream
 			ttft = time.Since(started)
 			first.Stop()
 		}
-		chunks++
+		if d.Content != "" {
+			chunks++ // a chunk without content (a tool call, the end) may not count: it may be one past the cap
+		}
 		outBytes += len(d.Content)
 		// Stop a reply that outgrows its reservation (a provider that
 		// ignores the completion cap); what overflows is not delivered.
