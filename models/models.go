@@ -95,6 +95,10 @@ type ChatRequest struct {
 	Format json.RawMessage `json:"format,omitempty"`
 	// MaxTokens caps the completion; 0 means the provider's default.
 	MaxTokens int `json:"max_tokens,omitempty"`
+	// Temperature and Seed, when set, make sampling reproducible
+	// (temperature 0 is greedy decoding).
+	Temperature *float64 `json:"temperature,omitempty"`
+	Seed        *int     `json:"seed,omitempty"`
 
 	// The fields below are read by the Router; providers ignore them.
 

@@ -521,6 +521,12 @@ func (p *Provider) request(req models.ChatRequest, info models.ModelInfo) (*api.
 		numPredict = req.MaxTokens
 	}
 	opts := map[string]any{"num_predict": numPredict}
+	if req.Temperature != nil {
+		opts["temperature"] = *req.Temperature
+	}
+	if req.Seed != nil {
+		opts["seed"] = *req.Seed
+	}
 	if info.ContextLength > 0 {
 		// Ollama silently drops the start of a prompt that does not fit
 		// num_ctx, so a prompt that cannot fit is refused here.
