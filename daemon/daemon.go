@@ -169,7 +169,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 
 	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
-	eng, err := engine.New(engine.Config{Store: st, Model: provider, Tools: tools, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	// The engine asks the model layer, which routes to Ollama and to the
+	// providers of models.json, enforcing policy, limits and budgets.
+	router, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	if err != nil {
+		return err
+	}
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return err
 	}

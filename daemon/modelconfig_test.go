@@ -1,0 +1,140 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/openai/openaitest"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+func writeModelsConfig(t *testing.T, dir string, cfg any) {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, daemon.ModelsConfigFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCloudPolicyEndToEnd configures a cloud provider (an
+// OpenAI-compatible server on loopback) in models.json and runs through
+// the daemon: private runs and runs that do not allow cloud never reach
+// it (the server proves it received nothing); an allowed run does, with
+// the key, and its span carries the provider and the cost. The key is
+// never written to the database.
+func TestCloudPolicyEndToEnd(t *testing.T) {
+	const key = "sk-keel-test-0123456789"
+	srv := openaitest.New(t)
+	srv.SetKey(key)
+	t.Setenv("KEEL_TEST_CLOUD_KEY", key)
+	dir := t.TempDir()
+	writeModelsConfig(t, dir, map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": srv.URL(), "api_key_env": "KEEL_TEST_CLOUD_KEY", "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
+				"capabilities": []string{"completion", "tools"}, "price": map[string]any{"input_per_mtok": 1, "output_per_mtok": 2}}},
+		}},
+		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
+	})
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil)})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	chats := func() int {
+		n := 0
+		for _, r := range srv.Requests() {
+			if r.Path == openaitest.ChatPath {
+				n++
+			}
+		}
+		return n
+	}
+
+	for _, tt := range []struct {
+		name   string
+		policy keel.RunPolicy
+		want   string
+	}{
+		{"private", keel.RunPolicy{AllowCloud: true, Private: true}, "private"},
+		{"cloud not allowed", keel.RunPolicy{}, "does not allow cloud"},
+	} {
+		run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "say hi", Model: "default", Policy: tt.policy})
+		if err != nil {
+			t.Fatalf("%s: StartRun: %v", tt.name, err)
+		}
+		follow(t, c, run.ID)
+		got, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Run.Status != keel.RunFailed || !strings.Contains(got.Run.Error, "policy_denied") || !strings.Contains(got.Run.Error, tt.want) {
+			t.Errorf("%s run: %s %q, want failed by policy mentioning %q", tt.name, got.Run.Status, got.Run.Error, tt.want)
+		}
+	}
+	if n := chats(); n != 0 {
+		t.Fatalf("the cloud server received %d chat requests from runs that may not use it", n)
+	}
+
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "say hi", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, run.ID)
+	got, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chats() == 0 {
+		t.Fatalf("allowed run %s (%s %q) sent nothing to the cloud", run.ID, got.Run.Status, got.Run.Error)
+	}
+	for _, r := range srv.Requests() {
+		if r.Header.Get("Authorization") != "Bearer "+key {
+			t.Errorf("request %s %s carried Authorization %q", r.Method, r.Path, r.Header.Get("Authorization"))
+		}
+	}
+	if len(got.Spans) == 0 || got.Spans[0].Provider != "cloud" || got.Spans[0].CostUSD <= 0 {
+		t.Errorf("first span = %+v, want provider cloud with a cost", got.Spans)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "keel.db*"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), key) {
+			t.Errorf("%s contains the API key", filepath.Base(f))
+		}
+	}
+}
+
+// TestBadModelsConfigRefusesToStart: a typo in models.json stops the
+// daemon with the file named, rather than being ignored.
+func TestBadModelsConfigRefusesToStart(t *testing.T) {
+	for name, cfg := range map[string]any{
+		"unknown field":  map[string]any{"allow_clouds": true},
+		"unknown target": map[string]any{"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "nope", "model": "m"}}}}},
+		"bad duration":   map[string]any{"ollama": map[string]any{"timeout": "soon"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeModelsConfig(t, dir, cfg)
+			err := daemon.Run(t.Context(), daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", CacheDir: cacheDir, Provider: scripted.New(nil),
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err == nil || !strings.Contains(err.Error(), daemon.ModelsConfigFile) {
+				t.Errorf("daemon.Run with a bad models.json = %v, want an error naming the file", err)
+			}
+		})
+	}
+}
