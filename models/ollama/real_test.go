@@ -348,3 +348,32 @@ func TestRealPromptTooLong(t *testing.T) {
 		t.Errorf("the prompt that cannot fit was sent to Ollama")
 	}
 }
+
+// TestRealStructured asks the real Ollama, through the router, for JSON
+// that fits a schema: constrained decoding makes the first reply valid.
+func TestRealStructured(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: p}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const schema = `{"type":"object","properties":{"colour":{"type":"string","enum":["red","green","blue"]},"count":{"type":"integer","minimum":1,"maximum":9}},"required":["colour","count"],"additionalProperties":false}`
+	req := models.ChatRequest{Model: tiny, MaxTokens: 64, Messages: []models.Message{{Role: models.RoleUser, Content: "Pick a colour and a count."}}}
+	res, err := models.Structured(t.Context(), r, req, json.RawMessage(schema), 2)
+	if err != nil {
+		t.Fatalf("Structured() = %v after %+v", err, res.Attempts)
+	}
+	var v struct {
+		Colour string
+		Count  int
+	}
+	if err := json.Unmarshal(res.Value, &v); err != nil || v.Colour == "" || v.Count < 1 {
+		t.Errorf("Structured() value %s does not fit the schema", res.Value)
+	}
+	if res.Response.Meta.Provider != "ollama" || res.Usage.CompletionTokens == 0 {
+		t.Errorf("accounting = %+v, usage %+v", res.Response.Meta, res.Usage)
+	}
+	if f := rec.last(t)["format"]; f == nil {
+		t.Errorf("the schema was not sent as Ollama's format (no constrained decoding)")
+	}
+}
