@@ -12,16 +12,42 @@ type RunID string
 type RunStatus string
 
 // Run states. A run starts queued, runs, and ends in exactly one terminal
-// state. RunInterrupted marks a run that was in flight when the daemon
-// stopped; a later start may resume it.
+// state. RunWaiting is a run that cannot advance until something outside
+// it decides (a human); RunInterrupted marks a run that was in flight when
+// the daemon stopped, which the next start resumes. Which state may follow
+// which is CanTransition's table, enforced by the store.
 const (
 	RunQueued      RunStatus = "queued"
 	RunRunning     RunStatus = "running"
+	RunWaiting     RunStatus = "waiting"
 	RunInterrupted RunStatus = "interrupted"
 	RunSucceeded   RunStatus = "succeeded"
 	RunFailed      RunStatus = "failed"
 	RunCancelled   RunStatus = "cancelled"
 )
+
+// transitions lists the states each state may move to.
+var transitions = map[RunStatus][]RunStatus{
+	RunQueued:      {RunRunning, RunFailed, RunCancelled, RunInterrupted},
+	RunRunning:     {RunWaiting, RunSucceeded, RunFailed, RunCancelled, RunInterrupted},
+	RunWaiting:     {RunRunning, RunFailed, RunCancelled, RunInterrupted},
+	RunInterrupted: {RunRunning, RunWaiting, RunFailed, RunCancelled},
+}
+
+// CanTransition reports whether a run in state from may move to state to.
+// Staying in a state is not a transition and is always allowed; nothing
+// leaves a terminal state.
+func CanTransition(from, to RunStatus) bool {
+	if from == to {
+		return true
+	}
+	for _, t := range transitions[from] {
+		if t == to {
+			return true
+		}
+	}
+	return false
+}
 
 // Terminal reports whether no further transition is possible from s.
 func (s RunStatus) Terminal() bool {
@@ -78,7 +104,27 @@ const (
 	EventRunFailed      EventType = "run.failed"      // data: RunEndData
 	EventRunCancelled   EventType = "run.cancelled"   // data: RunEndData
 	EventRunInterrupted EventType = "run.interrupted" // data: RunEndData
+	EventRunResumed     EventType = "run.resumed"     // data: RunResumedData
+	EventRunWaiting     EventType = "run.waiting"     // data: RunWaitingData
+	EventHumanDecision  EventType = "human.decision"  // data: HumanDecisionData
 )
+
+// Decisions a human can take about a tool call whose outcome is unknown
+// (its intent was journaled, its result was not, and it is not safe to
+// run twice).
+const (
+	DecisionRetry = "retry" // run the call again
+	DecisionSkip  = "skip"  // do not run it; the model is told it was skipped
+	DecisionDone  = "done"  // it did happen; the model gets Output as its result
+)
+
+// HumanDecisionData is the payload of EventHumanDecision.
+type HumanDecisionData struct {
+	CallID   string          `json:"call_id"`
+	Decision string          `json:"decision"`
+	Output   json.RawMessage `json:"output,omitempty"` // for DecisionDone
+	Note     string          `json:"note,omitempty"`
+}
 
 // Event is one entry of a run's journal. Seq starts at 1 and grows by one
 // per persisted event of the run, so a client that saw Seq n asks for
@@ -89,6 +135,25 @@ type Event struct {
 	Type  EventType       `json:"type"`
 	Time  time.Time       `json:"time"`
 	Data  json.RawMessage `json:"data,omitempty"`
+}
+
+// RunResumedData is the payload of EventRunResumed: the daemon picked an
+// interrupted run up again from its journal.
+type RunResumedData struct {
+	// FromSeq is the last journaled event the run resumes after.
+	FromSeq int64 `json:"from_seq"`
+	// Step is the model step the run goes on from.
+	Step int `json:"step"`
+}
+
+// RunWaitingData is the payload of EventRunWaiting: why the run cannot go
+// on by itself, and what would let it.
+type RunWaitingData struct {
+	Reason string `json:"reason"`
+	// Call is the tool call a human must decide about, when there is one.
+	Call *ToolCall `json:"call,omitempty"`
+	// Choices are the decisions that release the run.
+	Choices []string `json:"choices,omitempty"`
 }
 
 // RunStartedData is the payload of EventRunStarted.
@@ -185,6 +250,8 @@ const (
 	ToolFailed            ToolErrorCode = "tool_error"
 	ToolCrashed           ToolErrorCode = "crashed"
 	ToolNotFound          ToolErrorCode = "not_found"
+	// ToolSkipped: the call was not run, by a human's decision.
+	ToolSkipped ToolErrorCode = "skipped"
 )
 
 // ToolError is a classified tool failure. Its message is written for both

@@ -25,6 +25,8 @@ type Store interface {
 	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 	StartSpan(ctx context.Context, sp keel.Span) error
 	FinishSpan(ctx context.Context, sp keel.Span) error
+	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
 }
 
 // Model is the model provider the engine calls.
@@ -219,6 +221,31 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	return run, nil
 }
 
+// launch runs the loop of an existing run (resumed, or released by a
+// decision) in the background. It fails when the run is already active
+// or the engine is closed.
+func (e *Engine) launch(run keel.Run) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return fmt.Errorf("engine closed: %w", keel.ErrUnavailable)
+	}
+	if _, busy := e.active[run.ID]; busy {
+		e.mu.Unlock()
+		return fmt.Errorf("run %s is already running: %w", run.ID, keel.ErrConflict)
+	}
+	runCtx, cancel := context.WithCancelCause(context.Background())
+	e.active[run.ID] = cancel
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer cancel(nil)
+		defer e.finish(run.ID)
+		e.loop(runCtx, run)
+	}()
+	return nil
+}
+
 func (e *Engine) finish(id keel.RunID) {
 	e.mu.Lock()
 	delete(e.active, id)
@@ -273,7 +300,7 @@ func (e *Engine) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
 		if err != nil {
 			return keel.Run{}, err
 		}
-		if r.Status == keel.RunInterrupted {
+		if r.Status == keel.RunInterrupted || r.Status == keel.RunWaiting {
 			// Nothing runs it; cancelling it makes the decision final.
 			_, err := e.appendEvent(ctx, id, keel.EventRunCancelled, keel.RunEndData{Status: keel.RunCancelled, Reason: errCanceled.Error()},
 				&keel.RunUpdate{Status: keel.RunCancelled, Error: errCanceled.Error()})

@@ -25,14 +25,16 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // wrapped, "slow" waits for cancellation. Input must be an object with a
 // string "text", like a schema check would demand.
 type echoTools struct {
-	mu    sync.Mutex
-	calls int
+	mu     sync.Mutex
+	calls  int
+	writes int // executions of "write", which is not idempotent
 }
 
 func (t *echoTools) Specs() []keel.ToolSpec {
 	return []keel.ToolSpec{
 		{Name: "echo", Description: "echo text", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`), SideEffects: keel.SideEffectReadOnly},
 		{Name: "slow", Description: "waits", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectReadOnly},
+		{Name: "write", Description: "appends", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectNonIdempotentWrite},
 	}
 }
 
@@ -55,6 +57,11 @@ func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage
 	case "slow":
 		<-ctx.Done()
 		return nil, ctx.Err()
+	case "write":
+		t.mu.Lock()
+		t.writes++
+		t.mu.Unlock()
+		return json.RawMessage(`{"written":true}`), nil
 	}
 	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}
 }
@@ -175,8 +182,8 @@ func TestToolThenAnswer(t *testing.T) {
 	if last.Role != models.RoleTool || last.Content != `{"echoed":"hello wasm"}` || last.ToolName != "echo" {
 		t.Errorf("last message of 2nd request = %+v, want the echo tool's output", last)
 	}
-	if len(reqs[0].Tools) != 2 {
-		t.Errorf("first request offered %d tools, want 2", len(reqs[0].Tools))
+	if len(reqs[0].Tools) != 3 {
+		t.Errorf("first request offered %d tools, want 3", len(reqs[0].Tools))
 	}
 	// Every live subscriber saw the journaled events in order, plus deltas.
 	h.mu.Lock()

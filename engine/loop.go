@@ -11,28 +11,55 @@ import (
 	"github.com/keel-runtime/keel/models"
 )
 
-// loop drives one run to an end. It returns when the run reached a
-// terminal state or was interrupted by shutdown; every exit path journals
-// exactly one ending event.
+// loop drives one run to an end, starting from what its journal holds
+// (nothing for a new run). It returns when the run reached a terminal
+// state, waits for a human, or was interrupted by shutdown; every exit
+// path journals exactly one event that says so.
 func (e *Engine) loop(ctx context.Context, run keel.Run) {
 	log := e.log.With("run", run.ID)
-	specs := e.cfg.Tools.Specs()
-	names := make([]string, len(specs))
-	for i, s := range specs {
-		names[i] = s.Name
-	}
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventRunStarted,
-		keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: names, MaxSteps: run.MaxSteps},
-		&keel.RunUpdate{Status: keel.RunRunning}); err != nil {
-		log.Error("journal run.started", "err", err)
+	j, err := e.restore(ctx, run)
+	if err != nil {
+		log.Error("restore run", "err", err)
+		e.end(ctx, run.ID, err)
 		return
 	}
-	msgs := []models.Message{
-		{Role: models.RoleSystem, Content: e.cfg.SystemPrompt},
-		{Role: models.RoleUser, Content: run.Goal, Private: run.Policy.Private},
+	specs := e.cfg.Tools.Specs()
+	if j.fresh {
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.Name
+		}
+		_, err = e.appendEvent(ctx, run.ID, keel.EventRunStarted,
+			keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: names, MaxSteps: run.MaxSteps},
+			&keel.RunUpdate{Status: keel.RunRunning})
+	} else {
+		_, err = e.appendEvent(ctx, run.ID, keel.EventRunResumed, keel.RunResumedData{FromSeq: j.lastSeq, Step: j.step},
+			&keel.RunUpdate{Status: keel.RunRunning})
 	}
-	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, 0, 0)
-	for step := 1; step <= run.MaxSteps; step++ {
+	if err != nil {
+		log.Error("journal run start", "err", err)
+		return
+	}
+	tokens, usd := e.spent(ctx, run.ID)
+	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, tokens, usd)
+	msgs := j.msgs
+	if j.answer != nil {
+		e.end(ctx, run.ID, nil, *j.answer)
+		return
+	}
+	// Calls of the last journaled step that have no result yet.
+	for _, call := range j.pending {
+		msg, wait, err := e.finishCall(ctx, run, j, call)
+		switch {
+		case err != nil:
+			e.end(ctx, run.ID, err)
+			return
+		case wait:
+			return
+		}
+		msgs = append(msgs, msg)
+	}
+	for step := j.step + 1; step <= run.MaxSteps; step++ {
 		resp, err := e.modelStep(ctx, run, step, models.ChatRequest{
 			Model: run.Model, Messages: msgs, Tools: specs,
 			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
@@ -47,15 +74,60 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 			return
 		}
 		for _, call := range resp.Message.ToolCalls {
-			out, err := e.toolStep(ctx, run, step, call)
+			res, err := e.toolStep(ctx, run, step, call, false)
 			if err != nil {
 				e.end(ctx, run.ID, err)
 				return
 			}
-			msgs = append(msgs, models.Message{Role: models.RoleTool, ToolCallID: call.ID, ToolName: call.Name, Content: out, Private: run.Policy.Private})
+			msgs = append(msgs, toolMessage(run, res))
 		}
 	}
 	e.end(ctx, run.ID, fmt.Errorf("step limit reached: %d model calls without a final answer", run.MaxSteps))
+}
+
+// finishCall completes a call of the last journaled step on resume. A call
+// whose intent was journaled without a result may have run: it runs again
+// only if its tool is read-only or idempotent or a human said retry;
+// otherwise the run waits for a human (wait true), or applies the human's
+// skip or done. It returns the tool message for the model.
+func (e *Engine) finishCall(ctx context.Context, run keel.Run, j journal, call keel.ToolCall) (models.Message, bool, error) {
+	d, decided := j.decision[call.ID]
+	var res keel.ToolResultData
+	switch {
+	case decided && d.Decision == keel.DecisionSkip:
+		res = keel.ToolResultData{Step: j.step, CallID: call.ID, Name: call.Name,
+			Error: &keel.ToolError{Code: keel.ToolSkipped, Message: "a human chose not to run this call again after an interruption; it may or may not have taken effect" + noteSuffix(d.Note)}}
+	case decided && d.Decision == keel.DecisionDone:
+		out := d.Output
+		if len(out) == 0 {
+			out = json.RawMessage(`{"status":"done","confirmed_by":"human"}`)
+		}
+		res = keel.ToolResultData{Step: j.step, CallID: call.ID, Name: call.Name, Output: out}
+	case j.intent[call.ID] && !decided && !e.rerunnable(call.Name):
+		why := fmt.Sprintf("the daemon stopped while tool %s was running; it is not idempotent, so it will not run again unless you decide", call.Name)
+		c := call
+		if _, err := e.appendEvent(ctx, run.ID, keel.EventRunWaiting,
+			keel.RunWaitingData{Reason: why, Call: &c, Choices: []string{keel.DecisionRetry, keel.DecisionSkip, keel.DecisionDone}},
+			&keel.RunUpdate{Status: keel.RunWaiting, Error: why}); err != nil {
+			return models.Message{}, false, fmt.Errorf("journal: %w", err)
+		}
+		return models.Message{}, true, nil
+	default:
+		// Never started, safe to repeat, or a human said retry.
+		r, err := e.toolStep(ctx, run, j.step, call, j.intent[call.ID] && !decided)
+		return toolMessage(run, r), false, err
+	}
+	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
+		return models.Message{}, false, fmt.Errorf("journal: %w", err)
+	}
+	return toolMessage(run, res), false, nil
+}
+
+func noteSuffix(note string) string {
+	if note == "" {
+		return ""
+	}
+	return " (" + note + ")"
 }
 
 // modelStep makes one model call as a span and journals its result.
@@ -111,17 +183,20 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	return resp, nil
 }
 
-// toolStep runs one tool call: intent journaled first, then the call as a
-// span, then the result. A tool failure is not a run failure: the
-// classified error goes back to the model, which may correct itself. It
-// returns the content of the tool message for the model.
-func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall) (string, error) {
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil); err != nil {
-		return "", fmt.Errorf("journal: %w", err)
+// toolStep runs one tool call: intent journaled first (unless it already
+// is, for a call repeated on resume), then the call as a span, then the
+// result. A tool failure is not a run failure: the classified error goes
+// back to the model, which may correct itself. It returns the journaled
+// result.
+func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall, intentJournaled bool) (keel.ToolResultData, error) {
+	if !intentJournaled {
+		if _, err := e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil); err != nil {
+			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
+		}
 	}
 	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
-		return "", fmt.Errorf("journal: %w", err)
+		return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 	}
 	start := time.Now()
 	out, err := e.cfg.Tools.Call(WithCaller(ctx, Caller{RunID: run.ID, Step: step, CallID: call.ID}), call.Name, call.Arguments)
@@ -131,12 +206,12 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		sp.Status, sp.Error = keel.SpanError, err.Error()
 	}
 	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
-		return "", fmt.Errorf("journal: %w", ferr)
+		return keel.ToolResultData{}, fmt.Errorf("journal: %w", ferr)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// Cancelled or shutting down: the call did not complete; no result is recorded.
-			return "", err
+			return keel.ToolResultData{}, err
 		}
 		var te *keel.ToolError
 		if !errors.As(err, &te) {
@@ -147,13 +222,9 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		res.Output = out
 	}
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
-		return "", fmt.Errorf("journal: %w", err)
+		return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 	}
-	if res.Error != nil {
-		b, _ := json.Marshal(map[string]any{"error": res.Error})
-		return string(b), nil
-	}
-	return string(out), nil
+	return res, nil
 }
 
 // end journals the run's ending. err nil means success with result[0].

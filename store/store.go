@@ -165,8 +165,18 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 	}
 	defer tx.Rollback()
 	var last int64
-	if err := tx.QueryRowContext(ctx, `SELECT last_seq FROM runs WHERE id = ?`, string(id)).Scan(&last); err != nil {
+	var status string
+	if err := tx.QueryRowContext(ctx, `SELECT last_seq, status FROM runs WHERE id = ?`, string(id)).Scan(&last, &status); err != nil {
 		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+	}
+	// The one place the lifecycle is enforced: every status change goes
+	// through here, in the transaction that journals its event.
+	if cur := keel.RunStatus(status); cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
+		to := cur
+		if upd != nil {
+			to = upd.Status
+		}
+		return keel.Event{}, fmt.Errorf("append %s to %s: run is %s, cannot become %s: %w", typ, id, cur, to, keel.ErrConflict)
 	}
 	ev := keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`,

@@ -46,7 +46,10 @@ func TestAppendSequencesAndStatus(t *testing.T) {
 	at := time.Unix(1700000001, 0)
 	for i, typ := range []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventRunSucceeded} {
 		var upd *keel.RunUpdate
-		if typ == keel.EventRunSucceeded {
+		switch typ {
+		case keel.EventRunStarted:
+			upd = &keel.RunUpdate{Status: keel.RunRunning}
+		case keel.EventRunSucceeded:
 			upd = &keel.RunUpdate{Status: keel.RunSucceeded, Result: "42"}
 		}
 		ev, err := s.Append(ctx, "r1", typ, at, json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), upd)
@@ -83,6 +86,47 @@ func TestAppendSequencesAndStatus(t *testing.T) {
 	}
 	if _, err := s.Events(ctx, "nope", 0); !errors.Is(err, keel.ErrNotFound) {
 		t.Errorf("Events(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+// TestLifecycleEnforced: the store refuses a status change the lifecycle
+// does not allow and any event after a terminal state, and keeps the
+// journal unchanged when it does.
+func TestLifecycleEnforced(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	if err := s.CreateRun(ctx, newRun("r")); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1700000001, 0)
+	step := func(typ keel.EventType, to keel.RunStatus) error {
+		var upd *keel.RunUpdate
+		if to != "" {
+			upd = &keel.RunUpdate{Status: to}
+		}
+		_, err := s.Append(ctx, "r", typ, at, nil, upd)
+		return err
+	}
+	if err := step(keel.EventRunSucceeded, keel.RunSucceeded); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("queued → succeeded = %v, want ErrConflict", err)
+	}
+	for _, tr := range []struct {
+		typ keel.EventType
+		to  keel.RunStatus
+	}{{keel.EventRunStarted, keel.RunRunning}, {keel.EventRunWaiting, keel.RunWaiting}, {keel.EventRunInterrupted, keel.RunInterrupted},
+		{keel.EventRunResumed, keel.RunRunning}, {keel.EventRunCancelled, keel.RunCancelled}} {
+		if err := step(tr.typ, tr.to); err != nil {
+			t.Fatalf("→ %s: %v", tr.to, err)
+		}
+	}
+	if err := step(keel.EventRunResumed, keel.RunRunning); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("cancelled → running = %v, want ErrConflict", err)
+	}
+	if err := step(keel.EventModelResult, ""); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("an event after the end = %v, want ErrConflict", err)
+	}
+	if r, _ := s.GetRun(ctx, "r"); r.Status != keel.RunCancelled || r.LastSeq != 5 {
+		t.Errorf("run = %s at seq %d, want cancelled at 5", r.Status, r.LastSeq)
 	}
 }
 

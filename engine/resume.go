@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+)
+
+// journal is where a run stands according to its events: the messages
+// the model has seen, the last model step, and the calls of that step
+// that have no result yet. The engine rebuilds it from the store on every
+// (re)start of a run's loop, so a resumed run continues from exactly what
+// was journaled: recorded model and tool results are reused, never asked
+// for again.
+type journal struct {
+	fresh    bool // run.started is not journaled yet
+	lastSeq  int64
+	msgs     []models.Message
+	step     int             // the last journaled model step
+	pending  []keel.ToolCall // calls of that step without a result, in order
+	intent   map[string]bool // calls whose tool.call intent is journaled
+	decision map[string]keel.HumanDecisionData
+	answer   *string // the final answer, when the last step gave one
+}
+
+// restore reads run's journal.
+func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
+	evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
+	if err != nil {
+		return journal{}, fmt.Errorf("read journal: %w", err)
+	}
+	j := journal{
+		fresh:    true,
+		msgs:     initialMessages(e.cfg.SystemPrompt, run),
+		intent:   map[string]bool{},
+		decision: map[string]keel.HumanDecisionData{},
+	}
+	for _, ev := range evs {
+		j.lastSeq = ev.Seq
+		switch ev.Type {
+		case keel.EventRunStarted:
+			j.fresh = false
+		case keel.EventModelResult:
+			var d keel.ModelResultData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.step, j.pending, j.answer = d.Step, append([]keel.ToolCall(nil), d.ToolCalls...), nil
+			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls})
+			if len(d.ToolCalls) == 0 {
+				answer := d.Content
+				j.answer = &answer
+			}
+		case keel.EventToolCall:
+			var d keel.ToolCallData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.intent[d.Call.ID] = true
+		case keel.EventToolResult:
+			var d keel.ToolResultData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.msgs = append(j.msgs, toolMessage(run, d))
+			for i, c := range j.pending {
+				if c.ID == d.CallID {
+					j.pending = append(j.pending[:i:i], j.pending[i+1:]...)
+					break
+				}
+			}
+		case keel.EventHumanDecision:
+			var d keel.HumanDecisionData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.decision[d.CallID] = d
+		}
+	}
+	return j, nil
+}
+
+// initialMessages opens a run's conversation.
+func initialMessages(system string, run keel.Run) []models.Message {
+	return []models.Message{
+		{Role: models.RoleSystem, Content: system},
+		{Role: models.RoleUser, Content: run.Goal, Private: run.Policy.Private},
+	}
+}
+
+// toolMessage is the message that gives the model a tool's result: its
+// output, or its classified error as {"error": ...}.
+func toolMessage(run keel.Run, res keel.ToolResultData) models.Message {
+	content := string(res.Output)
+	if res.Error != nil {
+		b, _ := json.Marshal(map[string]any{"error": res.Error})
+		content = string(b)
+	}
+	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private}
+}
+
+// spent sums what the run's model calls already spent, so a resumed run's
+// budget counts what came before the interruption.
+func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd float64) {
+	spans, err := e.cfg.Store.Spans(ctx, id)
+	if err != nil {
+		e.log.Warn("read spans for the run's budget", "run", id, "err", err)
+		return 0, 0
+	}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanModelCall {
+			tokens += int64(sp.PromptTokens + sp.CompletionTokens)
+			usd += sp.CostUSD
+		}
+	}
+	return tokens, usd
+}
+
+// rerunnable reports whether a tool may run again when its earlier call's
+// outcome is unknown: only tools declared read-only or idempotent.
+func (e *Engine) rerunnable(name string) bool {
+	for _, s := range e.cfg.Tools.Specs() {
+		if s.Name == name {
+			return s.SideEffects == keel.SideEffectReadOnly || s.SideEffects == keel.SideEffectIdempotentWrite
+		}
+	}
+	return false
+}
+
+// Resume starts the loop of every interrupted run again, from its
+// journal. It returns how many it started.
+func (e *Engine) Resume(ctx context.Context) (int, error) {
+	runs, err := e.cfg.Store.RunsWithStatus(ctx, keel.RunInterrupted)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
+	}
+	n := 0
+	for _, r := range runs {
+		if err := e.launch(r); err != nil {
+			return n, fmt.Errorf("resume %s: %w", r.ID, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// Decide records a human's decision about the tool call a waiting run
+// waits on, and lets the run go on. decision is keel.DecisionRetry, Skip
+// or Done (with output, the call's result as the human knows it).
+func (e *Engine) Decide(ctx context.Context, id keel.RunID, callID, decision string, output json.RawMessage, note string) (keel.Run, error) {
+	switch decision {
+	case keel.DecisionRetry, keel.DecisionSkip, keel.DecisionDone:
+	default:
+		return keel.Run{}, fmt.Errorf("decision %q: want retry, skip or done: %w", decision, keel.ErrInvalid)
+	}
+	if len(output) > 0 && !json.Valid(output) {
+		return keel.Run{}, fmt.Errorf("output is not JSON: %w", keel.ErrInvalid)
+	}
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	if run.Status != keel.RunWaiting {
+		return run, fmt.Errorf("run %s is %s, not waiting for a decision: %w", id, run.Status, keel.ErrConflict)
+	}
+	j, err := e.restore(ctx, run)
+	if err != nil {
+		return run, err
+	}
+	if len(j.pending) == 0 || j.pending[0].ID != callID || j.decision[callID].Decision != "" {
+		return run, fmt.Errorf("run %s is not waiting on call %q: %w", id, callID, keel.ErrConflict)
+	}
+	if _, err := e.appendEvent(ctx, id, keel.EventHumanDecision, keel.HumanDecisionData{CallID: callID, Decision: decision, Output: output, Note: note}, nil); err != nil {
+		return run, err
+	}
+	if err := e.launch(run); err != nil {
+		return run, err
+	}
+	return e.cfg.Store.GetRun(ctx, id)
+}

@@ -1,0 +1,165 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/store"
+)
+
+// interrupted writes the journal a daemon leaves when it dies after the
+// model asked for call and (when intent) the tool call's intent was
+// journaled, then marks the run interrupted as Recover would.
+func interrupted(t *testing.T, st *store.Store, id keel.RunID, call keel.ToolCall, intent bool) {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	if err := st.CreateRun(ctx, keel.Run{ID: id, Goal: "do it", Model: scripted.DefaultModel.Name, Status: keel.RunQueued, MaxSteps: 4, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	app := func(typ keel.EventType, data any, upd *keel.RunUpdate) {
+		raw, _ := json.Marshal(data)
+		if _, err := st.Append(ctx, id, typ, now, raw, upd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	app(keel.EventRunStarted, keel.RunStartedData{Goal: "do it"}, &keel.RunUpdate{Status: keel.RunRunning})
+	app(keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: []keel.ToolCall{call}}, nil)
+	if intent {
+		app(keel.EventToolCall, keel.ToolCallData{Step: 1, Call: call}, nil)
+	}
+	app(keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted}, &keel.RunUpdate{Status: keel.RunInterrupted})
+}
+
+func resumeHarness(t *testing.T, p *scripted.Provider) (*store.Store, *engine.Engine, *echoTools) {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := &echoTools{}
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		eng.Close(context.Background())
+		st.Close()
+	})
+	return st, eng, tools
+}
+
+func waitRun(t *testing.T, eng *engine.Engine, st *store.Store, id keel.RunID) keel.Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eng.Wait(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.GetRun(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestResumeReusesJournal: a resumed run never asks the model again for
+// a step it journaled, and re-runs a read-only call whose outcome was
+// not journaled, or a call that never started.
+func TestResumeReusesJournal(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		call   keel.ToolCall
+		intent bool
+	}{
+		{"read-only call, intent journaled", keel.ToolCall{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"hi"}`)}, true},
+		{"non-idempotent call never started", keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+				last := req.Messages[len(req.Messages)-1]
+				return models.ChatResponse{Message: models.Message{Content: "after " + last.Content}}, nil
+			}))
+			st, eng, tools := resumeHarness(t, p)
+			interrupted(t, st, "run_r", tt.call, tt.intent)
+			if n, err := eng.Resume(context.Background()); err != nil || n != 1 {
+				t.Fatalf("Resume = %d, %v", n, err)
+			}
+			r := waitRun(t, eng, st, "run_r")
+			if r.Status != keel.RunSucceeded {
+				t.Fatalf("resumed run = %s %q, want succeeded", r.Status, r.Error)
+			}
+			if n := len(p.Requests()); n != 1 {
+				t.Errorf("model asked %d times on resume, want once (step 1 was journaled)", n)
+			}
+			if tools.calls != 1 {
+				t.Errorf("tool ran %d times on resume, want once", tools.calls)
+			}
+			req := p.Requests()[0]
+			if len(req.Messages) != 4 || req.Messages[2].ToolCalls[0].ID != "c1" || req.Messages[3].ToolCallID != "c1" {
+				t.Errorf("resumed context = %+v, want system, goal, the journaled call, its result", req.Messages)
+			}
+			evs := journal(t, st, "run_r")
+			for i, ev := range evs {
+				if ev.Seq != int64(i+1) {
+					t.Fatalf("journal seqs %v not gapless", evs)
+				}
+			}
+			if !strings.Contains(string(evs[len(evs)-1].Data), "after") {
+				t.Errorf("final event %s", evs[len(evs)-1].Data)
+			}
+		})
+	}
+}
+
+// TestResumeWaitsForHumanOnUnknownSideEffect: a non-idempotent call whose
+// intent was journaled but whose result was not is never run again by
+// itself; the run waits, and the human's decision releases it.
+func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
+	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
+	for _, tt := range []struct {
+		decision   string
+		wantWrites int
+		wantInCtx  string
+	}{
+		{keel.DecisionSkip, 0, `"skipped"`},
+		{keel.DecisionDone, 0, `"confirmed_by":"human"`},
+		{keel.DecisionRetry, 1, `"written":true`},
+	} {
+		t.Run(tt.decision, func(t *testing.T) {
+			p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+				return models.ChatResponse{Message: models.Message{Content: "model saw: " + req.Messages[len(req.Messages)-1].Content}}, nil
+			}))
+			st, eng, tools := resumeHarness(t, p)
+			interrupted(t, st, "run_w", call, true)
+			if _, err := eng.Resume(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			r := waitRun(t, eng, st, "run_w")
+			if r.Status != keel.RunWaiting || tools.writes != 0 || len(p.Requests()) != 0 {
+				t.Fatalf("run = %s, %d writes, %d model calls; want waiting, nothing run", r.Status, tools.writes, len(p.Requests()))
+			}
+			if _, err := eng.Decide(context.Background(), "run_w", "other", tt.decision, nil, ""); err == nil {
+				t.Errorf("Decide(wrong call) succeeded")
+			}
+			if _, err := eng.Decide(context.Background(), "run_w", "c1", tt.decision, nil, "checked by hand"); err != nil {
+				t.Fatal(err)
+			}
+			r = waitRun(t, eng, st, "run_w")
+			if r.Status != keel.RunSucceeded || tools.writes != tt.wantWrites || !strings.Contains(r.Result, tt.wantInCtx) {
+				t.Errorf("after %s: %s %q with %d writes; want succeeded, %d writes, result showing %s", tt.decision, r.Status, r.Result, tools.writes, tt.wantWrites, tt.wantInCtx)
+			}
+			if _, err := eng.Decide(context.Background(), "run_w", "c1", tt.decision, nil, ""); err == nil {
+				t.Errorf("a second Decide succeeded on an ended run")
+			}
+		})
+	}
+}
