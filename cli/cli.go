@@ -84,7 +84,7 @@ Start the runtime with 'keel daemon'; the other commands talk to it.`,
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := check(cmd, args); err != nil {
-			return &exitError{code: ExitUsage, err: fmt.Errorf("%w (see keel %s --help)", err, cmd.Name())}
+			return &exitError{code: ExitUsage, err: fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
 		}
 		return nil
 	}

@@ -21,7 +21,8 @@ type backend struct {
 	reg            *wasmtools.Registry
 	tools          *auditedTools
 	mgr            *toolManager
-	provider       models.Provider
+	provider       models.Provider                  // the local one, Ollama unless a test's
+	providers      map[string]models.ProviderConfig // every configured provider, the local one as localProvider
 	endpoint       string
 	url            string
 	cfg            Config
@@ -103,7 +104,7 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 	if b.cfg.AllowNonLoopback {
 		env.Network = "any"
 	}
-	list, hint, err := b.providerModels(ctx)
+	list, hint, err := b.askProvider(ctx, b.provider.Name(), b.provider, true)
 	pd := capabilities.ProviderDecl{Name: b.provider.Name(), Kind: "local", Endpoint: b.endpoint, Reachable: err == nil, Hint: hint}
 	if err != nil {
 		pd.Error = err.Error()

@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
 	// The engine asks the model layer, which routes to Ollama and to the
 	// providers of models.json, enforcing policy, limits and budgets.
-	router, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
 	if err != nil {
 		return err
 	}
@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 
 	mgr := &toolManager{reg: reg, st: st, grants: grants, dir: toolsDir}
-	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, endpoint: endpoint, cfg: cfg}
+	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, providers: providers, endpoint: endpoint, cfg: cfg}
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err

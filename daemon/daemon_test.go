@@ -134,6 +134,24 @@ func dial(t *testing.T, dir string) *client.Client {
 	return c
 }
 
+// runCLI runs the real command line against the daemon of dir.
+func runCLI(ctx context.Context, dir string, args ...string) (stdout, stderr string, code int) {
+	var out, errb bytes.Buffer
+	code = cli.Main(ctx, append(args, "--data-dir", dir), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+// wantCode fails the test unless err is a protocol error with code, and
+// returns that error.
+func wantCode(t *testing.T, err error, code int, what string) *protocol.Error {
+	t.Helper()
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != code {
+		t.Fatalf("%s: err = %v, want code %d", what, err, code)
+	}
+	return pe
+}
+
 // follow subscribes to a run and collects its events until the run ends.
 func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {
 	t.Helper()
@@ -411,6 +429,8 @@ func TestBadInputKeepsDaemonAndData(t *testing.T) {
 		{"unknown run", protocol.MethodRunGet, protocol.RunRef{RunID: "run_nope"}, protocol.CodeNotFound},
 		{"cancel ended run", protocol.MethodRunCancel, protocol.RunRef{RunID: run.ID}, protocol.CodeConflict},
 		{"unknown method", "run.explode", struct{}{}, protocol.CodeMethodNotFound},
+		{"pull without a name", protocol.MethodModelsPull, protocol.ModelsPullParams{}, protocol.CodeInvalidParams},
+		{"pull from a provider that cannot pull", protocol.MethodModelsPull, protocol.ModelsPullParams{Name: "qwen2.5:0.5b"}, protocol.CodeUnavailable},
 	}
 	for _, tt := range cases {
 		var out json.RawMessage
@@ -430,11 +450,7 @@ func TestBadInputKeepsDaemonAndData(t *testing.T) {
 func TestCLI(t *testing.T) {
 	p := scripted.New(nil, scripted.CallTool("wordcount", `{"text":"a b c"}`), scripted.Answer("three words"))
 	d := startDaemon(t, daemon.Config{Provider: p})
-	keelCLI := func(args ...string) (string, string, int) {
-		var out, errb bytes.Buffer
-		code := cli.Main(context.Background(), append(args, "--data-dir", d.dir), &out, &errb)
-		return out.String(), errb.String(), code
-	}
+	keelCLI := func(args ...string) (string, string, int) { return runCLI(context.Background(), d.dir, args...) }
 	out, errs, code := keelCLI("run", "count", "a b c")
 	if code != cli.ExitOK || !strings.Contains(out, "run succeeded") || !strings.Contains(out, "three words") || !strings.Contains(out, `tool  ← wordcount {"words":3,"lines":1,"chars":5}`) {
 		t.Errorf("keel run: code %d\n%s\n%s", code, out, errs)
@@ -616,13 +632,6 @@ func TestToolInstallAndGrants(t *testing.T) {
 		_, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"n.txt"}`))
 		return err
 	}
-	wantCode := func(err error, code int, what string) {
-		t.Helper()
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || pe.Code != code {
-			t.Fatalf("%s: err = %v, want code %d", what, err, code)
-		}
-	}
 
 	if out, code := keelCLI("tools", "install", filepath.Join(src, "readfile.wasm")); code != cli.ExitFailure || !strings.Contains(out, "already installed") {
 		t.Fatalf("install over an installed tool: code %d\n%s", code, out)
@@ -633,13 +642,13 @@ func TestToolInstallAndGrants(t *testing.T) {
 	if out, code := keelCLI("tools", "remove", "readfile"); code != 0 {
 		t.Fatalf("remove: code %d\n%s", code, out)
 	}
-	wantCode(read(), protocol.CodeNotFound, "call after remove")
+	wantCode(t, read(), protocol.CodeNotFound, "call after remove")
 
 	out, code := keelCLI("tools", "install", filepath.Join(src, "readfile.wasm"))
 	if code != 0 || !strings.Contains(out, "granted: nothing") || !strings.Contains(out, "fs  /workspace (read-only)") || !strings.Contains(out, "validating and compiling") {
 		t.Fatalf("install without grants: code %d\n%s", code, out)
 	}
-	wantCode(read(), protocol.CodeToolError, "call without a grant")
+	wantCode(t, read(), protocol.CodeToolError, "call without a grant")
 	if err := read(); !strings.Contains(err.Error(), "permission_denied") || !strings.Contains(err.Error(), "/workspace") {
 		t.Errorf("denial %v does not name the missing grant", err)
 	}
@@ -667,7 +676,7 @@ func TestToolInstallAndGrants(t *testing.T) {
 	if out, code := keelCLI("tools", "revoke", "readfile", "--all"); code != 0 || !strings.Contains(out, "no grants") {
 		t.Fatalf("revoke: code %d\n%s", code, out)
 	}
-	wantCode(read(), protocol.CodeToolError, "call after revoke")
+	wantCode(t, read(), protocol.CodeToolError, "call after revoke")
 
 	// --replace from a module without a sidecar drops a sidecar left in
 	// the tool directory, which would otherwise win over the new manifest.

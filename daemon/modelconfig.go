@@ -106,16 +106,17 @@ func readModelsFile(path string) (modelsFile, error) {
 
 // newRouter builds the model layer: local is the Ollama provider (or a
 // test's provider) under the name "ollama", plus the OpenAI-compatible
-// providers of the models configuration at path.
-func newRouter(path string, local models.Provider, ledger models.Ledger, log *slog.Logger) (*models.Router, error) {
+// providers of the models configuration at path. It also returns those
+// providers by name.
+func newRouter(path string, local models.Provider, ledger models.Ledger, log *slog.Logger) (*models.Router, map[string]models.ProviderConfig, error) {
 	f, err := readModelsFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("models configuration: %w", err)
+		return nil, nil, fmt.Errorf("models configuration: %w", err)
 	}
-	providers := map[string]models.ProviderConfig{"ollama": f.Ollama.apply(models.ProviderConfig{Provider: local})}
+	providers := map[string]models.ProviderConfig{localProvider: f.Ollama.apply(models.ProviderConfig{Provider: local})}
 	for name, pj := range f.Providers {
 		if _, dup := providers[name]; dup {
-			return nil, fmt.Errorf("models configuration %s: provider name %q is taken by the local Ollama", path, name)
+			return nil, nil, fmt.Errorf("models configuration %s: provider name %q is taken by the local Ollama", path, name)
 		}
 		cfg := openai.Config{
 			Name: name, BaseURL: pj.BaseURL, APIKeyEnv: pj.APIKeyEnv,
@@ -132,7 +133,7 @@ func newRouter(path string, local models.Provider, ledger models.Ledger, log *sl
 		}
 		p, err := openai.New(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("models configuration %s: provider %q: %w", path, name, err)
+			return nil, nil, fmt.Errorf("models configuration %s: provider %q: %w", path, name, err)
 		}
 		providers[name] = pj.apply(models.ProviderConfig{Provider: p, Cloud: !pj.Local, Prices: prices})
 	}
@@ -145,7 +146,7 @@ func newRouter(path string, local models.Provider, ledger models.Ledger, log *sl
 		Logger:     log.With("component", "models"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("models configuration %s: %w", path, err)
+		return nil, nil, fmt.Errorf("models configuration %s: %w", path, err)
 	}
-	return r, nil
+	return r, providers, nil
 }

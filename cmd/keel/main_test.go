@@ -89,6 +89,10 @@ func TestBinary(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "UNREACHABLE") || !strings.Contains(out, "ollama serve") {
 		t.Errorf("keel doctor with Ollama down: exit %d, want 1 with what to do\n%s", code, out)
 	}
+	out, code = keel("models", "list")
+	if code != 1 || !strings.Contains(out, "unreachable") || !strings.Contains(out, "ollama serve") {
+		t.Errorf("keel models list with Ollama down: exit %d, want 1 with what to do\n%s", code, out)
+	}
 	out, code = keel("run", "hello")
 	if code != 1 || !strings.Contains(out, "Ollama") {
 		t.Errorf("keel run with Ollama down: exit %d, want 1 with an actionable message\n%s", code, out)
