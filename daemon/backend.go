@@ -23,6 +23,7 @@ type backend struct {
 	mgr            *toolManager
 	provider       models.Provider                  // the local one, Ollama unless a test's
 	providers      map[string]models.ProviderConfig // every configured provider, the local one as localProvider
+	router         *models.Router                   // the model layer runs and models.chat use
 	endpoint       string
 	url            string
 	cfg            Config

@@ -182,11 +182,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if n, err := eng.Recover(ctx); err != nil {
 		return err
 	} else if n > 0 {
-		log.Info("marked runs left unfinished by a previous daemon as interrupted", "runs", n)
+		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", "runs", n)
 	}
 
 	mgr := &toolManager{reg: reg, st: st, grants: grants, dir: toolsDir}
-	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, providers: providers, endpoint: endpoint, cfg: cfg}
+	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, providers: providers, router: router, endpoint: endpoint, cfg: cfg}
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err
@@ -215,15 +215,36 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		cfg.Ready(info)
 	}
 
+	// Interrupted runs go on from their journals once their tools can
+	// run; until then the daemon already serves.
+	resumeCtx, stopResume := context.WithCancel(context.WithoutCancel(ctx))
+	resumeDone := make(chan struct{})
+	go func() {
+		defer close(resumeDone)
+		if err := reg.WaitReady(resumeCtx); err != nil {
+			return
+		}
+		if n, err := eng.Resume(resumeCtx); err != nil {
+			log.Error("resume interrupted runs", "err", err, "resumed", n)
+		} else if n > 0 {
+			log.Info("resumed interrupted runs from their journals", "runs", n)
+		}
+	}()
+	defer func() { stopResume(); <-resumeDone }()
+
 	select {
 	case <-ctx.Done():
 	case err := <-srvDone:
 		stopSrv()
 		os.Remove(infoPath)
+		stopResume()
+		<-resumeDone
 		return errors.Join(fmt.Errorf("server stopped: %w", err), eng.Close(context.WithoutCancel(ctx)))
 	}
 	log.Info("keel daemon stopping")
 	os.Remove(infoPath)
+	stopResume()
+	<-resumeDone
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	engErr := eng.Close(closeCtx)

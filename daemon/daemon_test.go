@@ -152,7 +152,8 @@ func wantCode(t *testing.T, err error, code int, what string) *protocol.Error {
 	return pe
 }
 
-// follow subscribes to a run and collects its events until the run ends.
+// follow subscribes to a run and collects its events until the run ends
+// (an interruption is not an end: the run resumes).
 func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -172,7 +173,7 @@ func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {
 			}
 			evs = append(evs, ev)
 			switch ev.Type {
-			case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted:
+			case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled:
 				return evs
 			}
 		case <-ctx.Done():
@@ -388,20 +389,25 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}
-	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
-	detail, err := dial(t, d2.dir).GetRun(context.Background(), run.ID)
+	// The next daemon resumes the run from its journal: the model step
+	// that never finished is asked again, and the run ends.
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil, scripted.Answer("resumed answer"))})
+	c2 := dial(t, d2.dir)
+	follow(t, c2, run.ID)
+	detail, err := c2.GetRun(context.Background(), run.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if detail.Run.Status != keel.RunInterrupted {
-		t.Errorf("status after restart = %s, want interrupted", detail.Run.Status)
+	if detail.Run.Status != keel.RunSucceeded || detail.Run.Result != "resumed answer" {
+		t.Errorf("after restart: %s %q, want succeeded with the answer", detail.Run.Status, detail.Run.Result)
 	}
 	got := evTypes(detail.Events)
-	if fmt.Sprint(got) != fmt.Sprint([]keel.EventType{keel.EventRunStarted, keel.EventRunInterrupted}) {
-		t.Errorf("events after restart = %v", got)
+	want := []keel.EventType{keel.EventRunStarted, keel.EventRunInterrupted, keel.EventRunResumed, keel.EventModelResult, keel.EventRunSucceeded}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events = %v, want %v", got, want)
 	}
-	if len(detail.Spans) != 1 || detail.Spans[0].Status != keel.SpanError {
-		t.Errorf("spans = %+v, want the model span closed with an error", detail.Spans)
+	if len(detail.Spans) != 2 || detail.Spans[0].Status != keel.SpanError || detail.Spans[1].Status != keel.SpanOK {
+		t.Errorf("spans = %+v, want the interrupted model span closed with an error, then the resumed one", detail.Spans)
 	}
 }
 

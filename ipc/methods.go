@@ -43,6 +43,8 @@ func init() {
 		protocol.MethodEnvDescribe:    handleEnvDescribe,
 		protocol.MethodModelsList:     handleModelsList,
 		protocol.MethodModelsPull:     handleModelsPull,
+		protocol.MethodModelsChat:     handleModelsChat,
+		protocol.MethodRunDecide:      handleRunDecide,
 	}
 }
 
@@ -50,9 +52,14 @@ func init() {
 // optional Backend interface b does not implement.
 func servedMethods(b Backend) map[string]methodFunc {
 	_, models := b.(ModelManager)
+	_, chat := b.(ModelChatter)
+	_, decide := b.(RunDecider)
 	served := make(map[string]methodFunc, len(methods))
 	for name, h := range methods {
-		if !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull) {
+		switch {
+		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
+			!chat && name == protocol.MethodModelsChat,
+			!decide && name == protocol.MethodRunDecide:
 			continue
 		}
 		served[name] = h
@@ -365,6 +372,45 @@ func handleModelsPull(ctx context.Context, c *conn, params json.RawMessage) (any
 		return nil, err
 	}
 	return protocol.ModelsPullResult{Name: p.Name}, nil
+}
+
+func handleModelsChat(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.ModelsChatParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if len(p.Messages) == 0 {
+		return nil, paramError("messages", "must not be empty")
+	}
+	if p.Repairs < 0 || p.Repairs > 5 {
+		return nil, paramError("repairs", "must be between 0 and 5")
+	}
+	var onDelta func(protocol.ChatDelta)
+	if id := requestID(ctx); id != nil && p.Stream {
+		onDelta = func(d protocol.ChatDelta) {
+			d.ID = id
+			// Fails only when the connection has ended, which cancels
+			// ctx and so the call.
+			_ = c.notify(ctx, protocol.NotifyModelsChatDelta, d)
+		}
+	}
+	return c.s.b.(ModelChatter).Chat(ctx, p, onDelta)
+}
+
+func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunDecideParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.RunID == "":
+		return nil, paramError("run_id", "must not be empty")
+	case p.CallID == "":
+		return nil, paramError("call_id", "must not be empty")
+	case p.Decision != keel.DecisionRetry && p.Decision != keel.DecisionSkip && p.Decision != keel.DecisionDone:
+		return nil, paramError("decision", "must be retry, skip or done")
+	}
+	return c.s.b.(RunDecider).DecideRun(ctx, p)
 }
 
 // nonNil makes a nil slice encode as [] rather than null.

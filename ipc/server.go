@@ -92,6 +92,19 @@ type ToolsProgress interface {
 	ToolsProgress() (loaded, total int, ready bool)
 }
 
+// ModelChatter is an optional Backend interface: a backend with a model
+// layer serves models.chat. Chat calls onDelta (nil unless the request
+// asked to stream) from the calling goroutine, in order.
+type ModelChatter interface {
+	Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error)
+}
+
+// RunDecider is an optional Backend interface: a backend whose runs can
+// wait for a human serves run.decide.
+type RunDecider interface {
+	DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error)
+}
+
 // ModelManager is an optional Backend interface: a backend that manages
 // models serves models.list and models.pull. For any other backend those
 // methods do not exist (CodeMethodNotFound) and initialize does not list

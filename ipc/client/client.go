@@ -224,9 +224,10 @@ func (c *Client) Close() error {
 // pendingCall is a call waiting for its response.
 type pendingCall struct {
 	resp chan *protocol.Response // capacity 1
-	// progress, for a call that takes progress, receives the
-	// models.pull.progress notifications carrying the call's id.
-	progress chan protocol.ModelsPullProgress
+	// progress, for a call that takes progress, receives the params of
+	// the notifications carrying the call's id (models.pull.progress,
+	// models.chat.delta).
+	progress chan json.RawMessage
 	gone     chan struct{} // closed when the caller stops waiting
 }
 
@@ -241,7 +242,7 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 // call is Call. When progress is not nil, it is called on the calling
 // goroutine, in order, with every models.pull.progress notification that
 // carries this request's id, all of them before call returns.
-func (c *Client) call(ctx context.Context, method string, params, result any, progress func(protocol.ModelsPullProgress)) error {
+func (c *Client) call(ctx context.Context, method string, params, result any, progress func(json.RawMessage)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -261,7 +262,7 @@ func (c *Client) call(ctx context.Context, method string, params, result any, pr
 
 	pc := &pendingCall{resp: make(chan *protocol.Response, 1), gone: make(chan struct{})}
 	if progress != nil {
-		pc.progress = make(chan protocol.ModelsPullProgress, progressBuffer)
+		pc.progress = make(chan json.RawMessage, progressBuffer)
 	}
 	c.mu.Lock()
 	if c.pending == nil {
@@ -360,7 +361,7 @@ func (c *Client) readLoop() {
 				}
 				continue
 			}
-			if m.Method == protocol.NotifyModelsPullProgress {
+			if m.Method == protocol.NotifyModelsPullProgress || m.Method == protocol.NotifyModelsChatDelta {
 				if !c.routeProgress(m.Params) {
 					cause = fmt.Errorf("keel: %w", ErrClosed)
 					c.ws.CloseNow()
@@ -397,12 +398,14 @@ func (c *Client) readLoop() {
 	}
 }
 
-// routeProgress passes a models.pull.progress notification to the call
-// whose id it carries, waiting while that call's buffer is full. A
+// routeProgress passes a per-call notification (models.pull.progress,
+// models.chat.delta) to the call whose id it carries, waiting while that call's buffer is full. A
 // notification for no call of ours is dropped. It reports false when the
 // client is closing.
 func (c *Client) routeProgress(params json.RawMessage) bool {
-	var pr protocol.ModelsPullProgress
+	var pr struct {
+		ID json.RawMessage `json:"id"`
+	}
 	if err := json.Unmarshal(params, &pr); err != nil {
 		return true
 	}
@@ -417,7 +420,7 @@ func (c *Client) routeProgress(params json.RawMessage) bool {
 		return true
 	}
 	select {
-	case pc.progress <- pr:
+	case pc.progress <- params:
 	case <-pc.gone:
 	case <-c.closing:
 		return false
@@ -582,7 +585,43 @@ func (c *Client) ListModels(ctx context.Context) (protocol.ModelsListResult, err
 // connection closes: close the client to cancel it.
 func (c *Client) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) (protocol.ModelsPullResult, error) {
 	var r protocol.ModelsPullResult
-	err := c.call(ctx, protocol.MethodModelsPull, protocol.ModelsPullParams{Name: name}, &r, progress)
+	var each func(json.RawMessage)
+	if progress != nil {
+		each = func(raw json.RawMessage) {
+			var pr protocol.ModelsPullProgress
+			if json.Unmarshal(raw, &pr) == nil {
+				progress(pr)
+			}
+		}
+	}
+	err := c.call(ctx, protocol.MethodModelsPull, protocol.ModelsPullParams{Name: name}, &r, each)
+	return r, err
+}
+
+// Chat asks the daemon's model layer for one reply (models.chat). With
+// onDelta set the reply streams: onDelta is called on the caller's
+// goroutine with each fragment, in order, before Chat returns.
+func (c *Client) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error) {
+	var r protocol.ModelsChatResult
+	var each func(json.RawMessage)
+	if onDelta != nil {
+		p.Stream = true
+		each = func(raw json.RawMessage) {
+			var d protocol.ChatDelta
+			if json.Unmarshal(raw, &d) == nil {
+				onDelta(d)
+			}
+		}
+	}
+	err := c.call(ctx, protocol.MethodModelsChat, p, &r, each)
+	return r, err
+}
+
+// Decide answers a run waiting on a tool call whose outcome is unknown
+// (run.decide): retry it, skip it, or mark it done with output.
+func (c *Client) Decide(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunDecide, p, &r)
 	return r, err
 }
 

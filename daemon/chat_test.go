@@ -1,0 +1,133 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/store"
+)
+
+// TestModelsChat calls the model layer without a run over the real
+// WebSocket: a streamed reply arrives as deltas that add up to the
+// result, a structured call is repaired until it fits its schema, and bad
+// requests get invalid-params errors.
+func TestModelsChat(t *testing.T) {
+	p := scripted.New(nil,
+		scripted.Answer("a streamed answer in words"),
+		scripted.Answer(`{"n": "not a number"}`),
+		scripted.Answer(`{"n": 3}`),
+	)
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	user := []protocol.ChatMessage{{Role: "user", Content: "hello"}}
+
+	var streamed strings.Builder
+	res, err := c.Chat(ctx, protocol.ModelsChatParams{Messages: user, Model: scripted.DefaultModel.Name}, func(d protocol.ChatDelta) {
+		streamed.WriteString(d.Content)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Message.Content != "a streamed answer in words" || streamed.String() != res.Message.Content || res.Provider != "ollama" {
+		t.Errorf("Chat = %+v, streamed %q", res, streamed.String())
+	}
+
+	res, err = c.Chat(ctx, protocol.ModelsChatParams{Messages: user, Model: scripted.DefaultModel.Name,
+		Format: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}`), Repairs: 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Message.Content != `{"n": 3}` || res.Attempts != 2 {
+		t.Errorf("structured Chat = %q after %d attempts, want the repaired value after 2", res.Message.Content, res.Attempts)
+	}
+	if req := p.Requests()[2]; !strings.Contains(req.Messages[len(req.Messages)-1].Content, "/n") {
+		t.Errorf("the repair request does not name the failing field: %+v", req.Messages)
+	}
+
+	_, err = c.Chat(ctx, protocol.ModelsChatParams{}, nil)
+	wantCode(t, err, protocol.CodeInvalidParams, "no messages")
+	_, err = c.Chat(ctx, protocol.ModelsChatParams{Messages: []protocol.ChatMessage{{Role: "wizard", Content: "x"}}}, nil)
+	wantCode(t, err, protocol.CodeInvalidParams, "unknown role")
+	_, err = c.Decide(ctx, protocol.RunDecideParams{RunID: "run_none", CallID: "c", Decision: "maybe"})
+	wantCode(t, err, protocol.CodeInvalidParams, "unknown decision")
+}
+
+// TestResumeWaitsAndDecide: a daemon that finds a run interrupted while a
+// tool call of unknown outcome was in flight (its intent journaled, no
+// result; the tool is not known to be idempotent) leaves the run waiting
+// rather than run the call again, and run.decide releases it.
+func TestResumeWaitsAndDecide(t *testing.T) {
+	dir := t.TempDir()
+	call := keel.ToolCall{ID: "c1", Name: "send_invoice", Arguments: json.RawMessage(`{"to":"acme"}`)}
+	st, err := store.Open(context.Background(), filepath.Join(dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Now()
+	if err := st.CreateRun(ctx, keel.Run{ID: "run_w", Goal: "bill acme", Model: scripted.DefaultModel.Name, Status: keel.RunQueued, MaxSteps: 3, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []struct {
+		typ  keel.EventType
+		data any
+		upd  *keel.RunUpdate
+	}{
+		{keel.EventRunStarted, keel.RunStartedData{Goal: "bill acme"}, &keel.RunUpdate{Status: keel.RunRunning}},
+		{keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: []keel.ToolCall{call}}, nil},
+		{keel.EventToolCall, keel.ToolCallData{Step: 1, Call: call}, nil},
+	} {
+		raw, _ := json.Marshal(e.data)
+		if _, err := st.Append(ctx, "run_w", e.typ, now, raw, e.upd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close() // the daemon died here: no result, run still "running"
+
+	p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		return models.ChatResponse{Message: models.Message{Content: "model saw " + req.Messages[len(req.Messages)-1].Content}}, nil
+	}))
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
+	c := dial(t, d.dir)
+	var detail protocol.RunDetail
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if detail, err = c.GetRun(ctx, "run_w"); err != nil {
+			t.Fatal(err)
+		}
+		if detail.Run.Status == keel.RunWaiting || time.Now().After(deadline) {
+			break
+		}
+	}
+	if detail.Run.Status != keel.RunWaiting || len(p.Requests()) != 0 {
+		t.Fatalf("resumed run = %s after %d model calls, want waiting before any", detail.Run.Status, len(p.Requests()))
+	}
+	last := detail.Events[len(detail.Events)-1]
+	if last.Type != keel.EventRunWaiting || !strings.Contains(string(last.Data), `"c1"`) {
+		t.Errorf("last event %s %s, want run.waiting naming call c1", last.Type, last.Data)
+	}
+	_, err = c.Decide(ctx, protocol.RunDecideParams{RunID: "run_w", CallID: "c2", Decision: keel.DecisionDone})
+	wantCode(t, err, protocol.CodeConflict, "decision about another call")
+	if _, err := c.Decide(ctx, protocol.RunDecideParams{RunID: "run_w", CallID: "c1", Decision: keel.DecisionDone,
+		Output: json.RawMessage(`{"invoice":"sent by hand"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, "run_w")
+	detail, _ = c.GetRun(ctx, "run_w")
+	if detail.Run.Status != keel.RunSucceeded || !strings.Contains(detail.Run.Result, "sent by hand") {
+		t.Errorf("after the decision: %s %q, want succeeded with the model having seen the human's output", detail.Run.Status, detail.Run.Result)
+	}
+	audit, err := c.ToolAudit(ctx, "", 0)
+	if err != nil || len(audit) != 0 {
+		t.Errorf("tool audit = %+v, %v; want no tool run", audit, err)
+	}
+}

@@ -1,0 +1,95 @@
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/keel-runtime/keel"
+)
+
+// Model calls without a run: an IDE asks the model layer for a reply
+// (text, or JSON valid against a schema) and gets it streamed. The call
+// goes through the same router as a run's calls: routing, cloud policy,
+// limits, retries, the daily budget.
+const (
+	MethodModelsChat = "models.chat"
+	// NotifyModelsChatDelta carries one ChatDelta of a models.chat in
+	// flight to the connection that asked.
+	NotifyModelsChatDelta = "models.chat.delta"
+)
+
+// ChatMessage is one message of a models.chat conversation.
+type ChatMessage struct {
+	Role       string          `json:"role"` // system, user, assistant, tool
+	Content    string          `json:"content"`
+	ToolCalls  []keel.ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	// Images are base64 (in JSON) PNG or JPEG bytes for vision models.
+	Images [][]byte `json:"images,omitempty"`
+	// Private content never leaves the machine.
+	Private bool `json:"private,omitempty"`
+}
+
+// ModelsChatParams asks for one reply.
+type ModelsChatParams struct {
+	// Model names the model ("keel-tiny", "ollama/keel-tiny") or a route;
+	// empty means the route "default".
+	Model    string          `json:"model,omitempty"`
+	Messages []ChatMessage   `json:"messages"`
+	Tools    []keel.ToolSpec `json:"tools,omitempty"`
+	// Format, when set, is a JSON Schema the reply must satisfy; replies
+	// that break it are repaired (asked again) at most Repairs times.
+	Format      json.RawMessage `json:"format,omitempty"`
+	Repairs     int             `json:"repairs,omitempty"`
+	MaxTokens   int             `json:"max_tokens,omitempty"`
+	Temperature *float64        `json:"temperature,omitempty"`
+	Seed        *int            `json:"seed,omitempty"`
+	AllowCloud  bool            `json:"allow_cloud,omitempty"`
+	Private     bool            `json:"private,omitempty"`
+	// Stream asks for models.chat.delta notifications.
+	Stream bool `json:"stream,omitempty"`
+}
+
+// ChatDelta is the params of a models.chat.delta notification.
+type ChatDelta struct {
+	ID      json.RawMessage `json:"id"` // of the models.chat request
+	Content string          `json:"content"`
+	// Restart voids the deltas before it (a retry after a broken stream).
+	Restart bool `json:"restart,omitempty"`
+}
+
+// ModelsChatResult is the reply of models.chat with its accounting.
+type ModelsChatResult struct {
+	Model            string      `json:"model"`
+	Provider         string      `json:"provider"`
+	Message          ChatMessage `json:"message"`
+	FinishReason     string      `json:"finish_reason,omitempty"`
+	PromptTokens     int         `json:"prompt_tokens"`
+	CompletionTokens int         `json:"completion_tokens"`
+	CostUSD          float64     `json:"cost_usd,omitempty"`
+	TTFTMS           float64     `json:"ttft_ms,omitempty"`
+	LatencyMS        float64     `json:"latency_ms"`
+	Retries          int         `json:"retries,omitempty"`
+	Route            string      `json:"route,omitempty"`
+	Variant          string      `json:"variant,omitempty"`
+	// Attempts is how many replies a structured call took (repairs + 1).
+	Attempts int `json:"attempts,omitempty"`
+}
+
+// Millis expresses d in milliseconds for the wire.
+func Millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// MethodRunDecide answers a waiting run: it names the tool call the run
+// waits on (run.waiting's call) and what to do about it.
+const MethodRunDecide = "run.decide"
+
+// RunDecideParams is the params of run.decide. Decision is "retry" (run
+// the call again), "skip" (do not; the model is told) or "done" (it did
+// happen; Output, if given, is its result).
+type RunDecideParams struct {
+	RunID    keel.RunID      `json:"run_id"`
+	CallID   string          `json:"call_id"`
+	Decision string          `json:"decision"`
+	Output   json.RawMessage `json:"output,omitempty"`
+	Note     string          `json:"note,omitempty"`
+}
