@@ -84,6 +84,24 @@ func (p *eventPrinter) print(ev keel.Event) {
 		if d.Result != "" {
 			fmt.Fprintf(p.w, "\n%s\n", d.Result)
 		}
+	case keel.EventRunResumed:
+		p.closeStream()
+		var d keel.RunResumedData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d run resumed from its journal after event %d (model step %d)\n", ev.Seq, d.FromSeq, d.Step)
+	case keel.EventRunWaiting:
+		p.closeStream()
+		var d keel.RunWaitingData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d run waiting: %s\n", ev.Seq, d.Reason)
+		if d.Call != nil {
+			fmt.Fprintf(p.w, "      │ call %s: %s %s\n      │ decide with: keel decide %s %s retry|skip|done [--output JSON]\n",
+				d.Call.ID, d.Call.Name, clip(string(d.Call.Arguments), 300), ev.RunID, d.Call.ID)
+		}
+	case keel.EventHumanDecision:
+		var d keel.HumanDecisionData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d human decided %s for call %s %s\n", ev.Seq, d.Decision, d.CallID, d.Note)
 	default:
 		p.closeStream()
 		fmt.Fprintf(p.w, "%3d %s %s\n", ev.Seq, ev.Type, clip(string(ev.Data), 300))

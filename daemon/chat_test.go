@@ -117,9 +117,14 @@ func TestResumeWaitsAndDecide(t *testing.T) {
 	}
 	_, err = c.Decide(ctx, protocol.RunDecideParams{RunID: "run_w", CallID: "c2", Decision: keel.DecisionDone})
 	wantCode(t, err, protocol.CodeConflict, "decision about another call")
-	if _, err := c.Decide(ctx, protocol.RunDecideParams{RunID: "run_w", CallID: "c1", Decision: keel.DecisionDone,
-		Output: json.RawMessage(`{"invoice":"sent by hand"}`)}); err != nil {
-		t.Fatal(err)
+	if out, _, code := runCLI(ctx, dir, "show", "run_w"); code != 0 || !strings.Contains(out, "keel decide run_w c1") {
+		t.Errorf("keel show of a waiting run (exit %d) does not say how to decide:\n%s", code, out)
+	}
+	if _, errOut, code := runCLI(ctx, dir, "decide", "run_w", "c1", "done", "--output", "not json"); code != 2 {
+		t.Errorf("keel decide --output 'not json' = exit %d (%s), want 2", code, errOut)
+	}
+	if out, errOut, code := runCLI(ctx, dir, "decide", "run_w", "c1", "done", "--output", `{"invoice":"sent by hand"}`, "--note", "checked"); code != 0 {
+		t.Fatalf("keel decide = exit %d: %s%s", code, out, errOut)
 	}
 	follow(t, c, "run_w")
 	detail, _ = c.GetRun(ctx, "run_w")
