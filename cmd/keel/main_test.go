@@ -26,10 +26,7 @@ func TestBinary(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	tmp := t.TempDir()
-	bin := filepath.Join(tmp, "keel")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildKeel(t, tmp)
 	// A closed port: Ollama is "down".
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
