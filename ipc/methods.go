@@ -385,16 +385,54 @@ func handleModelsChat(ctx context.Context, c *conn, params json.RawMessage) (any
 	if p.Repairs < 0 || p.Repairs > 5 {
 		return nil, paramError("repairs", "must be between 0 and 5")
 	}
-	var onDelta func(protocol.ChatDelta)
-	if id := requestID(ctx); id != nil && p.Stream {
-		onDelta = func(d protocol.ChatDelta) {
-			d.ID = id
-			// Fails only when the connection has ended, which cancels
-			// ctx and so the call.
-			_ = c.notify(ctx, protocol.NotifyModelsChatDelta, d)
-		}
+	id := requestID(ctx)
+	if id == nil || !p.Stream {
+		return c.s.b.(ModelChatter).Chat(ctx, p, nil)
 	}
-	return c.s.b.(ModelChatter).Chat(ctx, p, onDelta)
+	co := &coalescer{send: func(d protocol.ChatDelta) {
+		d.ID = id
+		// Fails only when the connection has ended, which cancels ctx
+		// and so the call.
+		_ = c.notify(ctx, protocol.NotifyModelsChatDelta, d)
+	}}
+	res, err := c.s.b.(ModelChatter).Chat(ctx, p, co.add)
+	co.flush() // every delta goes out before the response
+	return res, err
+}
+
+// deltaInterval is the most often models.chat.delta is sent for one call
+// (after the first, which goes at once): a frame at 60 Hz. Each
+// notification costs JSON, a WebSocket frame and wake-ups on both sides,
+// CPU the local model generating the reply would otherwise have.
+const deltaInterval = 16 * time.Millisecond
+
+// coalescer joins the deltas of one streamed call that arrive within
+// deltaInterval of the last one sent. It is used from the call's
+// goroutine only.
+type coalescer struct {
+	send    func(protocol.ChatDelta)
+	pending protocol.ChatDelta
+	has     bool
+	last    time.Time
+}
+
+func (co *coalescer) add(d protocol.ChatDelta) {
+	if d.Restart {
+		co.pending = protocol.ChatDelta{Restart: true} // what was held back is void too
+	}
+	co.pending.Content += d.Content
+	co.has = true
+	if now := time.Now(); now.Sub(co.last) >= deltaInterval {
+		co.flush()
+		co.last = now
+	}
+}
+
+func (co *coalescer) flush() {
+	if co.has {
+		co.send(co.pending)
+		co.pending, co.has = protocol.ChatDelta{}, false
+	}
 }
 
 func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
