@@ -68,6 +68,8 @@ type Run struct {
 	Error     string    `json:"error,omitempty"`  // failure or cancel reason
 	MaxSteps  int       `json:"max_steps"`
 	Policy    RunPolicy `json:"policy,omitzero"`
+	// IdempotencyKey is the client's key for the start request, if any.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// LastSeq is the sequence number of the newest event of the run.

@@ -73,6 +73,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&p.Policy.Private, "private", false, "treat everything in this run as private: it never leaves this machine")
 	cmd.Flags().Int64Var(&p.Policy.BudgetTokens, "budget-tokens", 0, "most tokens the run's model calls may spend (0: no cap)")
 	cmd.Flags().Float64Var(&p.Policy.BudgetUSD, "budget-usd", 0, "most US dollars the run's model calls may spend (0: no cap)")
+	cmd.Flags().StringVar(&p.IdempotencyKey, "idempotency-key", "", "a key that makes repeating this command safe: a start with a key already used shows that run instead of starting another")
 	return cmd
 }
 

@@ -26,6 +26,7 @@ type Store interface {
 	StartSpan(ctx context.Context, sp keel.Span) error
 	FinishSpan(ctx context.Context, sp keel.Span) error
 	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error)
 	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
 }
 
@@ -171,6 +172,9 @@ type StartRequest struct {
 	Model    string
 	MaxSteps int
 	Policy   keel.RunPolicy
+	// IdempotencyKey, when set, makes Start idempotent: a second Start
+	// with the same key returns the run the first created.
+	IdempotencyKey string
 }
 
 // Start validates req, stores the run and starts it in the background.
@@ -190,13 +194,21 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if req.Policy.BudgetTokens < 0 || req.Policy.BudgetUSD < 0 {
 		return keel.Run{}, fmt.Errorf("a budget cannot be negative: %w", keel.ErrInvalid)
 	}
+	if len(req.IdempotencyKey) > 200 {
+		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
+	}
+	if req.IdempotencyKey != "" {
+		if r, err := e.sameRun(ctx, req); err == nil || !errors.Is(err, keel.ErrNotFound) {
+			return r, err
+		}
+	}
 	model, err := e.resolveModel(ctx, req.Model)
 	if err != nil {
 		return keel.Run{}, err
 	}
 	now := e.cfg.Now()
 	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Goal: req.Goal, Model: model, Status: keel.RunQueued,
-		MaxSteps: req.MaxSteps, Policy: req.Policy, CreatedAt: now, UpdatedAt: now}
+		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now}
 
 	e.mu.Lock()
 	if e.closed {
@@ -211,6 +223,9 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err := e.cfg.Store.CreateRun(ctx, run); err != nil {
 		e.finish(run.ID)
 		cancel(nil)
+		if req.IdempotencyKey != "" && errors.Is(err, keel.ErrConflict) {
+			return e.sameRun(ctx, req) // a concurrent Start with the key won
+		}
 		return keel.Run{}, fmt.Errorf("start run: %w", err)
 	}
 	go func() {
@@ -244,6 +259,20 @@ func (e *Engine) launch(run keel.Run) error {
 		e.loop(runCtx, run)
 	}()
 	return nil
+}
+
+// sameRun returns the run an earlier Start with req's idempotency key
+// created: keel.ErrNotFound if none did, keel.ErrConflict if it was
+// started with a different goal.
+func (e *Engine) sameRun(ctx context.Context, req StartRequest) (keel.Run, error) {
+	r, err := e.cfg.Store.RunByIdempotencyKey(ctx, req.IdempotencyKey)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	if r.Goal != req.Goal {
+		return keel.Run{}, fmt.Errorf("idempotency key %q was used for run %s with another goal: %w", req.IdempotencyKey, r.ID, keel.ErrConflict)
+	}
+	return r, nil
 }
 
 func (e *Engine) finish(id keel.RunID) {

@@ -3,8 +3,10 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,5 +163,47 @@ func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
 				t.Errorf("a second Decide succeeded on an ended run")
 			}
 		})
+	}
+}
+
+// TestStartIdempotencyKey: retried starts with one key, even concurrent,
+// make one run; the key with another goal is a conflict.
+func TestStartIdempotencyKey(t *testing.T) {
+	p := scripted.New(nil, scripted.Repeat(scripted.Answer("ok")))
+	st, eng, _ := resumeHarness(t, p)
+	ctx := context.Background()
+	ids := make(chan keel.RunID, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			r, err := eng.Start(ctx, engine.StartRequest{Goal: "once", IdempotencyKey: "k-1"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids <- r.ID
+		})
+	}
+	wg.Wait()
+	close(ids)
+	var first keel.RunID
+	for id := range ids {
+		if first == "" {
+			first = id
+		}
+		if id != first {
+			t.Errorf("starts with one key made runs %s and %s", first, id)
+		}
+	}
+	waitRun(t, eng, st, first)
+	runs, _ := st.ListRuns(ctx, 100)
+	if len(runs) != 1 {
+		t.Errorf("%d runs stored, want 1", len(runs))
+	}
+	if _, err := eng.Start(ctx, engine.StartRequest{Goal: "something else", IdempotencyKey: "k-1"}); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("the key with another goal = %v, want ErrConflict", err)
+	}
+	if r, err := eng.Start(ctx, engine.StartRequest{Goal: "other", IdempotencyKey: "k-2"}); err != nil || r.ID == first {
+		t.Errorf("a new key = %v, %v; want a new run", r.ID, err)
 	}
 }

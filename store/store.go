@@ -146,9 +146,13 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 		}
 		policy = string(b)
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)`,
-		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy)
+	var key any
+	if r.IdempotencyKey != "" {
+		key = r.IdempotencyKey
+	}
+	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)`,
+		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key)
 	if err != nil {
 		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
 	}
@@ -198,13 +202,13 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 	return ev, nil
 }
 
-const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy`
+const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, coalesce(idempotency_key, '')`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
 	var r keel.Run
 	var id, status, policy string
 	var created, updated int64
-	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy); err != nil {
+	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy, &r.IdempotencyKey); err != nil {
 		return keel.Run{}, err
 	}
 	if policy != "" {
@@ -373,4 +377,13 @@ func (s *Store) AddDaySpent(ctx context.Context, day string, tokens int64, usd f
 		return fmt.Errorf("record spending of %s: %w", day, mapErr(err))
 	}
 	return nil
+}
+
+// RunByIdempotencyKey returns the run created with key, or keel.ErrNotFound.
+func (s *Store) RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error) {
+	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runCols+` FROM runs WHERE idempotency_key = ?`, key))
+	if err != nil {
+		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", mapErr(err))
+	}
+	return r, nil
 }

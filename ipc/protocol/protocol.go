@@ -148,6 +148,9 @@ type RunStartParams struct {
 	// Policy: cloud models allowed (where the daemon allows cloud),
 	// private content, token and dollar budgets. Default: local only.
 	Policy keel.RunPolicy `json:"policy,omitzero"`
+	// IdempotencyKey, when set, makes a retried run.start safe: a start
+	// with a key already used returns that run instead of a new one.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // RunRef names a run.
