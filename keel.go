@@ -13,13 +13,15 @@ type RunStatus string
 
 // Run states. A run starts queued, runs, and ends in exactly one terminal
 // state. RunWaiting is a run that cannot advance until something outside
-// it decides (a human); RunInterrupted marks a run that was in flight when
+// it decides (a human); RunPaused one a client paused at a step boundary,
+// which stays paused, across restarts too, until resumed or cancelled; RunInterrupted marks a run that was in flight when
 // the daemon stopped, which the next start resumes. Which state may follow
 // which is CanTransition's table, enforced by the store.
 const (
 	RunQueued      RunStatus = "queued"
 	RunRunning     RunStatus = "running"
 	RunWaiting     RunStatus = "waiting"
+	RunPaused      RunStatus = "paused"
 	RunInterrupted RunStatus = "interrupted"
 	RunSucceeded   RunStatus = "succeeded"
 	RunFailed      RunStatus = "failed"
@@ -29,8 +31,9 @@ const (
 // transitions lists the states each state may move to.
 var transitions = map[RunStatus][]RunStatus{
 	RunQueued:      {RunRunning, RunFailed, RunCancelled, RunInterrupted},
-	RunRunning:     {RunWaiting, RunSucceeded, RunFailed, RunCancelled, RunInterrupted},
+	RunRunning:     {RunWaiting, RunPaused, RunSucceeded, RunFailed, RunCancelled, RunInterrupted},
 	RunWaiting:     {RunRunning, RunFailed, RunCancelled, RunInterrupted},
+	RunPaused:      {RunRunning, RunCancelled},
 	RunInterrupted: {RunRunning, RunWaiting, RunFailed, RunCancelled},
 }
 
@@ -60,18 +63,18 @@ func (s RunStatus) Terminal() bool {
 
 // Run is the persisted summary of one agent run.
 type Run struct {
-	ID        RunID     `json:"id"`
-	Goal      string    `json:"goal"`
-	Model     string    `json:"model"`
-	Status    RunStatus `json:"status"`
-	Result    string    `json:"result,omitempty"` // final answer when succeeded
-	Error     string    `json:"error,omitempty"`  // failure or cancel reason
-	MaxSteps  int       `json:"max_steps"`
-	Policy    RunPolicy `json:"policy,omitzero"`
+	ID       RunID     `json:"id"`
+	Goal     string    `json:"goal"`
+	Model    string    `json:"model"`
+	Status   RunStatus `json:"status"`
+	Result   string    `json:"result,omitempty"` // final answer when succeeded
+	Error    string    `json:"error,omitempty"`  // failure or cancel reason
+	MaxSteps int       `json:"max_steps"`
+	Policy   RunPolicy `json:"policy,omitzero"`
 	// IdempotencyKey is the client's key for the start request, if any.
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	IdempotencyKey string    `json:"idempotency_key,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
 	// LastSeq is the sequence number of the newest event of the run.
 	LastSeq int64 `json:"last_seq"`
 }
@@ -109,6 +112,7 @@ const (
 	EventRunResumed     EventType = "run.resumed"     // data: RunResumedData
 	EventRunWaiting     EventType = "run.waiting"     // data: RunWaitingData
 	EventHumanDecision  EventType = "human.decision"  // data: HumanDecisionData
+	EventRunPaused      EventType = "run.paused"      // data: RunEndData (status paused, reason)
 )
 
 // Decisions a human can take about a tool call whose outcome is unknown

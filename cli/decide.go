@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
@@ -44,4 +46,40 @@ func decideCmd() *cobra.Command {
 	cmd.Flags().StringVar(&output, "output", "", "with done: the call's result as JSON, as the model should see it")
 	cmd.Flags().StringVar(&note, "note", "", "why, for the journal")
 	return cmd
+}
+
+// runControlCmd is keel pause, keel resume and keel cancel: one run, one
+// request, the run's new state printed.
+func runControlCmd(use, short, done string, call func(c *client.Client, ctx context.Context, id keel.RunID) (keel.Run, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " RUN",
+		Short: short,
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := call(c, cmd.Context(), keel.RunID(args[0]))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s (now %s)\n", r.ID, done, r.Status)
+			return nil
+		},
+	}
+}
+
+func pauseCmd() *cobra.Command {
+	return runControlCmd("pause", "Pause a running run at its next step boundary (a call in flight finishes first)", "pause requested",
+		(*client.Client).PauseRun)
+}
+
+func resumeCmd() *cobra.Command {
+	return runControlCmd("resume", "Let a paused run go on from where it stopped", "resumed", (*client.Client).ResumeRun)
+}
+
+func cancelCmd() *cobra.Command {
+	return runControlCmd("cancel", "Cancel a run: in-flight model streams and tool calls stop", "cancelled", (*client.Client).CancelRun)
 }

@@ -72,7 +72,7 @@ func (p *eventPrinter) print(ev keel.Event) {
 		} else {
 			fmt.Fprintf(p.w, "%3d tool  ← %s %s  %s\n", ev.Seq, d.Name, clip(string(d.Output), 300), ms(d.DurationMS))
 		}
-	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted:
+	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted, keel.EventRunPaused:
 		p.closeStream()
 		var d keel.RunEndData
 		_ = json.Unmarshal(ev.Data, &d)

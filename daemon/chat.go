@@ -80,3 +80,13 @@ func modelError(err error) error {
 func (b *backend) DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error) {
 	return b.eng.Decide(ctx, p.RunID, p.CallID, p.Decision, p.Output, p.Note)
 }
+
+// PauseRun serves run.pause.
+func (b *backend) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	return b.eng.Pause(ctx, id)
+}
+
+// ResumeRun serves run.resume.
+func (b *backend) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	return b.eng.Unpause(ctx, id)
+}

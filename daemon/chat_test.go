@@ -136,3 +136,55 @@ func TestResumeWaitsAndDecide(t *testing.T) {
 		t.Errorf("tool audit = %+v, %v; want no tool run", audit, err)
 	}
 }
+
+// TestPauseResumeCancelCLI drives run control from the CLI against the
+// daemon: keel pause stops a run at its next step boundary, keel resume
+// lets it finish, keel cancel of an ended run is refused.
+func TestPauseResumeCancelCLI(t *testing.T) {
+	release := make(chan struct{})
+	p := scripted.New(nil,
+		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+			<-release
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
+		}),
+		scripted.Answer("counted"),
+	)
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("model never called")
+		}
+	}
+	if out, errOut, code := runCLI(ctx, d.dir, "pause", string(run.ID)); code != 0 || !strings.Contains(out, "pause requested") {
+		t.Fatalf("keel pause = %d: %s%s", code, out, errOut)
+	}
+	close(release)
+	status := func() keel.RunStatus {
+		det, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return det.Run.Status
+	}
+	for deadline := time.Now().Add(30 * time.Second); status() != keel.RunPaused; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("run is %s, want paused", status())
+		}
+	}
+	if out, errOut, code := runCLI(ctx, d.dir, "resume", string(run.ID)); code != 0 {
+		t.Fatalf("keel resume = %d: %s%s", code, out, errOut)
+	}
+	follow(t, c, run.ID)
+	if s := status(); s != keel.RunSucceeded {
+		t.Errorf("after resume: %s, want succeeded", s)
+	}
+	if _, _, code := runCLI(ctx, d.dir, "cancel", string(run.ID)); code == 0 {
+		t.Errorf("keel cancel of a succeeded run exited 0")
+	}
+}

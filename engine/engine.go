@@ -82,6 +82,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	active  map[keel.RunID]context.CancelCauseFunc
+	pausing map[keel.RunID]bool // pause asked; the loop stops at its next step boundary
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -110,7 +111,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -278,6 +279,7 @@ func (e *Engine) sameRun(ctx context.Context, req StartRequest) (keel.Run, error
 func (e *Engine) finish(id keel.RunID) {
 	e.mu.Lock()
 	delete(e.active, id)
+	delete(e.pausing, id)
 	e.mu.Unlock()
 	e.wg.Done()
 }
@@ -329,7 +331,7 @@ func (e *Engine) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
 		if err != nil {
 			return keel.Run{}, err
 		}
-		if r.Status == keel.RunInterrupted || r.Status == keel.RunWaiting {
+		if r.Status == keel.RunInterrupted || r.Status == keel.RunWaiting || r.Status == keel.RunPaused {
 			// Nothing runs it; cancelling it makes the decision final.
 			_, err := e.appendEvent(ctx, id, keel.EventRunCancelled, keel.RunEndData{Status: keel.RunCancelled, Reason: errCanceled.Error()},
 				&keel.RunUpdate{Status: keel.RunCancelled, Error: errCanceled.Error()})

@@ -49,6 +49,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 	}
 	// Calls of the last journaled step that have no result yet.
 	for _, call := range j.pending {
+		if e.paused(ctx, run.ID) {
+			return
+		}
 		msg, wait, err := e.finishCall(ctx, run, j, call)
 		switch {
 		case err != nil:
@@ -60,6 +63,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		msgs = append(msgs, msg)
 	}
 	for step := j.step + 1; step <= run.MaxSteps; step++ {
+		if e.paused(ctx, run.ID) {
+			return
+		}
 		resp, err := e.modelStep(ctx, run, step, models.ChatRequest{
 			Model: run.Model, Messages: msgs, Tools: specs,
 			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
@@ -74,6 +80,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 			return
 		}
 		for _, call := range resp.Message.ToolCalls {
+			if e.paused(ctx, run.ID) {
+				return // the step's calls without a result run on resume
+			}
 			res, err := e.toolStep(ctx, run, step, call, false)
 			if err != nil {
 				e.end(ctx, run.ID, err)

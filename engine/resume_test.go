@@ -207,3 +207,56 @@ func TestStartIdempotencyKey(t *testing.T) {
 		t.Errorf("a new key = %v, %v; want a new run", r.ID, err)
 	}
 }
+
+// TestPauseAtStepBoundary: a pause asked during a model call takes effect
+// once the call is journaled, before the tool runs; the paused run stays
+// paused until Unpause, then goes on from its journal without asking the
+// model again for that step.
+func TestPauseAtStepBoundary(t *testing.T) {
+	release := make(chan struct{})
+	p := scripted.New(nil,
+		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+			<-release
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"x"}`)}}}}, nil
+		}),
+		scripted.Answer("finished"),
+		scripted.Block(),
+	)
+	st, eng, tools := resumeHarness(t, p)
+	ctx := context.Background()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "pausable"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(p.Requests()) == 1 })
+	if _, err := eng.Pause(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	got := waitRun(t, eng, st, r.ID)
+	if got.Status != keel.RunPaused || tools.calls != 0 {
+		t.Fatalf("after pause: %s with %d tool calls, want paused before the tool", got.Status, tools.calls)
+	}
+	if _, err := eng.Pause(ctx, r.ID); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("Pause(paused) = %v, want ErrConflict", err)
+	}
+	if _, err := eng.Unpause(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	got = waitRun(t, eng, st, r.ID)
+	if got.Status != keel.RunSucceeded || got.Result != "finished" || tools.calls != 1 || len(p.Requests()) != 2 {
+		t.Errorf("after unpause: %s %q, %d tool calls, %d model calls; want succeeded, 1, 2", got.Status, got.Result, tools.calls, len(p.Requests()))
+	}
+	if _, err := eng.Unpause(ctx, r.ID); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("Unpause(succeeded) = %v, want ErrConflict", err)
+	}
+
+	// A paused run can be cancelled for good.
+	r2, _ := eng.Start(ctx, engine.StartRequest{Goal: "another"})
+	waitFor(t, func() bool { return len(p.Requests()) == 3 })
+	eng.Pause(ctx, r2.ID)
+	eng.Cancel(ctx, r2.ID) // the blocked model call ends by the cancel
+	if got := waitRun(t, eng, st, r2.ID); got.Status != keel.RunCancelled {
+		t.Errorf("cancelled while pausing: %s", got.Status)
+	}
+}

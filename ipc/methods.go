@@ -45,6 +45,8 @@ func init() {
 		protocol.MethodModelsPull:     handleModelsPull,
 		protocol.MethodModelsChat:     handleModelsChat,
 		protocol.MethodRunDecide:      handleRunDecide,
+		protocol.MethodRunPause:       handleRunPause,
+		protocol.MethodRunResume:      handleRunResume,
 	}
 }
 
@@ -53,13 +55,13 @@ func init() {
 func servedMethods(b Backend) map[string]methodFunc {
 	_, models := b.(ModelManager)
 	_, chat := b.(ModelChatter)
-	_, decide := b.(RunDecider)
+	_, control := b.(RunController)
 	served := make(map[string]methodFunc, len(methods))
 	for name, h := range methods {
 		switch {
 		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
 			!chat && name == protocol.MethodModelsChat,
-			!decide && name == protocol.MethodRunDecide:
+			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume):
 			continue
 		}
 		served[name] = h
@@ -448,7 +450,23 @@ func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any,
 	case p.Decision != keel.DecisionRetry && p.Decision != keel.DecisionSkip && p.Decision != keel.DecisionDone:
 		return nil, paramError("decision", "must be retry, skip or done")
 	}
-	return c.s.b.(RunDecider).DecideRun(ctx, p)
+	return c.s.b.(RunController).DecideRun(ctx, p)
+}
+
+func handleRunPause(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.b.(RunController).PauseRun(ctx, id)
+}
+
+func handleRunResume(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.b.(RunController).ResumeRun(ctx, id)
 }
 
 // nonNil makes a nil slice encode as [] rather than null.

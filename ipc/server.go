@@ -99,10 +99,13 @@ type ModelChatter interface {
 	Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error)
 }
 
-// RunDecider is an optional Backend interface: a backend whose runs can
-// wait for a human serves run.decide.
-type RunDecider interface {
+// RunController is an optional Backend interface: a backend whose runs
+// can wait for a human and be paused serves run.decide, run.pause and
+// run.resume.
+type RunController interface {
 	DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error)
+	PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 }
 
 // ModelManager is an optional Backend interface: a backend that manages

@@ -617,6 +617,20 @@ func (c *Client) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta 
 	return r, err
 }
 
+// PauseRun asks a running run to pause at its next step boundary.
+func (c *Client) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunPause, protocol.RunRef{RunID: id}, &r)
+	return r, err
+}
+
+// ResumeRun lets a paused run go on.
+func (c *Client) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunResume, protocol.RunRef{RunID: id}, &r)
+	return r, err
+}
+
 // Decide answers a run waiting on a tool call whose outcome is unknown
 // (run.decide): retry it, skip it, or mark it done with output.
 func (c *Client) Decide(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error) {

@@ -79,9 +79,15 @@ type ModelsChatResult struct {
 // Millis expresses d in milliseconds for the wire.
 func Millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// MethodRunDecide answers a waiting run: it names the tool call the run
-// waits on (run.waiting's call) and what to do about it.
-const MethodRunDecide = "run.decide"
+// Run control beyond start and cancel. run.decide answers a waiting run:
+// it names the tool call the run waits on (run.waiting's call) and what to
+// do about it. run.pause stops a running run at its next step boundary;
+// run.resume lets a paused run go on. Both take a RunRef.
+const (
+	MethodRunDecide = "run.decide"
+	MethodRunPause  = "run.pause"
+	MethodRunResume = "run.resume"
+)
 
 // RunDecideParams is the params of run.decide. Decision is "retry" (run
 // the call again), "skip" (do not; the model is told) or "done" (it did
