@@ -485,3 +485,41 @@ func TestSummarizeMapReduce(t *testing.T) {
 		t.Errorf("Summarize = %d rounds, %d calls, %q; want map-reduce over several chunks", sum.Rounds, sum.Calls, sum.Text[:10])
 	}
 }
+
+// BenchmarkRouterOverhead measures what the router adds to a call whose
+// provider costs nothing (24 streamed deltas, like the real-Ollama
+// benchmark's reply), so the model's own time does not hide it.
+func BenchmarkRouterOverhead(b *testing.B) {
+	p := newFake("local", "m")
+	words := strings.Repeat("tok ", 24)
+	p.reply = func(_ context.Context, _ int, _ models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
+		return answer(onDelta, words), nil
+	}
+	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"local": {Provider: p}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := withModel(hello(), "local/m")
+	b.Run("provider", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.mu.Lock()
+			p.requests = p.requests[:0]
+			p.mu.Unlock()
+			if _, err := p.Chat(b.Context(), req, func(models.Delta) {}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("router", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.mu.Lock()
+			p.requests = p.requests[:0]
+			p.mu.Unlock()
+			if _, err := r.Chat(b.Context(), req, func(models.Delta) {}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
