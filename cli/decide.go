@@ -83,3 +83,37 @@ func resumeCmd() *cobra.Command {
 func cancelCmd() *cobra.Command {
 	return runControlCmd("cancel", "Cancel a run: in-flight model streams and tool calls stop", "cancelled", (*client.Client).CancelRun)
 }
+
+func replayCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "replay RUN",
+		Short: "Run a finished run again from its journal, calling no model and no tool, and check the events match",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			res, err := c.ReplayRun(cmd.Context(), keel.RunID(args[0]))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd, res)
+			}
+			pr := &eventPrinter{w: cmd.OutOrStdout()}
+			for _, ev := range res.Events {
+				pr.print(ev)
+			}
+			if !res.Matches {
+				return &exitError{code: ExitFailure, err: fmt.Errorf("the replay differs from the journal: %s", res.Difference)}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "\nreplay matches the journal (%d events; times and durations aside)\n", len(res.Events))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 )
@@ -89,4 +90,18 @@ func (b *backend) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 // ResumeRun serves run.resume.
 func (b *backend) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
 	return b.eng.Unpause(ctx, id)
+}
+
+// ReplayRun serves run.replay.
+func (b *backend) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error) {
+	replay, err := b.eng.Replay(ctx, id)
+	if err != nil {
+		return protocol.RunReplayResult{}, err
+	}
+	journal, err := b.st.Events(ctx, id, 0)
+	if err != nil {
+		return protocol.RunReplayResult{}, err
+	}
+	diff := engine.SameEvents(journal, replay)
+	return protocol.RunReplayResult{Events: replay, Matches: diff == "", Difference: diff}, nil
 }

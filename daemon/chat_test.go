@@ -187,4 +187,12 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 	if _, _, code := runCLI(ctx, d.dir, "cancel", string(run.ID)); code == 0 {
 		t.Errorf("keel cancel of a succeeded run exited 0")
 	}
+	// The paused-and-resumed run replays from its journal to the same events.
+	requests := len(p.Requests())
+	if out, errOut, code := runCLI(ctx, d.dir, "replay", string(run.ID)); code != 0 || !strings.Contains(out, "replay matches the journal") {
+		t.Errorf("keel replay = %d:\n%s%s", code, out, errOut)
+	}
+	if len(p.Requests()) != requests {
+		t.Errorf("replay called the model")
+	}
 }

@@ -33,7 +33,8 @@ func interrupted(t *testing.T, st *store.Store, id keel.RunID, call keel.ToolCal
 			t.Fatal(err)
 		}
 	}
-	app(keel.EventRunStarted, keel.RunStartedData{Goal: "do it"}, &keel.RunUpdate{Status: keel.RunRunning})
+	app(keel.EventRunStarted, keel.RunStartedData{Goal: "do it", Model: scripted.DefaultModel.Name, Tools: []string{"echo", "slow", "write"}, MaxSteps: 4},
+		&keel.RunUpdate{Status: keel.RunRunning})
 	app(keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: []keel.ToolCall{call}}, nil)
 	if intent {
 		app(keel.EventToolCall, keel.ToolCallData{Step: 1, Call: call}, nil)
@@ -258,5 +259,56 @@ func TestPauseAtStepBoundary(t *testing.T) {
 	eng.Cancel(ctx, r2.ID) // the blocked model call ends by the cancel
 	if got := waitRun(t, eng, st, r2.ID); got.Status != keel.RunCancelled {
 		t.Errorf("cancelled while pausing: %s", got.Status)
+	}
+}
+
+// TestReplayReproducesEvents: replaying finished runs from their journals
+// gives the same events without calling the model or a tool — a run with
+// a tool call and a tool error, and a run resumed after an interruption.
+func TestReplayReproducesEvents(t *testing.T) {
+	p := scripted.ByGoal(nil, func(goal string) []scripted.Step {
+		return []scripted.Step{
+			scripted.CallTool("echo", `{"text":"one"}`),
+			scripted.CallTool("echo", `{"wrong":true}`),
+			scripted.Answer("done with " + goal),
+		}
+	})
+	st, eng, tools := resumeHarness(t, p)
+	ctx := context.Background()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "g1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, eng, st, r.ID)
+	interrupted(t, st, "run_i", keel.ToolCall{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"hi"}`)}, true)
+	if _, err := eng.Replay(ctx, "run_i"); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("Replay(unfinished) = %v, want ErrConflict", err)
+	}
+	if _, err := eng.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng, st, "run_i"); got.Status != keel.RunSucceeded {
+		t.Fatalf("resumed run: %s %q", got.Status, got.Error)
+	}
+	for _, id := range []keel.RunID{r.ID, "run_i"} {
+		journal := journal(t, st, id)
+		calls, requests := tools.calls, len(p.Requests())
+		replay, err := eng.Replay(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := engine.SameEvents(journal, replay); diff != "" {
+			t.Errorf("replay of %s differs: %s", id, diff)
+		}
+		if tools.calls != calls || len(p.Requests()) != requests {
+			t.Errorf("replay called %d tools and %d models", tools.calls-calls, len(p.Requests())-requests)
+		}
+	}
+	// A different journal must not pass: SameEvents can fail.
+	j := journal(t, st, r.ID)
+	tampered := append([]keel.Event(nil), j...)
+	tampered[len(tampered)-1].Data = json.RawMessage(`{"status":"succeeded","result":"something else"}`)
+	if engine.SameEvents(j, tampered) == "" {
+		t.Error("SameEvents found no difference in a tampered replay")
 	}
 }

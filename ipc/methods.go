@@ -47,6 +47,7 @@ func init() {
 		protocol.MethodRunDecide:      handleRunDecide,
 		protocol.MethodRunPause:       handleRunPause,
 		protocol.MethodRunResume:      handleRunResume,
+		protocol.MethodRunReplay:      handleRunReplay,
 	}
 }
 
@@ -61,7 +62,7 @@ func servedMethods(b Backend) map[string]methodFunc {
 		switch {
 		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
 			!chat && name == protocol.MethodModelsChat,
-			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume):
+			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay):
 			continue
 		}
 		served[name] = h
@@ -459,6 +460,14 @@ func handleRunPause(ctx context.Context, c *conn, params json.RawMessage) (any, 
 		return nil, err
 	}
 	return c.s.b.(RunController).PauseRun(ctx, id)
+}
+
+func handleRunReplay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	id, err := decodeRunRef(params)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.b.(RunController).ReplayRun(ctx, id)
 }
 
 func handleRunResume(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

@@ -624,6 +624,13 @@ func (c *Client) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) 
 	return r, err
 }
 
+// ReplayRun replays a finished run from its journal (run.replay).
+func (c *Client) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error) {
+	var r protocol.RunReplayResult
+	err := c.Call(ctx, protocol.MethodRunReplay, protocol.RunRef{RunID: id}, &r)
+	return r, err
+}
+
 // ResumeRun lets a paused run go on.
 func (c *Client) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
 	var r keel.Run

@@ -87,7 +87,19 @@ const (
 	MethodRunDecide = "run.decide"
 	MethodRunPause  = "run.pause"
 	MethodRunResume = "run.resume"
+	// MethodRunReplay runs a finished run again from its journal without
+	// calling any model or tool, and compares (RunReplayResult).
+	MethodRunReplay = "run.replay"
 )
+
+// RunReplayResult is the result of run.replay: the events the engine
+// produced from the journaled results, and whether they match the
+// journal (times, durations and lifecycle-only events aside).
+type RunReplayResult struct {
+	Events     []keel.Event `json:"events"`
+	Matches    bool         `json:"matches"`
+	Difference string       `json:"difference,omitempty"`
+}
 
 // RunDecideParams is the params of run.decide. Decision is "retry" (run
 // the call again), "skip" (do not; the model is told) or "done" (it did

@@ -1,0 +1,197 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+)
+
+// lifecycleOnly are the events that record what happened to a run rather
+// than what it did; a replay, which runs straight through, has none.
+var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResumed, keel.EventRunWaiting,
+	keel.EventRunPaused, keel.EventHumanDecision}
+
+// Replay runs a finished run again from its journal without calling any
+// model or tool: the engine's own loop runs against the journaled model
+// and tool results, in memory, and the events it produces are returned
+// (numbered from 1). For a run that went straight through they equal the
+// journal's, durations aside (see SameEvents); the events of
+// interruptions, pauses and human decisions are not reproduced, their
+// effect (a result) is.
+func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error) {
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !run.Status.Terminal() {
+		return nil, fmt.Errorf("run %s is %s; only a finished run can be replayed: %w", id, run.Status, keel.ErrConflict)
+	}
+	evs, err := e.cfg.Store.Events(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	rec := &recording{results: map[string]keel.ToolResultData{}}
+	for _, ev := range evs {
+		switch ev.Type {
+		case keel.EventRunStarted:
+			if err := json.Unmarshal(ev.Data, &rec.started); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+		case keel.EventModelResult:
+			var d keel.ModelResultData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			rec.steps = append(rec.steps, d)
+		case keel.EventToolResult:
+			var d keel.ToolResultData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			rec.results[d.CallID] = d
+		}
+	}
+	mem := &memStore{}
+	run.Status, run.LastSeq = keel.RunQueued, 0
+	if err := mem.CreateRun(ctx, run); err != nil {
+		return nil, err
+	}
+	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}
+	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
+	replayer.loop(ctx, run)
+	return mem.events, nil
+}
+
+// SameEvents reports the first difference between a run's journal and its
+// replay, ignoring lifecycle-only events of the journal, times and
+// durations; "" means they match.
+func SameEvents(journal, replay []keel.Event) string {
+	var want []keel.Event
+	for _, ev := range journal {
+		if !slices.Contains(lifecycleOnly, ev.Type) {
+			want = append(want, ev)
+		}
+	}
+	for i := range max(len(want), len(replay)) {
+		if i >= len(want) || i >= len(replay) {
+			return fmt.Sprintf("journal has %d events and the replay %d", len(want), len(replay))
+		}
+		a, b := normalize(want[i]), normalize(replay[i])
+		if a != b {
+			return fmt.Sprintf("event %d: journal %s, replay %s", i+1, a, b)
+		}
+	}
+	return ""
+}
+
+// normalize renders an event without what differs between a run and its
+// replay: time, sequence number (lifecycle events are skipped), durations.
+func normalize(ev keel.Event) string {
+	var data map[string]any
+	_ = json.Unmarshal(ev.Data, &data)
+	delete(data, "duration_ms")
+	b, _ := json.Marshal(data)
+	return string(ev.Type) + " " + string(b)
+}
+
+// recording serves a replay: the journaled model results in order, and
+// the journaled tool results by call.
+type recording struct {
+	mu      sync.Mutex
+	started keel.RunStartedData
+	steps   []keel.ModelResultData
+	next    int
+	results map[string]keel.ToolResultData
+}
+
+func (r *recording) Models(context.Context) ([]models.ModelInfo, error) { return nil, nil }
+
+func (r *recording) Chat(_ context.Context, _ models.ChatRequest, _ func(models.Delta)) (models.ChatResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.next >= len(r.steps) {
+		return models.ChatResponse{}, fmt.Errorf("the journal has no model result for step %d", r.next+1)
+	}
+	d := r.steps[r.next]
+	r.next++
+	return models.ChatResponse{Model: d.Model, Message: models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls},
+		Usage: models.Usage{PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens}}, nil
+}
+
+func (r *recording) Specs() []keel.ToolSpec {
+	specs := make([]keel.ToolSpec, len(r.started.Tools))
+	for i, name := range r.started.Tools {
+		specs[i] = keel.ToolSpec{Name: name}
+	}
+	return specs
+}
+
+// Call answers with the journaled result of the call the engine names in
+// ctx (its Caller).
+func (r *recording) Call(ctx context.Context, name string, _ json.RawMessage) (json.RawMessage, error) {
+	c, _ := CallerFrom(ctx)
+	r.mu.Lock()
+	res, ok := r.results[c.CallID]
+	r.mu.Unlock()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("the journal has no result for call %s of %s", c.CallID, name)
+	case res.Error != nil:
+		return nil, res.Error
+	}
+	return res.Output, nil
+}
+
+// memStore is the Store of a replay: the run and its events in memory.
+type memStore struct {
+	mu     sync.Mutex
+	run    keel.Run
+	events []keel.Event
+}
+
+func (m *memStore) CreateRun(_ context.Context, r keel.Run) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.run = r
+	return nil
+}
+
+func (m *memStore) GetRun(context.Context, keel.RunID) (keel.Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.run, nil
+}
+
+func (m *memStore) Append(_ context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if upd != nil {
+		if !keel.CanTransition(m.run.Status, upd.Status) {
+			return keel.Event{}, fmt.Errorf("replay: %s cannot become %s: %w", m.run.Status, upd.Status, keel.ErrConflict)
+		}
+		m.run.Status, m.run.Result, m.run.Error = upd.Status, upd.Result, upd.Error
+	}
+	ev := keel.Event{RunID: id, Seq: int64(len(m.events) + 1), Type: typ, Time: at, Data: data}
+	m.events = append(m.events, ev)
+	m.run.LastSeq = ev.Seq
+	return ev, nil
+}
+
+func (m *memStore) RunsWithStatus(context.Context, ...keel.RunStatus) ([]keel.Run, error) {
+	return nil, nil
+}
+func (m *memStore) StartSpan(context.Context, keel.Span) error  { return nil }
+func (m *memStore) FinishSpan(context.Context, keel.Span) error { return nil }
+func (m *memStore) Events(context.Context, keel.RunID, int64) ([]keel.Event, error) {
+	return nil, nil // a replay starts from nothing
+}
+func (m *memStore) Spans(context.Context, keel.RunID) ([]keel.Span, error) { return nil, nil }
+func (m *memStore) RunByIdempotencyKey(context.Context, string) (keel.Run, error) {
+	return keel.Run{}, keel.ErrNotFound
+}
