@@ -100,20 +100,45 @@ type EventType string
 
 // Event types of a run.
 const (
-	EventRunStarted     EventType = "run.started"     // data: RunStartedData
-	EventModelDelta     EventType = "model.delta"     // data: ModelDeltaData (not persisted)
-	EventModelResult    EventType = "model.result"    // data: ModelResultData
-	EventToolCall       EventType = "tool.call"       // data: ToolCallData
-	EventToolResult     EventType = "tool.result"     // data: ToolResultData
-	EventRunSucceeded   EventType = "run.succeeded"   // data: RunEndData
-	EventRunFailed      EventType = "run.failed"      // data: RunEndData
-	EventRunCancelled   EventType = "run.cancelled"   // data: RunEndData
-	EventRunInterrupted EventType = "run.interrupted" // data: RunEndData
-	EventRunResumed     EventType = "run.resumed"     // data: RunResumedData
-	EventRunWaiting     EventType = "run.waiting"     // data: RunWaitingData
-	EventHumanDecision  EventType = "human.decision"  // data: HumanDecisionData
-	EventRunPaused      EventType = "run.paused"      // data: RunEndData (status paused, reason)
+	EventRunStarted     EventType = "run.started"        // data: RunStartedData
+	EventModelDelta     EventType = "model.delta"        // data: ModelDeltaData (not persisted)
+	EventModelResult    EventType = "model.result"       // data: ModelResultData
+	EventToolCall       EventType = "tool.call"          // data: ToolCallData
+	EventToolResult     EventType = "tool.result"        // data: ToolResultData
+	EventRunSucceeded   EventType = "run.succeeded"      // data: RunEndData
+	EventRunFailed      EventType = "run.failed"         // data: RunEndData
+	EventRunCancelled   EventType = "run.cancelled"      // data: RunEndData
+	EventRunInterrupted EventType = "run.interrupted"    // data: RunEndData
+	EventRunResumed     EventType = "run.resumed"        // data: RunResumedData
+	EventRunWaiting     EventType = "run.waiting"        // data: RunWaitingData
+	EventHumanDecision  EventType = "human.decision"     // data: HumanDecisionData
+	EventRunPaused      EventType = "run.paused"         // data: RunEndData (status paused, reason)
+	EventApprovalAsked  EventType = "approval.requested" // data: ApprovalRequestData
+	EventApproval       EventType = "approval.decision"  // data: ApprovalData
 )
+
+// ApprovalRequestData is the payload of EventApprovalAsked: the exact
+// call a person must approve, and the hash that binds an approval to it.
+type ApprovalRequestData struct {
+	Call ToolCall `json:"call"`
+	// ArgsSHA256 is the hex sha256 of the call's arguments as shown; an
+	// approval must name it, so approving one payload cannot release
+	// another.
+	ArgsSHA256  string     `json:"args_sha256"`
+	SideEffects SideEffect `json:"side_effects"`
+	SpanID      string     `json:"span_id"`
+}
+
+// ApprovalData is the payload of EventApproval.
+type ApprovalData struct {
+	CallID     string `json:"call_id"`
+	ArgsSHA256 string `json:"args_sha256"`
+	Approved   bool   `json:"approved"`
+	// Reason is why, for a denial; the model sees it.
+	Reason string `json:"reason,omitempty"`
+	// Arguments, when set, replace the call's arguments (an edit).
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
 
 // Decisions a human can take about a tool call whose outcome is unknown
 // (its intent was journaled, its result was not, and it is not safe to
@@ -258,6 +283,8 @@ const (
 	ToolNotFound          ToolErrorCode = "not_found"
 	// ToolSkipped: the call was not run, by a human's decision.
 	ToolSkipped ToolErrorCode = "skipped"
+	// ToolDenied: a person denied the call; the message holds the reason.
+	ToolDenied ToolErrorCode = "denied"
 )
 
 // ToolError is a classified tool failure. Its message is written for both
@@ -283,6 +310,7 @@ type SpanKind string
 const (
 	SpanModelCall SpanKind = "model.call"
 	SpanToolCall  SpanKind = "tool.call"
+	SpanHuman     SpanKind = "human.wait" // a run waiting for a person's approval
 )
 
 // SpanStatus is the outcome of a span.

@@ -117,3 +117,62 @@ func replayCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
+
+// approvalCmd is keel approve and keel deny: the call is named by run and
+// call id, and the arguments shown are looked up and hashed here, from
+// the run's approval.requested, so what is approved is what was shown.
+func approvalCmd(approve bool) *cobra.Command {
+	var reason, edit, sha string
+	use, short := "deny", "Deny a tool call a run is waiting to have approved; the model sees the reason"
+	if approve {
+		use, short = "approve", "Approve a tool call a run is waiting on (optionally with edited arguments)"
+	}
+	cmd := &cobra.Command{
+		Use:   use + " RUN CALL",
+		Short: short,
+		Args:  usageArgs(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			p := protocol.RunApproveParams{RunID: keel.RunID(args[0]), CallID: args[1], Approved: approve, Reason: reason, ArgsSHA256: sha}
+			if edit != "" {
+				if !json.Valid([]byte(edit)) {
+					return &exitError{code: ExitUsage, err: errors.New("--edit must be JSON")}
+				}
+				p.Arguments = json.RawMessage(edit)
+			}
+			if p.ArgsSHA256 == "" {
+				det, err := c.GetRun(cmd.Context(), p.RunID)
+				if err != nil {
+					return err
+				}
+				for _, ev := range det.Events {
+					var d keel.ApprovalRequestData
+					if ev.Type == keel.EventApprovalAsked && json.Unmarshal(ev.Data, &d) == nil && d.Call.ID == p.CallID {
+						p.ArgsSHA256 = d.ArgsSHA256
+						fmt.Fprintf(cmd.OutOrStdout(), "call %s: %s %s\n", d.Call.ID, d.Call.Name, clip(string(d.Call.Arguments), 2000))
+					}
+				}
+				if p.ArgsSHA256 == "" {
+					return &exitError{code: ExitFailure, err: fmt.Errorf("run %s asked no approval for call %s", p.RunID, p.CallID)}
+				}
+			}
+			r, err := c.ApproveRun(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "run %s: call %s %sd; the run goes on (now %s)\n", r.ID, p.CallID, use, r.Status)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&sha, "sha256", "", "the arguments' hash as shown; default: the one the run asked about")
+	if approve {
+		cmd.Flags().StringVar(&edit, "edit", "", "replace the call's arguments (JSON) before it runs")
+	} else {
+		cmd.Flags().StringVar(&reason, "reason", "", "why, for the model")
+	}
+	return cmd
+}

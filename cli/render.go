@@ -98,6 +98,22 @@ func (p *eventPrinter) print(ev keel.Event) {
 			fmt.Fprintf(p.w, "      │ call %s: %s %s\n      │ decide with: keel decide %s %s retry|skip|done [--output JSON]\n",
 				d.Call.ID, d.Call.Name, clip(string(d.Call.Arguments), 300), ev.RunID, d.Call.ID)
 		}
+	case keel.EventApprovalAsked:
+		p.closeStream()
+		var d keel.ApprovalRequestData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d approval needed: %s (%s) %s\n      │ keel approve %s %s   or   keel deny %s %s --reason \"…\"\n",
+			ev.Seq, d.Call.Name, d.SideEffects, clip(string(d.Call.Arguments), 300), ev.RunID, d.Call.ID, ev.RunID, d.Call.ID)
+	case keel.EventApproval:
+		var d keel.ApprovalData
+		_ = json.Unmarshal(ev.Data, &d)
+		verdict := "approved"
+		if !d.Approved {
+			verdict = "denied: " + d.Reason
+		} else if len(d.Arguments) > 0 {
+			verdict = "approved with edited arguments " + clip(string(d.Arguments), 300)
+		}
+		fmt.Fprintf(p.w, "%3d call %s %s\n", ev.Seq, d.CallID, verdict)
 	case keel.EventHumanDecision:
 		var d keel.HumanDecisionData
 		_ = json.Unmarshal(ev.Data, &d)

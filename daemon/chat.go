@@ -105,3 +105,8 @@ func (b *backend) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunRep
 	diff := engine.SameEvents(journal, replay)
 	return protocol.RunReplayResult{Events: replay, Matches: diff == "", Difference: diff}, nil
 }
+
+// ApproveRun serves run.approve.
+func (b *backend) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
+	return b.eng.Approve(ctx, p.RunID, keel.ApprovalData{CallID: p.CallID, ArgsSHA256: p.ArgsSHA256, Approved: p.Approved, Reason: p.Reason, Arguments: p.Arguments})
+}

@@ -196,3 +196,45 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 		t.Errorf("replay called the model")
 	}
 }
+
+// TestApprovalCLI: with --require-approval for the tool's side-effect
+// class, a run waits before the call; keel approve --edit runs it with the
+// edited arguments, which is what the model then sees.
+func TestApprovalCLI(t *testing.T) {
+	p := scripted.New(nil,
+		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
+		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+			return models.ChatResponse{Message: models.Message{Content: "tool said " + req.Messages[len(req.Messages)-1].Content}}, nil
+		}),
+	)
+	d := startDaemon(t, daemon.Config{Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		det, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if det.Run.Status == keel.RunWaiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run is %s, want waiting for approval", det.Run.Status)
+		}
+	}
+	if out, _, code := runCLI(ctx, d.dir, "show", string(run.ID)); code != 0 || !strings.Contains(out, "keel approve "+string(run.ID)+" c1") {
+		t.Errorf("keel show does not say how to approve:\n%s", out)
+	}
+	if out, errOut, code := runCLI(ctx, d.dir, "approve", string(run.ID), "c1", "--edit", `{"text":"just two"}`); code != 0 {
+		t.Fatalf("keel approve = %d: %s%s", code, out, errOut)
+	}
+	follow(t, c, run.ID)
+	det, _ := c.GetRun(ctx, run.ID)
+	if det.Run.Status != keel.RunSucceeded || !strings.Contains(det.Run.Result, `"words":2`) {
+		t.Errorf("after approval with an edit: %s %q, want the edited input counted", det.Run.Status, det.Run.Result)
+	}
+}

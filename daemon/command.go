@@ -5,12 +5,15 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/keel-runtime/keel"
 )
 
 // Command returns the `keel daemon` command, which runs Run with flags.
 func Command() *cobra.Command {
 	var cfg Config
 	var verbose bool
+	var approve []string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Start the keel runtime (listens on loopback; Ctrl-C stops it)",
@@ -29,6 +32,9 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 				level = slog.LevelDebug
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			for _, a := range approve {
+				cfg.RequireApproval = append(cfg.RequireApproval, keel.SideEffect(a))
+			}
 			return Run(cmd.Context(), cfg)
 		},
 	}
@@ -40,6 +46,7 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
 	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")
 	f.BoolVar(&cfg.ToolsAllowPrivateNetwork, "tools-allow-private-network", false, "let tools with network grants reach loopback and private addresses")
+	f.StringSliceVar(&approve, "require-approval", nil, "side-effect classes whose tool calls wait for your approval: non_idempotent_write, external, idempotent_write, read_only (comma-separated)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
@@ -58,6 +59,9 @@ type Config struct {
 	// ToolsAllowPrivateNetwork lets tools with a network grant reach
 	// loopback and private addresses. Default false.
 	ToolsAllowPrivateNetwork bool
+	// RequireApproval lists side-effect classes (keel.SideEffect values)
+	// whose tool calls wait for a person's approval; empty: none.
+	RequireApproval []keel.SideEffect
 	// CacheDir holds compiled tools (wazero's compilation cache), so a
 	// restart does not recompile; default DataDir/cache/wazero.
 	CacheDir string
@@ -175,7 +179,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	for _, se := range cfg.RequireApproval {
+		switch se {
+		case keel.SideEffectReadOnly, keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite, keel.SideEffectExternal:
+		default:
+			return fmt.Errorf("--require-approval %q: want read_only, idempotent_write, non_idempotent_write or external", se)
+		}
+	}
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return err
 	}

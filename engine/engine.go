@@ -51,6 +51,10 @@ type Config struct {
 	// DefaultModel is used when a run names none. When empty, the first
 	// local model with native tool calling is used, else the first model.
 	DefaultModel string
+	// RequireApproval lists the side-effect classes whose tool calls wait
+	// for a person's approval before they run; empty (the default) means
+	// runs advance by themselves.
+	RequireApproval []keel.SideEffect
 	// DefaultMaxSteps bounds model calls per run; default 8.
 	DefaultMaxSteps int
 	// SystemPrompt opens every run's context; default DefaultSystemPrompt.

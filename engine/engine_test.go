@@ -61,7 +61,7 @@ func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage
 		t.mu.Lock()
 		t.writes++
 		t.mu.Unlock()
-		return json.RawMessage(`{"written":true}`), nil
+		return json.RawMessage(`{"written":` + string(input) + `}`), nil
 	}
 	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}
 }

@@ -83,6 +83,12 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 			if e.paused(ctx, run.ID) {
 				return // the step's calls without a result run on resume
 			}
+			if _, _, wait, err := e.gate(ctx, run, step, call, nil); err != nil || wait {
+				if err != nil {
+					e.end(ctx, run.ID, err)
+				}
+				return // waiting for approval; the call runs on resume
+			}
 			res, err := e.toolStep(ctx, run, step, call, false)
 			if err != nil {
 				e.end(ctx, run.ID, err)
@@ -100,6 +106,16 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 // otherwise the run waits for a human (wait true), or applies the human's
 // skip or done. It returns the tool message for the model.
 func (e *Engine) finishCall(ctx context.Context, run keel.Run, j journal, call keel.ToolCall) (models.Message, bool, error) {
+	call, denied, wait, err := e.gate(ctx, run, j.step, call, j.approvals)
+	switch {
+	case err != nil || wait:
+		return models.Message{}, wait, err
+	case denied != nil:
+		if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, *denied, nil); err != nil {
+			return models.Message{}, false, fmt.Errorf("journal: %w", err)
+		}
+		return toolMessage(run, *denied), false, nil
+	}
 	d, decided := j.decision[call.ID]
 	var res keel.ToolResultData
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/models"
@@ -16,14 +17,17 @@ import (
 // was journaled: recorded model and tool results are reused, never asked
 // for again.
 type journal struct {
-	fresh    bool // run.started is not journaled yet
-	lastSeq  int64
-	msgs     []models.Message
-	step     int             // the last journaled model step
-	pending  []keel.ToolCall // calls of that step without a result, in order
-	intent   map[string]bool // calls whose tool.call intent is journaled
-	decision map[string]keel.HumanDecisionData
-	answer   *string // the final answer, when the last step gave one
+	fresh     bool // run.started is not journaled yet
+	lastSeq   int64
+	msgs      []models.Message
+	step      int             // the last journaled model step
+	pending   []keel.ToolCall // calls of that step without a result, in order
+	intent    map[string]bool // calls whose tool.call intent is journaled
+	decision  map[string]keel.HumanDecisionData
+	asked     map[string]keel.ApprovalRequestData // approvals requested, by call
+	askedAt   map[string]time.Time
+	approvals map[string]keel.ApprovalData // approvals given or refused, by call
+	answer    *string                      // the final answer, when the last step gave one
 }
 
 // restore reads run's journal.
@@ -33,10 +37,13 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 		return journal{}, fmt.Errorf("read journal: %w", err)
 	}
 	j := journal{
-		fresh:    true,
-		msgs:     initialMessages(e.cfg.SystemPrompt, run),
-		intent:   map[string]bool{},
-		decision: map[string]keel.HumanDecisionData{},
+		fresh:     true,
+		msgs:      initialMessages(e.cfg.SystemPrompt, run),
+		intent:    map[string]bool{},
+		decision:  map[string]keel.HumanDecisionData{},
+		asked:     map[string]keel.ApprovalRequestData{},
+		askedAt:   map[string]time.Time{},
+		approvals: map[string]keel.ApprovalData{},
 	}
 	for _, ev := range evs {
 		j.lastSeq = ev.Seq
@@ -72,6 +79,18 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 					break
 				}
 			}
+		case keel.EventApprovalAsked:
+			var d keel.ApprovalRequestData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.asked[d.Call.ID], j.askedAt[d.Call.ID] = d, ev.Time
+		case keel.EventApproval:
+			var d keel.ApprovalData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.approvals[d.CallID] = d
 		case keel.EventHumanDecision:
 			var d keel.HumanDecisionData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {

@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"path/filepath"
@@ -42,14 +44,14 @@ func interrupted(t *testing.T, st *store.Store, id keel.RunID, call keel.ToolCal
 	app(keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted}, &keel.RunUpdate{Status: keel.RunInterrupted})
 }
 
-func resumeHarness(t *testing.T, p *scripted.Provider) (*store.Store, *engine.Engine, *echoTools) {
+func resumeHarness(t *testing.T, p *scripted.Provider, approve ...keel.SideEffect) (*store.Store, *engine.Engine, *echoTools) {
 	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tools := &echoTools{}
-	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools})
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools, RequireApproval: approve})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +137,7 @@ func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
 	}{
 		{keel.DecisionSkip, 0, `"skipped"`},
 		{keel.DecisionDone, 0, `"confirmed_by":"human"`},
-		{keel.DecisionRetry, 1, `"written":true`},
+		{keel.DecisionRetry, 1, `"written":{}`},
 	} {
 		t.Run(tt.decision, func(t *testing.T) {
 			p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
@@ -310,5 +312,64 @@ func TestReplayReproducesEvents(t *testing.T) {
 	tampered[len(tampered)-1].Data = json.RawMessage(`{"status":"succeeded","result":"something else"}`)
 	if engine.SameEvents(j, tampered) == "" {
 		t.Error("SameEvents found no difference in a tampered replay")
+	}
+}
+
+// TestApprovalBoundToPayload: a call whose side-effect class needs
+// approval waits; an approval naming another payload's hash is refused;
+// approve runs it (with edited arguments when given), deny gives the model
+// the reason; the wait is a span of its own.
+func TestApprovalBoundToPayload(t *testing.T) {
+	args := json.RawMessage(`{"n":1}`)
+	sum := sha256.Sum256(args)
+	hash := hex.EncodeToString(sum[:])
+	for _, tt := range []struct {
+		name       string
+		decision   keel.ApprovalData
+		wantWrites int
+		wantSeen   string
+	}{
+		{"approve", keel.ApprovalData{CallID: "c1", ArgsSHA256: hash, Approved: true}, 1, `"written":{"n":1}`},
+		{"edit", keel.ApprovalData{CallID: "c1", ArgsSHA256: hash, Approved: true, Arguments: json.RawMessage(`{"n":2}`)}, 1, `"written":{"n":2}`},
+		{"deny", keel.ApprovalData{CallID: "c1", ArgsSHA256: hash, Reason: "not on a Friday"}, 0, "not on a Friday"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := scripted.New(nil,
+				scripted.CallTools(keel.ToolCall{ID: "c1", Name: "write", Arguments: args}),
+				scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+					return models.ChatResponse{Message: models.Message{Content: "saw " + req.Messages[len(req.Messages)-1].Content}}, nil
+				}))
+			st, eng, tools := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
+			ctx := context.Background()
+			r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting || tools.writes != 0 {
+				t.Fatalf("run = %s with %d writes, want waiting for approval before any", got.Status, tools.writes)
+			}
+			other := tt.decision
+			other.ArgsSHA256 = strings.Repeat("0", 64)
+			if _, err := eng.Approve(ctx, r.ID, other); !errors.Is(err, keel.ErrConflict) {
+				t.Errorf("approval of another payload = %v, want ErrConflict", err)
+			}
+			if _, err := eng.Approve(ctx, r.ID, tt.decision); err != nil {
+				t.Fatal(err)
+			}
+			got := waitRun(t, eng, st, r.ID)
+			if got.Status != keel.RunSucceeded || tools.writes != tt.wantWrites || !strings.Contains(got.Result, tt.wantSeen) {
+				t.Errorf("after %s: %s %q, %d writes; want succeeded, %d writes, the model seeing %s", tt.name, got.Status, got.Result, tools.writes, tt.wantWrites, tt.wantSeen)
+			}
+			spans, _ := st.Spans(ctx, r.ID)
+			human := 0
+			for _, sp := range spans {
+				if sp.Kind == keel.SpanHuman && sp.Status != keel.SpanRunning {
+					human++
+				}
+			}
+			if human != 1 {
+				t.Errorf("spans %+v: want one closed human.wait span", spans)
+			}
+		})
 	}
 }

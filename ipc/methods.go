@@ -48,6 +48,7 @@ func init() {
 		protocol.MethodRunPause:       handleRunPause,
 		protocol.MethodRunResume:      handleRunResume,
 		protocol.MethodRunReplay:      handleRunReplay,
+		protocol.MethodRunApprove:     handleRunApprove,
 	}
 }
 
@@ -62,7 +63,7 @@ func servedMethods(b Backend) map[string]methodFunc {
 		switch {
 		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
 			!chat && name == protocol.MethodModelsChat,
-			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay):
+			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove):
 			continue
 		}
 		served[name] = h
@@ -460,6 +461,24 @@ func handleRunPause(ctx context.Context, c *conn, params json.RawMessage) (any, 
 		return nil, err
 	}
 	return c.s.b.(RunController).PauseRun(ctx, id)
+}
+
+func handleRunApprove(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunApproveParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.RunID == "":
+		return nil, paramError("run_id", "must not be empty")
+	case p.CallID == "":
+		return nil, paramError("call_id", "must not be empty")
+	case len(p.ArgsSHA256) != 64:
+		return nil, paramError("args_sha256", "must be the 64-hex-digit hash shown in approval.requested")
+	case len(p.Arguments) > 0 && !p.Approved:
+		return nil, paramError("arguments", "only an approval can edit the arguments")
+	}
+	return c.s.b.(RunController).ApproveRun(ctx, p)
 }
 
 func handleRunReplay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

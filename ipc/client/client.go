@@ -624,6 +624,13 @@ func (c *Client) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) 
 	return r, err
 }
 
+// ApproveRun answers a run's approval request (run.approve).
+func (c *Client) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunApprove, p, &r)
+	return r, err
+}
+
 // ReplayRun replays a finished run from its journal (run.replay).
 func (c *Client) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error) {
 	var r protocol.RunReplayResult

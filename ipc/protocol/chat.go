@@ -90,7 +90,22 @@ const (
 	// MethodRunReplay runs a finished run again from its journal without
 	// calling any model or tool, and compares (RunReplayResult).
 	MethodRunReplay = "run.replay"
+	// MethodRunApprove answers an approval.requested: approve (the exact
+	// arguments shown, named by their hash; optionally edited) or deny
+	// with a reason the model sees.
+	MethodRunApprove = "run.approve"
 )
+
+// RunApproveParams is the params of run.approve.
+type RunApproveParams struct {
+	RunID      keel.RunID `json:"run_id"`
+	CallID     string     `json:"call_id"`
+	ArgsSHA256 string     `json:"args_sha256"`
+	Approved   bool       `json:"approved"`
+	Reason     string     `json:"reason,omitempty"`
+	// Arguments, when set with approved, replace the call's arguments.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
 
 // RunReplayResult is the result of run.replay: the events the engine
 // produced from the journaled results, and whether they match the

@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/keel-runtime/keel"
+)
+
+// argsHash is the hex sha256 of a call's arguments as journaled: what an
+// approval is bound to.
+func argsHash(args json.RawMessage) string {
+	sum := sha256.Sum256(args)
+	return hex.EncodeToString(sum[:])
+}
+
+// needsApproval reports whether a call of tool name must be approved by a
+// person first (Config.RequireApproval names its side-effect class).
+func (e *Engine) needsApproval(name string) (keel.SideEffect, bool) {
+	for _, s := range e.cfg.Tools.Specs() {
+		if s.Name == name {
+			return s.SideEffects, slices.Contains(e.cfg.RequireApproval, s.SideEffects)
+		}
+	}
+	return "", false
+}
+
+// gate applies approvals to a call about to run. It returns the call to
+// run (its arguments edited if the person edited them), or a result to
+// journal instead (denied), or wait true after asking for an approval,
+// which leaves the run waiting.
+func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.ToolCall, decided map[string]keel.ApprovalData) (keel.ToolCall, *keel.ToolResultData, bool, error) {
+	effects, need := e.needsApproval(call.Name)
+	if !need {
+		return call, nil, false, nil
+	}
+	if d, ok := decided[call.ID]; ok {
+		if !d.Approved {
+			return call, &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
+				Error: &keel.ToolError{Code: keel.ToolDenied, Message: "a person denied this call" + noteSuffix(d.Reason)}}, false, nil
+		}
+		if len(d.Arguments) > 0 {
+			call.Arguments = d.Arguments
+		}
+		return call, nil, false, nil
+	}
+	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanHuman, Name: "approve " + call.Name, Step: step, Start: e.cfg.Now()}
+	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
+		return call, nil, false, fmt.Errorf("journal: %w", err)
+	}
+	why := fmt.Sprintf("tool %s (%s) needs a person's approval", call.Name, effects)
+	if _, err := e.appendEvent(ctx, run.ID, keel.EventApprovalAsked,
+		keel.ApprovalRequestData{Call: call, ArgsSHA256: argsHash(call.Arguments), SideEffects: effects, SpanID: sp.ID},
+		&keel.RunUpdate{Status: keel.RunWaiting, Error: why}); err != nil {
+		return call, nil, false, fmt.Errorf("journal: %w", err)
+	}
+	return call, nil, true, nil
+}
+
+// Approve answers a run waiting for approval of callID. argsSHA256 must
+// be the hash the request showed (approval.requested): an approval binds
+// to the exact payload. approved false denies, with reason for the model;
+// args, when set, replace the call's arguments.
+func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData) (keel.Run, error) {
+	if len(d.Arguments) > 0 && !json.Valid(d.Arguments) {
+		return keel.Run{}, fmt.Errorf("edited arguments are not JSON: %w", keel.ErrInvalid)
+	}
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	if run.Status != keel.RunWaiting {
+		return run, fmt.Errorf("run %s is %s, not waiting for an approval: %w", id, run.Status, keel.ErrConflict)
+	}
+	j, err := e.restore(ctx, run)
+	if err != nil {
+		return run, err
+	}
+	asked, ok := j.asked[d.CallID]
+	if _, done := j.approvals[d.CallID]; !ok || done {
+		return run, fmt.Errorf("run %s is not waiting for an approval of call %q: %w", id, d.CallID, keel.ErrConflict)
+	}
+	if d.ArgsSHA256 != asked.ArgsSHA256 {
+		return run, fmt.Errorf("the approval names arguments %q but call %s shows %q: approve what was shown: %w", d.ArgsSHA256, d.CallID, asked.ArgsSHA256, keel.ErrConflict)
+	}
+	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {
+		return run, err
+	}
+	status := keel.SpanOK
+	if !d.Approved {
+		status = keel.SpanError
+	}
+	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason}
+	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
+		e.log.Warn("close the approval span", "run", id, "err", err)
+	}
+	if err := e.launch(run); err != nil {
+		return run, err
+	}
+	return e.cfg.Store.GetRun(ctx, id)
+}
