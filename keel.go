@@ -115,7 +115,14 @@ const (
 	EventRunPaused      EventType = "run.paused"         // data: RunEndData (status paused, reason)
 	EventApprovalAsked  EventType = "approval.requested" // data: ApprovalRequestData
 	EventApproval       EventType = "approval.decision"  // data: ApprovalData
+	EventHumanMessage   EventType = "human.message"      // data: HumanMessageData
 )
+
+// HumanMessageData is the payload of EventHumanMessage: a person's words
+// to the run, which the model reads before its next step.
+type HumanMessageData struct {
+	Content string `json:"content"`
+}
 
 // ApprovalRequestData is the payload of EventApprovalAsked: the exact
 // call a person must approve, and the hash that binds an approval to it.
@@ -215,6 +222,9 @@ type ModelResultData struct {
 	PromptTokens     int        `json:"prompt_tokens"`
 	CompletionTokens int        `json:"completion_tokens"`
 	DurationMS       int64      `json:"duration_ms"`
+	// HumanSeqs are the human.message events the model read before this
+	// step, by sequence number.
+	HumanSeqs []int64 `json:"human_seqs,omitempty"`
 }
 
 // ToolCallData is the payload of EventToolCall: the intent, recorded

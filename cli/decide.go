@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc/client"
@@ -175,4 +176,25 @@ func approvalCmd(approve bool) *cobra.Command {
 		cmd.Flags().StringVar(&reason, "reason", "", "why, for the model")
 	}
 	return cmd
+}
+
+func sayCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "say RUN MESSAGE",
+		Short: "Tell a run something: the model reads it before its next step (to correct its direction)",
+		Args:  usageArgs(cobra.MinimumNArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.SayToRun(cmd.Context(), keel.RunID(args[0]), strings.Join(args[1:], " "))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "run %s: message recorded; the model reads it before its next step (now %s)\n", r.ID, r.Status)
+			return nil
+		},
+	}
 }

@@ -114,6 +114,11 @@ func (p *eventPrinter) print(ev keel.Event) {
 			verdict = "approved with edited arguments " + clip(string(d.Arguments), 300)
 		}
 		fmt.Fprintf(p.w, "%3d call %s %s\n", ev.Seq, d.CallID, verdict)
+	case keel.EventHumanMessage:
+		p.closeStream()
+		var d keel.HumanMessageData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d person says: %s\n", ev.Seq, clip(d.Content, 2000))
 	case keel.EventHumanDecision:
 		var d keel.HumanDecisionData
 		_ = json.Unmarshal(ev.Data, &d)

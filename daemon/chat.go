@@ -110,3 +110,8 @@ func (b *backend) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunRep
 func (b *backend) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
 	return b.eng.Approve(ctx, p.RunID, keel.ApprovalData{CallID: p.CallID, ArgsSHA256: p.ArgsSHA256, Approved: p.Approved, Reason: p.Reason, Arguments: p.Arguments})
 }
+
+// SayToRun serves run.say.
+func (b *backend) SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error) {
+	return b.eng.Say(ctx, id, message)
+}

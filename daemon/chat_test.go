@@ -164,6 +164,9 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 	if out, errOut, code := runCLI(ctx, d.dir, "pause", string(run.ID)); code != 0 || !strings.Contains(out, "pause requested") {
 		t.Fatalf("keel pause = %d: %s%s", code, out, errOut)
 	}
+	if out, errOut, code := runCLI(ctx, d.dir, "say", string(run.ID), "count", "only", "nouns"); code != 0 {
+		t.Fatalf("keel say = %d: %s%s", code, out, errOut)
+	}
 	close(release)
 	status := func() keel.RunStatus {
 		det, err := c.GetRun(ctx, run.ID)
@@ -186,6 +189,9 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 	}
 	if _, _, code := runCLI(ctx, d.dir, "cancel", string(run.ID)); code == 0 {
 		t.Errorf("keel cancel of a succeeded run exited 0")
+	}
+	if reqs := p.Requests(); len(reqs) != 2 || !strings.Contains(reqs[1].Messages[len(reqs[1].Messages)-1].Content, "count only nouns") {
+		t.Errorf("the model's second request does not end with the person's message: %+v", reqs[len(reqs)-1].Messages)
 	}
 	// The paused-and-resumed run replays from its journal to the same events.
 	requests := len(p.Requests())

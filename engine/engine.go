@@ -86,7 +86,8 @@ type Engine struct {
 
 	mu      sync.Mutex
 	active  map[keel.RunID]context.CancelCauseFunc
-	pausing map[keel.RunID]bool // pause asked; the loop stops at its next step boundary
+	pausing map[keel.RunID]bool       // pause asked; the loop stops at its next step boundary
+	inbox   map[keel.RunID][]inboxMsg // human messages the loop has not read yet
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -115,7 +116,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -284,6 +285,7 @@ func (e *Engine) finish(id keel.RunID) {
 	e.mu.Lock()
 	delete(e.active, id)
 	delete(e.pausing, id)
+	delete(e.inbox, id)
 	e.mu.Unlock()
 	e.wg.Done()
 }

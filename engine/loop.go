@@ -43,6 +43,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 	tokens, usd := e.spent(ctx, run.ID)
 	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, tokens, usd)
 	msgs := j.msgs
+	unread := j.unread // read by the next model step
 	if j.answer != nil {
 		e.end(ctx, run.ID, nil, *j.answer)
 		return
@@ -66,10 +67,13 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		if e.paused(ctx, run.ID) {
 			return
 		}
+		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)
+		msgs = append(msgs, humanMessages(run, unread)...)
 		resp, err := e.modelStep(ctx, run, step, models.ChatRequest{
 			Model: run.Model, Messages: msgs, Tools: specs,
 			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
-		})
+		}, seqsOf(unread))
+		unread = nil
 		if err != nil {
 			e.end(ctx, run.ID, err)
 			return
@@ -156,7 +160,7 @@ func noteSuffix(note string) string {
 }
 
 // modelStep makes one model call as a span and journals its result.
-func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest) (models.ChatResponse, error) {
+func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64) (models.ChatResponse, error) {
 	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
@@ -202,6 +206,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventModelResult, keel.ModelResultData{
 		Step: step, Model: resp.Model, Content: resp.Message.Content, ToolCalls: resp.Message.ToolCalls,
 		PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens, DurationMS: sp.Duration.Milliseconds(),
+		HumanSeqs: humanSeqs,
 	}, nil); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}

@@ -15,7 +15,7 @@ import (
 // lifecycleOnly are the events that record what happened to a run rather
 // than what it did; a replay, which runs straight through, has none.
 var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResumed, keel.EventRunWaiting,
-	keel.EventRunPaused, keel.EventHumanDecision, keel.EventApprovalAsked, keel.EventApproval}
+	keel.EventRunPaused, keel.EventHumanDecision, keel.EventApprovalAsked, keel.EventApproval, keel.EventHumanMessage}
 
 // Replay runs a finished run again from its journal without calling any
 // model or tool: the engine's own loop runs against the journaled model
@@ -62,7 +62,8 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	if err := mem.CreateRun(ctx, run); err != nil {
 		return nil, err
 	}
-	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}
+	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
+		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}}
 	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
 	replayer.loop(ctx, run)
 	return mem.events, nil
@@ -91,11 +92,14 @@ func SameEvents(journal, replay []keel.Event) string {
 }
 
 // normalize renders an event without what differs between a run and its
-// replay: time, sequence number (lifecycle events are skipped), durations.
+// replay: time, sequence number (lifecycle events are skipped), durations,
+// and which human messages a step read (a replay reads none: they are
+// input, like the results it reuses).
 func normalize(ev keel.Event) string {
 	var data map[string]any
 	_ = json.Unmarshal(ev.Data, &data)
 	delete(data, "duration_ms")
+	delete(data, "human_seqs") // a person's messages are input the replay does not read
 	b, _ := json.Marshal(data)
 	return string(ev.Type) + " " + string(b)
 }

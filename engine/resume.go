@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -27,6 +28,7 @@ type journal struct {
 	asked     map[string]keel.ApprovalRequestData // approvals requested, by call
 	askedAt   map[string]time.Time
 	approvals map[string]keel.ApprovalData // approvals given or refused, by call
+	unread    []inboxMsg                   // human messages no model step has read yet
 	answer    *string                      // the final answer, when the last step gave one
 }
 
@@ -55,6 +57,11 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
+			// The human messages this step read come before its reply,
+			// exactly those it names.
+			var read []inboxMsg
+			read, j.unread = takeSeqs(j.unread, d.HumanSeqs)
+			j.msgs = append(j.msgs, humanMessages(run, read)...)
 			j.step, j.pending, j.answer = d.Step, append([]keel.ToolCall(nil), d.ToolCalls...), nil
 			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls})
 			if len(d.ToolCalls) == 0 {
@@ -79,6 +86,12 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 					break
 				}
 			}
+		case keel.EventHumanMessage:
+			var d keel.HumanMessageData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content})
 		case keel.EventApprovalAsked:
 			var d keel.ApprovalRequestData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -108,6 +121,36 @@ func initialMessages(system string, run keel.Run) []models.Message {
 		{Role: models.RoleSystem, Content: system},
 		{Role: models.RoleUser, Content: run.Goal, Private: run.Policy.Private},
 	}
+}
+
+// humanMessages turns a person's words into the user messages the model
+// reads.
+func humanMessages(run keel.Run, ms []inboxMsg) []models.Message {
+	out := make([]models.Message, len(ms))
+	for i, m := range ms {
+		out[i] = models.Message{Role: models.RoleUser, Content: "Message from the person supervising this run: " + m.text, Private: run.Policy.Private}
+	}
+	return out
+}
+
+// takeSeqs splits ms into those whose seq is in seqs and the rest.
+func takeSeqs(ms []inboxMsg, seqs []int64) (taken, rest []inboxMsg) {
+	for _, m := range ms {
+		if slices.Contains(seqs, m.seq) {
+			taken = append(taken, m)
+		} else {
+			rest = append(rest, m)
+		}
+	}
+	return taken, rest
+}
+
+func seqsOf(ms []inboxMsg) []int64 {
+	var out []int64
+	for _, m := range ms {
+		out = append(out, m.seq)
+	}
+	return out
 }
 
 // toolMessage is the message that gives the model a tool's result: its
@@ -199,4 +242,55 @@ func (e *Engine) Decide(ctx context.Context, id keel.RunID, callID, decision str
 		return run, err
 	}
 	return e.cfg.Store.GetRun(ctx, id)
+}
+
+// Say gives a run a person's message, which the model reads before its
+// next step (a running run at its next step boundary; a paused or
+// waiting one when it goes on). It is journaled as human.message.
+func (e *Engine) Say(ctx context.Context, id keel.RunID, text string) (keel.Run, error) {
+	if text == "" {
+		return keel.Run{}, fmt.Errorf("the message is empty: %w", keel.ErrInvalid)
+	}
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	if run.Status.Terminal() {
+		return run, fmt.Errorf("run %s already %s: %w", id, run.Status, keel.ErrConflict)
+	}
+	ev, err := e.appendEvent(ctx, id, keel.EventHumanMessage, keel.HumanMessageData{Content: text}, nil)
+	if err != nil {
+		return run, err
+	}
+	// A running loop reads it from its inbox; a loop that starts later
+	// reads it from the journal. The sequence number keeps a loop that
+	// started in between from reading it twice (see readInbox).
+	e.mu.Lock()
+	if _, active := e.active[id]; active {
+		e.inbox[id] = append(e.inbox[id], inboxMsg{seq: ev.Seq, text: text})
+	}
+	e.mu.Unlock()
+	return e.cfg.Store.GetRun(ctx, id)
+}
+
+// inboxMsg is a human message for a running loop, with its journal seq.
+type inboxMsg struct {
+	seq  int64
+	text string
+}
+
+// readInbox returns and clears the messages said to a running run,
+// leaving out those journaled at or before seq (the loop read those from
+// the journal when it started).
+func (e *Engine) readInbox(id keel.RunID, seq int64) []inboxMsg {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []inboxMsg
+	for _, m := range e.inbox[id] {
+		if m.seq > seq {
+			out = append(out, m)
+		}
+	}
+	delete(e.inbox, id)
+	return out
 }

@@ -373,3 +373,71 @@ func TestApprovalBoundToPayload(t *testing.T) {
 		})
 	}
 }
+
+// TestSayReachesTheModel: a message said while the model works reaches
+// it at the next step, once; one said to a paused run reaches it when
+// the run goes on (read back from the journal).
+func TestSayReachesTheModel(t *testing.T) {
+	release := make(chan struct{})
+	p := scripted.New(nil,
+		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+			<-release
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"x"}`)}}}}, nil
+		}),
+		scripted.CallTool("echo", `{"text":"y"}`),
+		scripted.Answer("done"),
+	)
+	st, eng, _ := resumeHarness(t, p)
+	ctx := context.Background()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "listen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(p.Requests()) == 1 })
+	if _, err := eng.Say(ctx, r.ID, "use the short form"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Pause(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunPaused {
+		t.Fatalf("run %s, want paused", got.Status)
+	}
+	if _, err := eng.Say(ctx, r.ID, "and be brief"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Unpause(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunSucceeded {
+		t.Fatalf("run %s %q, want succeeded", got.Status, got.Error)
+	}
+	count := func(req models.ChatRequest, s string) int {
+		n := 0
+		for _, m := range req.Messages {
+			if m.Role == models.RoleUser && strings.Contains(m.Content, s) {
+				n++
+			}
+		}
+		return n
+	}
+	reqs := p.Requests()
+	if len(reqs) != 3 || count(reqs[1], "short form") != 1 || count(reqs[1], "brief") != 1 || count(reqs[2], "short form") != 1 {
+		t.Errorf("the model did not read each message exactly once from step 2 on: %+v", reqs[1:])
+	}
+	if count(reqs[0], "short form") != 0 {
+		t.Errorf("a message reached a model call already in flight")
+	}
+	if _, err := eng.Say(ctx, r.ID, "too late"); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("Say(ended run) = %v, want ErrConflict", err)
+	}
+	// The replay still matches: a person's words are input, like results.
+	replay, err := eng.Replay(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := engine.SameEvents(journal(t, st, r.ID), replay); diff != "" {
+		t.Errorf("replay differs: %s", diff)
+	}
+}

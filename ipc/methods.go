@@ -45,10 +45,11 @@ func init() {
 		protocol.MethodModelsPull:     handleModelsPull,
 		protocol.MethodModelsChat:     handleModelsChat,
 		protocol.MethodRunDecide:      handleRunDecide,
-		protocol.MethodRunPause:       handleRunPause,
-		protocol.MethodRunResume:      handleRunResume,
-		protocol.MethodRunReplay:      handleRunReplay,
+		protocol.MethodRunPause:       onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.PauseRun(ctx, id) }),
+		protocol.MethodRunResume:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ResumeRun(ctx, id) }),
+		protocol.MethodRunReplay:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ReplayRun(ctx, id) }),
 		protocol.MethodRunApprove:     handleRunApprove,
+		protocol.MethodRunSay:         handleRunSay,
 	}
 }
 
@@ -63,7 +64,7 @@ func servedMethods(b Backend) map[string]methodFunc {
 		switch {
 		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
 			!chat && name == protocol.MethodModelsChat,
-			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove):
+			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove || name == protocol.MethodRunSay):
 			continue
 		}
 		served[name] = h
@@ -455,12 +456,18 @@ func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any,
 	return c.s.b.(RunController).DecideRun(ctx, p)
 }
 
-func handleRunPause(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	id, err := decodeRunRef(params)
-	if err != nil {
+func handleRunSay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunSayParams
+	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	return c.s.b.(RunController).PauseRun(ctx, id)
+	switch {
+	case p.RunID == "":
+		return nil, paramError("run_id", "must not be empty")
+	case strings.TrimSpace(p.Message) == "":
+		return nil, paramError("message", "must not be empty")
+	}
+	return c.s.b.(RunController).SayToRun(ctx, p.RunID, p.Message)
 }
 
 func handleRunApprove(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
@@ -481,20 +488,15 @@ func handleRunApprove(ctx context.Context, c *conn, params json.RawMessage) (any
 	return c.s.b.(RunController).ApproveRun(ctx, p)
 }
 
-func handleRunReplay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	id, err := decodeRunRef(params)
-	if err != nil {
-		return nil, err
+// onRun is the handler of a run-control method whose params are a RunRef.
+func onRun(f func(ctx context.Context, b RunController, id keel.RunID) (any, error)) methodFunc {
+	return func(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+		id, err := decodeRunRef(params)
+		if err != nil {
+			return nil, err
+		}
+		return f(ctx, c.s.b.(RunController), id)
 	}
-	return c.s.b.(RunController).ReplayRun(ctx, id)
-}
-
-func handleRunResume(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	id, err := decodeRunRef(params)
-	if err != nil {
-		return nil, err
-	}
-	return c.s.b.(RunController).ResumeRun(ctx, id)
 }
 
 // nonNil makes a nil slice encode as [] rather than null.

@@ -101,13 +101,14 @@ type ModelChatter interface {
 
 // RunController is an optional Backend interface: a backend whose runs
 // can wait for a human, be paused and be replayed serves run.decide,
-// run.approve, run.pause, run.resume and run.replay.
+// run.approve, run.say, run.pause, run.resume and run.replay.
 type RunController interface {
 	DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error)
 	PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 	ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 	ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error)
 	ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error)
+	SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error)
 }
 
 // ModelManager is an optional Backend interface: a backend that manages

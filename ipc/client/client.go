@@ -624,6 +624,13 @@ func (c *Client) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) 
 	return r, err
 }
 
+// SayToRun gives a run a person's message (run.say).
+func (c *Client) SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunSay, protocol.RunSayParams{RunID: id, Message: message}, &r)
+	return r, err
+}
+
 // ApproveRun answers a run's approval request (run.approve).
 func (c *Client) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
 	var r keel.Run

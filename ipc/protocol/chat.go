@@ -94,7 +94,16 @@ const (
 	// arguments shown, named by their hash; optionally edited) or deny
 	// with a reason the model sees.
 	MethodRunApprove = "run.approve"
+	// MethodRunSay gives a run a person's message (RunSayParams), which
+	// the model reads before its next step.
+	MethodRunSay = "run.say"
 )
+
+// RunSayParams is the params of run.say.
+type RunSayParams struct {
+	RunID   keel.RunID `json:"run_id"`
+	Message string     `json:"message"`
+}
 
 // RunApproveParams is the params of run.approve.
 type RunApproveParams struct {
