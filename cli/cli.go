@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,6 +100,28 @@ func dataDir(cmd *cobra.Command) string {
 }
 
 // connect dials the daemon of the command's data dir.
+// withClient connects to the daemon, runs f with the client and closes it.
+func withClient(cmd *cobra.Command, f func(c *client.Client) error) error {
+	c, err := connect(cmd)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}
+
+// jsonFlag returns the value of a flag that must hold JSON, or nil when
+// it is empty; a value that is not JSON is a usage error.
+func jsonFlag(name, value string) (json.RawMessage, error) {
+	if value == "" {
+		return nil, nil
+	}
+	if !json.Valid([]byte(value)) {
+		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--%s must be JSON", name)}
+	}
+	return json.RawMessage(value), nil
+}
+
 func connect(cmd *cobra.Command) (*client.Client, error) {
 	c, err := client.DialDataDir(cmd.Context(), dataDir(cmd))
 	if err != nil {

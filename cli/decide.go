@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -25,23 +24,18 @@ func decideCmd() *cobra.Command {
 		Args: usageArgs(cobra.ExactArgs(3)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p := protocol.RunDecideParams{RunID: keel.RunID(args[0]), CallID: args[1], Decision: args[2], Note: note}
-			if output != "" {
-				if !json.Valid([]byte(output)) {
-					return &exitError{code: ExitUsage, err: errors.New("--output must be JSON")}
+			var err error
+			if p.Output, err = jsonFlag("output", output); err != nil {
+				return err
+			}
+			return withClient(cmd, func(c *client.Client) error {
+				r, err := c.Decide(cmd.Context(), p)
+				if err != nil {
+					return err
 				}
-				p.Output = json.RawMessage(output)
-			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			r, err := c.Decide(cmd.Context(), p)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s recorded for call %s; the run goes on (follow it with keel show %s)\n", r.ID, p.Decision, p.CallID, r.ID)
-			return nil
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s recorded for call %s; the run goes on (follow it with keel show %s)\n", r.ID, p.Decision, p.CallID, r.ID)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&output, "output", "", "with done: the call's result as JSON, as the model should see it")
@@ -57,17 +51,14 @@ func runControlCmd(use, short, done string, call func(c *client.Client, ctx cont
 		Short: short,
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			r, err := call(c, cmd.Context(), keel.RunID(args[0]))
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s (now %s)\n", r.ID, done, r.Status)
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				r, err := call(c, cmd.Context(), keel.RunID(args[0]))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s (now %s)\n", r.ID, done, r.Status)
+				return nil
+			})
 		},
 	}
 }
@@ -133,18 +124,16 @@ func approvalCmd(approve bool) *cobra.Command {
 		Short: short,
 		Args:  usageArgs(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			p := protocol.RunApproveParams{RunID: keel.RunID(args[0]), CallID: args[1], Approved: approve, Reason: reason, ArgsSHA256: sha}
+			var err error
+			if p.Arguments, err = jsonFlag("edit", edit); err != nil {
+				return err
+			}
 			c, err := connect(cmd)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			p := protocol.RunApproveParams{RunID: keel.RunID(args[0]), CallID: args[1], Approved: approve, Reason: reason, ArgsSHA256: sha}
-			if edit != "" {
-				if !json.Valid([]byte(edit)) {
-					return &exitError{code: ExitUsage, err: errors.New("--edit must be JSON")}
-				}
-				p.Arguments = json.RawMessage(edit)
-			}
 			if p.ArgsSHA256 == "" {
 				det, err := c.GetRun(cmd.Context(), p.RunID)
 				if err != nil {
@@ -184,17 +173,14 @@ func sayCmd() *cobra.Command {
 		Short: "Tell a run something: the model reads it before its next step (to correct its direction)",
 		Args:  usageArgs(cobra.MinimumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			r, err := c.SayToRun(cmd.Context(), keel.RunID(args[0]), strings.Join(args[1:], " "))
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "run %s: message recorded; the model reads it before its next step (now %s)\n", r.ID, r.Status)
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				r, err := c.SayToRun(cmd.Context(), keel.RunID(args[0]), strings.Join(args[1:], " "))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: message recorded; the model reads it before its next step (now %s)\n", r.ID, r.Status)
+				return nil
+			})
 		},
 	}
 }
