@@ -348,6 +348,15 @@ func (e *Engine) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
 		}
 		return r, fmt.Errorf("run %s already %s: %w", id, r.Status, keel.ErrConflict)
 	}
+	// A run ends a moment before it leaves e.active; cancelling it then
+	// is the same conflict as cancelling it later.
+	r, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	if r.Status.Terminal() {
+		return r, fmt.Errorf("run %s already %s: %w", id, r.Status, keel.ErrConflict)
+	}
 	cancel(errCanceled)
 	return e.cfg.Store.GetRun(ctx, id)
 }

@@ -199,6 +199,21 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("resume: %w", err)
 	}
+	// A waiting run whose decision or approval is journaled was stopped
+	// between recording the answer and going on: it goes on now.
+	waiting, err := e.cfg.Store.RunsWithStatus(ctx, keel.RunWaiting)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
+	}
+	for _, r := range waiting {
+		j, err := e.restore(ctx, r)
+		if err != nil {
+			return 0, fmt.Errorf("resume %s: %w", r.ID, err)
+		}
+		if j.answered() {
+			runs = append(runs, r)
+		}
+	}
 	n := 0
 	for _, r := range runs {
 		if err := e.launch(r); err != nil {
@@ -207,6 +222,18 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// answered reports whether the call the run waits on has a human answer
+// in the journal (a decision, or an approval given or refused) that no
+// loop has acted on yet.
+func (j journal) answered() bool {
+	if len(j.pending) == 0 {
+		return false
+	}
+	id := j.pending[0].ID
+	_, approved := j.approvals[id]
+	return j.decision[id].Decision != "" || approved
 }
 
 // Decide records a human's decision about the tool call a waiting run

@@ -169,6 +169,45 @@ func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
 	}
 }
 
+// TestResumeAfterDecisionBeforeGoingOn: the daemon died after journaling
+// a human's decision but before the run went on. The run is still
+// waiting, and Decide would refuse a second decision, so the next start
+// must go on by itself, once.
+func TestResumeAfterDecisionBeforeGoingOn(t *testing.T) {
+	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
+	p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		return models.ChatResponse{Message: models.Message{Content: "model saw: " + req.Messages[len(req.Messages)-1].Content}}, nil
+	}))
+	st, eng, tools := resumeHarness(t, p)
+	ctx := context.Background()
+	interrupted(t, st, "run_d", call, true)
+	if _, err := eng.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st, "run_d"); r.Status != keel.RunWaiting {
+		t.Fatalf("run = %s, want waiting", r.Status)
+	}
+	// The decision as Decide journals it, without the going on.
+	raw, _ := json.Marshal(keel.HumanDecisionData{CallID: "c1", Decision: keel.DecisionRetry})
+	if _, err := st.Append(ctx, "run_d", keel.EventHumanDecision, time.Now(), raw, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Decide(ctx, "run_d", "c1", keel.DecisionRetry, nil, ""); err == nil {
+		t.Fatal("a second decision on the same call was accepted")
+	}
+	n, err := eng.Resume(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Resume = %d, %v; want the decided run resumed", n, err)
+	}
+	r := waitRun(t, eng, st, "run_d")
+	if r.Status != keel.RunSucceeded || tools.writes != 1 {
+		t.Fatalf("after resume: %s with %d writes; want succeeded with the retried write once", r.Status, tools.writes)
+	}
+	if n, err := eng.Resume(ctx); err != nil || n != 0 {
+		t.Errorf("a second Resume = %d, %v; want nothing to resume", n, err)
+	}
+}
+
 // TestStartIdempotencyKey: retried starts with one key, even concurrent,
 // make one run; the key with another goal is a conflict.
 func TestStartIdempotencyKey(t *testing.T) {

@@ -12,7 +12,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+
+	gojson "github.com/goccy/go-json"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -69,7 +72,7 @@ var printer = message.NewPrinter(language.English)
 // is not JSON, a *Violation naming the deepest failing field when raw
 // breaks the schema, and nil, nil when raw is valid.
 func (s *Schema) Validate(raw []byte) (*Violation, error) {
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	v, err := decode(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -123,4 +126,21 @@ func jsonPointer(tokens []string) string {
 		b.WriteString(pointerEscaper.Replace(t))
 	}
 	return b.String()
+}
+
+// decode reads one JSON value with numbers as json.Number, as the
+// validator expects (jsonschema.UnmarshalJSON does the same with
+// encoding/json). It uses goccy/go-json's decoder, which takes about half
+// the time: every tool call pays this twice, for its input and output.
+func decode(raw []byte) (any, error) {
+	dec := gojson.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("more than one JSON value")
+	}
+	return v, nil
 }

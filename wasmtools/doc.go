@@ -82,8 +82,10 @@
 // destination, whatever the tool does with the refusal.
 //
 // Each call runs with its own limits: a deadline
-// ([Config.CallTimeout]; wazero closes a module whose context is done,
-// even in an endless loop, and guest sleeps end with the context), a
+// ([Config.CallTimeout]; it stops the guest even in an endless loop,
+// through an interrupt keel adds to every module before compiling it, see
+// instrument in interrupt.go; guest sleeps and host calls end with the
+// context), a
 // memory cap ([Config.MemoryLimitMiB]) and a stdout cap
 // ([Config.MaxOutputBytes]). The memory cap is enforced by a per-instance
 // allocator rather than wazero's runtime-wide page limit, because the

@@ -77,6 +77,9 @@ type instance struct {
 	ctx context.Context
 	// in and inCap are the input buffer keel_alloc returned last.
 	in, inCap uint32
+	// interrupted is set once the interrupt fired on the instance, even
+	// after its call had ended: it would trap at its next loop.
+	interrupted bool
 }
 
 // pool is a bounded LIFO free list of idle instances of one tool. The
@@ -179,11 +182,11 @@ func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModu
 		stderr: &limitedWriter{limit: stderrLimit},
 		ctx:    ctx,
 	}
-	mc = mc.WithStartFunctions(exportInitialize).
-		WithStdin(bytes.NewReader(nil)).
-		WithStdout(inst.stdout).
-		WithStderr(inst.stderr).
-		WithNanosleep(func(ns int64) { sleep(inst.ctx, ns) })
+	mc = mc.WithStartFunctions(). // _initialize runs below, under the interrupt
+					WithStdin(bytes.NewReader(nil)).
+					WithStdout(inst.stdout).
+					WithStderr(inst.stderr).
+					WithNanosleep(func(ns int64) { sleep(inst.ctx, ns) })
 	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, inst.mem), compiled, mc)
 	if err != nil {
 		if mod != nil {
@@ -194,6 +197,17 @@ func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModu
 	inst.mod = mod
 	inst.alloc = mod.ExportedFunction(exportAlloc)
 	inst.call = mod.ExportedFunction(exportCall)
+	disarm := armInterrupt(ctx, mod)
+	_, err = mod.ExportedFunction(exportInitialize).Call(ctx)
+	if !disarm() && err == nil {
+		// The context ended just as _initialize returned.
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		o := inst.outcome(nil, err, false)
+		inst.close(ctx)
+		return nil, o
+	}
 	return inst, outcome{}
 }
 
@@ -214,6 +228,8 @@ func (inst *instance) outcome(result []byte, err error, tooBig bool) outcome {
 // but is otherwise dropped.
 func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) outcome {
 	inst.ctx = ctx
+	disarm := armInterrupt(ctx, inst.mod)
+	defer func() { inst.interrupted = inst.interrupted || !disarm() }()
 	inst.stdout.reset()
 	inst.stderr.reset()
 	inst.mem.exceeded.Store(false) // a refused grow the guest survived is history
@@ -257,7 +273,9 @@ func (r *Registry) reactorManifest(ctx context.Context, name string, compiled wa
 		return nil, fmt.Errorf("start reactor for its manifest: %s", r.failure(ctx, o, late).Message)
 	}
 	defer inst.close(ctx)
+	disarm := armInterrupt(ctx, inst.mod)
 	res, err := inst.mod.ExportedFunction(exportManifest).Call(ctx)
+	disarm()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", exportManifest, r.failure(ctx, inst.outcome(nil, err, false), late).Message)
 	}

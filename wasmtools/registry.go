@@ -23,6 +23,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/internal/atomicfile"
 	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
@@ -193,7 +194,10 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	r := &Registry{cfg: cfg, log: log}
 	// Memory is capped per instance by memoryCap, not by
 	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
-	rc := wazero.NewRuntimeConfig().WithCloseOnContextDone(true)
+	// Deadlines stop guest code through the interrupt global every module
+	// gets before it is compiled (see instrument), not through wazero's
+	// WithCloseOnContextDone, which costs guest code twice as much.
+	rc := wazero.NewRuntimeConfig()
 	if cfg.CacheDir != "" {
 		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
 		if err != nil {
@@ -358,6 +362,9 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		return nil, err
 	}
 	sum := sha256.Sum256(bin)
+	if bin, err = r.instrumented(bin, sum); err != nil {
+		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+	}
 	// Compiling a Go module takes seconds; use every core for it.
 	compiled, err := r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
 	if err != nil {
@@ -425,6 +432,34 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
 	return t, nil
+}
+
+// instrumentVersion names the current form of instrument's rewrite in
+// the cache; change it whenever the rewrite changes.
+const instrumentVersion = "1"
+
+// instrumented returns bin rewritten by instrument. With a CacheDir the
+// rewrite (tens of milliseconds for a Go module) is kept there, under the
+// original's sha256, so a restart reads it back instead; the cache is
+// as trusted as wazero's compiled code beside it.
+func (r *Registry) instrumented(bin []byte, sum [32]byte) ([]byte, error) {
+	if r.cache == nil {
+		return instrument(bin)
+	}
+	file := filepath.Join(r.cfg.CacheDir, "instrumented", fmt.Sprintf("%x-v%s.wasm", sum, instrumentVersion))
+	if out, err := os.ReadFile(file); err == nil {
+		return out, nil
+	}
+	out, err := instrument(bin)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		r.log.Warn("wasmtools: cannot cache an instrumented module", "error", err)
+	} else if err := atomicfile.Write(file, bytes.NewReader(out), 0o600); err != nil {
+		r.log.Warn("wasmtools: cannot cache an instrumented module", "error", err)
+	}
+	return out, nil
 }
 
 // readSidecar reads a sidecar manifest of at most maxManifestBytes.
