@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -19,13 +20,21 @@ func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, er
 	if a.Grants == nil {
 		grants = []byte("[]")
 	}
-	res, err := s.w.ExecContext(ctx, `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
+	var id int64
+	err = s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))
+			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))
+		if err != nil {
+			return err
+		}
+		id, err = res.LastInsertId()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("record tool call %s: %w", a.Tool, mapErr(err))
 	}
-	return res.LastInsertId()
+	return id, nil
 }
 
 // ToolCalls returns up to limit audit records, newest first; tool, when

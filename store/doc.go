@@ -2,11 +2,21 @@
 // no cgo) in WAL mode holding runs, their append-only event journal and
 // their trace spans. Migrations are embedded and applied on Open.
 //
-// Durability: every write is one transaction committed with
-// synchronous=FULL, so an event the store has returned survives a crash
-// of the process or the machine. Writes go through a single connection
-// (SQLite allows one writer at a time; queueing in Go avoids SQLITE_BUSY
-// storms); reads use a separate pool and see committed data only.
+// Durability: journal_mode=WAL with synchronous=FULL, so a write the store
+// has returned is in the WAL and fsync'd: it survives a crash of the
+// process and of the machine. (NORMAL, available through OpenWith for
+// benchmarks, syncs only at checkpoints: a crash of the process loses
+// nothing, a power cut may lose the last commits. keel's promise that a
+// journaled tool result is never requested again rests on FULL.)
+//
+// Group commit: every write runs on one writer goroutine that owns the
+// writer connection (SQLite allows one writer at a time; queueing in Go
+// avoids SQLITE_BUSY storms). It commits whatever writes are queued when
+// it becomes free in one transaction, each in its own savepoint, so that
+// concurrent runs share an fsync and one failing write undoes only
+// itself. Trace spans are written lazily and commit with the next journal
+// write (or within a short delay). Reads use a separate pool and see
+// committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;
 // a full disk is reported as ErrDiskFull. A Store is safe for concurrent use.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -41,8 +42,11 @@ func (s *Store) SetToolGrants(ctx context.Context, tool string, g capabilities.G
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO tool_grants (tool, grants, updated_at) VALUES (?, ?, ?)
+	err = s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO tool_grants (tool, grants, updated_at) VALUES (?, ?, ?)
 		ON CONFLICT (tool) DO UPDATE SET grants = excluded.grants, updated_at = excluded.updated_at`, tool, string(raw), nanos(at))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("set grants of %s: %w", tool, mapErr(err))
 	}
@@ -51,7 +55,11 @@ func (s *Store) SetToolGrants(ctx context.Context, tool string, g capabilities.G
 
 // DeleteToolGrants forgets every grant of tool, as when it is removed.
 func (s *Store) DeleteToolGrants(ctx context.Context, tool string) error {
-	if _, err := s.w.ExecContext(ctx, `DELETE FROM tool_grants WHERE tool = ?`, tool); err != nil {
+	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM tool_grants WHERE tool = ?`, tool)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("delete grants of %s: %w", tool, mapErr(err))
 	}
 	return nil

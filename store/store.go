@@ -28,16 +28,42 @@ var ErrDiskFull = errors.New("disk full")
 
 // Store is the SQLite-backed repository of runs, events and spans.
 type Store struct {
-	w *sql.DB // single writer connection
-	r *sql.DB // reader pool
+	w  *sql.DB // single writer connection, used by wr
+	r  *sql.DB // reader pool
+	wr *writer
+}
+
+// Options tune a Store. The zero value is what keel uses.
+type Options struct {
+	// Synchronous is SQLite's synchronous setting: "FULL" (the default:
+	// a committed write survives a power cut) or "NORMAL" (in WAL mode, a
+	// committed write survives a crash of the process but the last ones
+	// may be lost in a power cut). Benchmarks compare both.
+	Synchronous string
+	// OnLazyError receives the errors of lazy writes (trace spans), which
+	// have no caller waiting for them. Nil drops them.
+	OnLazyError func(error)
 }
 
 // Open opens or creates the database at path and applies pending
-// migrations.
+// migrations, with the default Options.
 func Open(ctx context.Context, path string) (*Store, error) {
+	return OpenWith(ctx, path, Options{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
+	syncMode := "FULL"
+	switch strings.ToUpper(o.Synchronous) {
+	case "", "FULL":
+	case "NORMAL":
+		syncMode = "NORMAL"
+	default:
+		return nil, fmt.Errorf("open %s: synchronous %q: want FULL or NORMAL", path, o.Synchronous)
+	}
 	dsn := func(extra string) string {
 		q := url.Values{}
-		for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"} {
+		for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(1)"} {
 			q.Add("_pragma", p)
 		}
 		if extra != "" {
@@ -59,14 +85,17 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	r.SetMaxOpenConns(4)
 	s := &Store{w: w, r: r}
 	if err := s.migrate(ctx); err != nil {
-		s.Close()
+		s.w.Close()
+		s.r.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
+	s.wr = newWriter(w, o.OnLazyError)
 	return s, nil
 }
 
-// Close closes the database.
+// Close commits the writes still queued and closes the database.
 func (s *Store) Close() error {
+	s.wr.close()
 	return errors.Join(s.w.Close(), s.r.Close())
 }
 
@@ -150,9 +179,12 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 	if r.IdempotencyKey != "" {
 		key = r.IdempotencyKey
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key)
+	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)`,
-		string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key)
+			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
 	}
@@ -163,41 +195,38 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 // and, when upd is not nil, changes the run's status in the same
 // transaction. It returns the stored event.
 func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
-	}
-	defer tx.Rollback()
-	var last int64
-	var status string
-	if err := tx.QueryRowContext(ctx, `SELECT last_seq, status FROM runs WHERE id = ?`, string(id)).Scan(&last, &status); err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
-	}
-	// The one place the lifecycle is enforced: every status change goes
-	// through here, in the transaction that journals its event.
-	if cur := keel.RunStatus(status); cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
-		to := cur
-		if upd != nil {
-			to = upd.Status
+	var ev keel.Event
+	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var last int64
+		var status string
+		if err := tx.QueryRowContext(ctx, `SELECT last_seq, status FROM runs WHERE id = ?`, string(id)).Scan(&last, &status); err != nil {
+			return mapErr(err)
 		}
-		return keel.Event{}, fmt.Errorf("append %s to %s: run is %s, cannot become %s: %w", typ, id, cur, to, keel.ErrConflict)
-	}
-	ev := keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`,
-		string(id), ev.Seq, string(typ), nanos(at), []byte(data)); err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
-	}
-	if upd != nil {
-		_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`,
-			ev.Seq, nanos(at), string(upd.Status), upd.Result, upd.Error, string(id))
-	} else {
-		_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`, ev.Seq, nanos(at), string(id))
-	}
+		// The one place the lifecycle is enforced: every status change goes
+		// through here, in the transaction that journals its event.
+		if cur := keel.RunStatus(status); cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
+			to := cur
+			if upd != nil {
+				to = upd.Status
+			}
+			return fmt.Errorf("run is %s, cannot become %s: %w", cur, to, keel.ErrConflict)
+		}
+		ev = keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`,
+			string(id), ev.Seq, string(typ), nanos(at), []byte(data)); err != nil {
+			return mapErr(err)
+		}
+		var err error
+		if upd != nil {
+			_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`,
+				ev.Seq, nanos(at), string(upd.Status), upd.Result, upd.Error, string(id))
+		} else {
+			_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`, ev.Seq, nanos(at), string(id))
+		}
+		return mapErr(err)
+	})
 	if err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
-	}
-	if err := tx.Commit(); err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, mapErr(err))
+		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, err)
 	}
 	return ev, nil
 }
@@ -300,29 +329,46 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 	return out, nil
 }
 
-// StartSpan records an open span (status running). FinishSpan closes it.
+// StartSpan records an open span (status running). Span writes are
+// lazy: StartSpan returns at once and the span is committed with the
+// next journal write, or within flushDelay; its errors go to
+// Options.OnLazyError. FinishSpan closes it, also lazily.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), string(keel.SpanRunning))
-	if err != nil {
-		return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
-	}
+	s.wr.writeLazy(func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), string(keel.SpanRunning))
+		if err != nil {
+			return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
+		}
+		return nil
+	})
 	return nil
 }
 
-// FinishSpan records a span's outcome: duration, status, error and tokens.
+// FinishSpan records a span's outcome: duration, status, error and
+// tokens. It is lazy, like StartSpan; the engine finishes a model call's
+// span just before journaling its result, so both commit together.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
+	s.wr.writeLazy(func(ctx context.Context, tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE id = ?`,
-		int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
-		sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ID)
-	if err != nil {
-		return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("finish span %s: %w", sp.ID, keel.ErrNotFound)
-	}
+			int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
+			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ID)
+		if err != nil {
+			return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("finish span %s: %w", sp.ID, keel.ErrNotFound)
+		}
+		return nil
+	})
 	return nil
+}
+
+// Sync commits every lazy write queued so far and returns once they are
+// on disk.
+func (s *Store) Sync(ctx context.Context) error {
+	return s.wr.write(ctx, func(context.Context, *sql.Tx) error { return nil })
 }
 
 // Spans returns the run's spans in start order.
@@ -371,8 +417,11 @@ func (s *Store) DaySpent(ctx context.Context, day string) (tokens int64, usd flo
 
 // AddDaySpent adds to what model calls spent on day.
 func (s *Store) AddDaySpent(ctx context.Context, day string, tokens int64, usd float64) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO model_spend (day, tokens, usd) VALUES (?, ?, ?)
+	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO model_spend (day, tokens, usd) VALUES (?, ?, ?)
 		ON CONFLICT (day) DO UPDATE SET tokens = tokens + excluded.tokens, usd = usd + excluded.usd`, day, tokens, usd)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("record spending of %s: %w", day, mapErr(err))
 	}

@@ -173,7 +173,31 @@ func TestConcurrentAppendsAreGapless(t *testing.T) {
 
 func TestSpansAndStatusQueries(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	var mu sync.Mutex
+	var lazyErrs []error
+	s, err := store.OpenWith(ctx, filepath.Join(t.TempDir(), "keel.db"), store.Options{OnLazyError: func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lazyErrs = append(lazyErrs, err)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	lazyErr := func() error {
+		t.Helper()
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(lazyErrs) == 0 {
+			return nil
+		}
+		err := lazyErrs[0]
+		lazyErrs = lazyErrs[1:]
+		return err
+	}
 	for _, id := range []string{"a", "b"} {
 		if err := s.CreateRun(ctx, newRun(id)); err != nil {
 			t.Fatal(err)
@@ -197,8 +221,16 @@ func TestSpansAndStatusQueries(t *testing.T) {
 	if err := s.FinishSpan(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.FinishSpan(ctx, keel.Span{ID: "missing"}); !errors.Is(err, keel.ErrNotFound) {
-		t.Errorf("FinishSpan(missing) = %v, want ErrNotFound", err)
+	// Span writes are lazy: not visible until a journal write or Sync
+	// carries them (or flushDelay passes).
+	if err := lazyErr(); err != nil {
+		t.Fatalf("span writes failed: %v", err)
+	}
+	if err := s.FinishSpan(ctx, keel.Span{ID: "missing"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lazyErr(); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("FinishSpan(missing) reported %v, want ErrNotFound", err)
 	}
 	spans, err := s.Spans(ctx, "a")
 	if err != nil {
@@ -210,8 +242,111 @@ func TestSpansAndStatusQueries(t *testing.T) {
 	if diff := cmp.Diff([]keel.Span{want}, spans); diff != "" {
 		t.Errorf("Spans(a) mismatch (-want +got):\n%s", diff)
 	}
-	if err := s.StartSpan(ctx, keel.Span{ID: "s2", RunID: "nope", Kind: keel.SpanToolCall, Start: start}); !errors.Is(err, keel.ErrConflict) {
-		t.Errorf("StartSpan(unknown run) = %v, want ErrConflict (foreign key)", err)
+	if err := s.StartSpan(ctx, keel.Span{ID: "s2", RunID: "nope", Kind: keel.SpanToolCall, Start: start}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lazyErr(); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("StartSpan(unknown run) reported %v, want ErrConflict (foreign key)", err)
+	}
+}
+
+// TestLazySpansCommitWithTheNextEvent: a span written lazily is on disk
+// once the next journal write returns, without Sync, and a lazy write
+// with no journal write after it is committed within the flush delay.
+func TestLazySpansCommitWithTheNextEvent(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if err := s.CreateRun(ctx, newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	sp := keel.Span{ID: "s1", RunID: "a", Kind: keel.SpanModelCall, Start: time.Now()}
+	if err := s.StartSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	sp.Status = keel.SpanOK
+	if err := s.FinishSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "a", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	// A second connection sees only what is committed.
+	other := open(t, path)
+	if spans, err := other.Spans(ctx, "a"); err != nil || len(spans) != 1 || spans[0].Status != keel.SpanOK {
+		t.Fatalf("after the next event, another reader sees spans %+v, %v; want s1 finished", spans, err)
+	}
+	if err := s.StartSpan(ctx, keel.Span{ID: "s2", RunID: "a", Kind: keel.SpanToolCall, Start: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		spans, err := other.Spans(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(spans) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a lazy write with nothing after it was not committed within 10 s")
+		}
+	}
+}
+
+// TestGroupCommitIsolatesFailures: writes that share a transaction fail
+// alone. Concurrent appends, some to a run that does not exist and some
+// to an ended run, all run in batches; the good ones are kept and
+// numbered gaplessly, the bad ones fail with their own error.
+func TestGroupCommitIsolatesFailures(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	for _, id := range []string{"good", "ended"} {
+		if err := s.CreateRun(ctx, newRun(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Append(ctx, "ended", keel.EventRunCancelled, time.Now(), nil, &keel.RunUpdate{Status: keel.RunCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := keel.RunID([]string{"good", "missing", "ended"}[i%3])
+			_, errs[i] = s.Append(ctx, id, keel.EventHumanMessage, time.Now(), json.RawMessage(`{}`), nil)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		switch i % 3 {
+		case 0:
+			if err != nil {
+				t.Errorf("append %d to good: %v", i, err)
+			}
+		case 1:
+			if !errors.Is(err, keel.ErrNotFound) {
+				t.Errorf("append %d to a missing run = %v, want ErrNotFound", i, err)
+			}
+		case 2:
+			if !errors.Is(err, keel.ErrConflict) {
+				t.Errorf("append %d to an ended run = %v, want ErrConflict", i, err)
+			}
+		}
+	}
+	evs, err := s.Events(ctx, "good", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (n + 2) / 3; len(evs) != want {
+		t.Fatalf("good has %d events, want %d", len(evs), want)
+	}
+	for i, ev := range evs {
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d: not gapless", i, ev.Seq)
+		}
 	}
 }
 

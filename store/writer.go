@@ -1,0 +1,232 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Group commit.
+//
+// Every write runs on the one writer goroutine, which owns the writer
+// connection. It takes whatever writes are queued when it becomes free
+// and commits them in one transaction, each inside its own savepoint, so
+// that one write failing (a conflict, say) undoes only itself. With
+// synchronous=FULL a commit costs an fsync; concurrent runs then share
+// one fsync per batch instead of paying one each, and a write still
+// returns only once its transaction is on disk.
+//
+// Trace spans are written lazily (see writeLazy): they wait for the next
+// durable write, or flushDelay at most, and commit with it. A model
+// call's span is finished just before its result is journaled, so both
+// land in the same transaction: a step costs one fsync, not three.
+
+// maxBatch bounds how many writes one transaction carries.
+const maxBatch = 512
+
+// flushDelay bounds how long a lazy write waits for a durable one to
+// carry it before it is committed on its own.
+const flushDelay = 20 * time.Millisecond
+
+// writeFunc is one write, run inside the writer's transaction.
+type writeFunc func(ctx context.Context, tx *sql.Tx) error
+
+// writeReq is a batch of writes from one caller: lazy writes queued
+// before it, then the caller's own write. done receives the outcome of
+// the caller's write once the transaction is committed; it is nil for a
+// flush of lazy writes, whose errors go to Options.OnLazyError.
+type writeReq struct {
+	ctx  context.Context
+	fns  []writeFunc
+	done chan error
+}
+
+// writer is the state of group commit.
+type writer struct {
+	db    *sql.DB // one connection
+	queue chan writeReq
+	stop  chan struct{}
+	done  chan struct{}
+	onErr func(error)
+
+	mu     sync.Mutex
+	lazy   []writeFunc
+	timer  *time.Timer
+	closed bool
+}
+
+func newWriter(db *sql.DB, onErr func(error)) *writer {
+	if onErr == nil {
+		onErr = func(error) {}
+	}
+	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr}
+	go w.loop()
+	return w
+}
+
+var errClosed = errors.New("store is closed")
+
+// write runs fn in the next transaction, with any lazy writes queued
+// before it, and returns fn's outcome once the transaction is committed.
+func (w *writer) write(ctx context.Context, fn writeFunc) error {
+	done := make(chan error, 1)
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return errClosed
+	}
+	fns := append(w.lazy, fn)
+	w.lazy = nil
+	// Sent under the lock, so that writes reach the queue in the order
+	// their callers made them.
+	w.queue <- writeReq{ctx: context.WithoutCancel(ctx), fns: fns, done: done}
+	w.mu.Unlock()
+	return <-done
+}
+
+// writeLazy queues fn to be committed with the next write, or within
+// flushDelay. Its error, if any, goes to the writer's onErr.
+func (w *writer) writeLazy(fn writeFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		w.onErr(errClosed)
+		return
+	}
+	w.lazy = append(w.lazy, fn)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(flushDelay, w.flushLazy)
+	} else if len(w.lazy) == 1 {
+		w.timer.Reset(flushDelay)
+	}
+}
+
+// flushLazy commits the lazy writes that no durable write carried.
+func (w *writer) flushLazy() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.lazy) == 0 || w.closed {
+		return
+	}
+	w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
+	w.lazy = nil
+}
+
+// close commits what is queued and stops the writer goroutine.
+func (w *writer) close() {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		<-w.done
+		return
+	}
+	if len(w.lazy) > 0 {
+		w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
+		w.lazy = nil
+	}
+	w.closed = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.mu.Unlock()
+	close(w.stop)
+	<-w.done
+}
+
+func (w *writer) loop() {
+	defer close(w.done)
+	batch := make([]writeReq, 0, maxBatch)
+	for {
+		select {
+		case req := <-w.queue:
+			batch = append(batch[:0], req)
+		case <-w.stop:
+			// Drain what was queued before close.
+			for {
+				select {
+				case req := <-w.queue:
+					w.commit([]writeReq{req})
+				default:
+					return
+				}
+			}
+		}
+		n := len(batch[0].fns)
+	more:
+		for n < maxBatch {
+			select {
+			case req := <-w.queue:
+				batch = append(batch, req)
+				n += len(req.fns)
+			default:
+				break more
+			}
+		}
+		w.commit(batch)
+	}
+}
+
+// commit runs one batch in one transaction and answers its callers.
+func (w *writer) commit(batch []writeReq) {
+	errs := make([][]error, len(batch))
+	for i, req := range batch {
+		errs[i] = make([]error, len(req.fns))
+	}
+	ctx := context.Background()
+	err := func() error {
+		tx, err := w.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		single := len(batch) == 1 && len(batch[0].fns) == 1
+		for i, req := range batch {
+			for j, fn := range req.fns {
+				if single {
+					errs[i][j] = fn(req.ctx, tx)
+					if errs[i][j] != nil {
+						return nil // nothing else to keep
+					}
+					continue
+				}
+				errs[i][j] = savepoint(req.ctx, tx, fn)
+			}
+		}
+		return tx.Commit()
+	}()
+	for i, req := range batch {
+		for j, ferr := range errs[i] {
+			if ferr == nil && err != nil {
+				ferr = fmt.Errorf("commit: %w", mapErr(err))
+			}
+			last := j == len(req.fns)-1
+			switch {
+			case last && req.done != nil:
+				req.done <- ferr
+			case ferr != nil:
+				w.onErr(ferr)
+			}
+		}
+	}
+}
+
+// savepoint runs fn inside a savepoint of tx, undone if fn fails.
+func savepoint(ctx context.Context, tx *sql.Tx, fn writeFunc) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT w"); err != nil {
+		return mapErr(err)
+	}
+	if err := fn(ctx, tx); err != nil {
+		if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO w"); rerr != nil {
+			return errors.Join(err, mapErr(rerr))
+		}
+		_, _ = tx.ExecContext(ctx, "RELEASE w")
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE w"); err != nil {
+		return mapErr(err)
+	}
+	return nil
+}
