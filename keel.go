@@ -61,9 +61,27 @@ func (s RunStatus) Terminal() bool {
 	return false
 }
 
-// Run is the persisted summary of one agent run.
+// RunKind is how a run is driven: its orchestration pattern.
+type RunKind string
+
+// Run kinds. All three are journaled the same way and share the
+// lifecycle; they differ in who decides the next step.
+const (
+	// KindAgent is the agent loop: the model proposes tool calls, the
+	// engine runs them, until the model answers.
+	KindAgent RunKind = "agent"
+	// KindPlan is planner-executor: the model proposes a plan (a DAG of
+	// steps, under a schema), deterministic code runs the steps, and the
+	// model re-plans within a bound when a step fails.
+	KindPlan RunKind = "plan"
+	// KindDAG runs a DAG of steps the client gave, with no planner.
+	KindDAG RunKind = "dag"
+)
+
+// Run is the persisted summary of one run.
 type Run struct {
 	ID       RunID     `json:"id"`
+	Kind     RunKind   `json:"kind,omitempty"` // "" reads as KindAgent
 	Goal     string    `json:"goal"`
 	Model    string    `json:"model"`
 	Status   RunStatus `json:"status"`
@@ -77,6 +95,18 @@ type Run struct {
 	UpdatedAt      time.Time `json:"updated_at"`
 	// LastSeq is the sequence number of the newest event of the run.
 	LastSeq int64 `json:"last_seq"`
+	// ParentID and ParentStep link a sub-agent, a run that carries out
+	// one step of a plan or DAG run, to that run and step.
+	ParentID   RunID  `json:"parent_id,omitempty"`
+	ParentStep string `json:"parent_step,omitempty"`
+}
+
+// KindOrAgent returns the run's kind, KindAgent when unset.
+func (r Run) KindOrAgent() RunKind {
+	if r.Kind == "" {
+		return KindAgent
+	}
+	return r.Kind
 }
 
 // RunPolicy is what a run's model calls may do. The zero value is the
@@ -92,6 +122,34 @@ type RunPolicy struct {
 	// 0 is no cap.
 	BudgetTokens int64   `json:"budget_tokens,omitempty"`
 	BudgetUSD    float64 `json:"budget_usd,omitempty"`
+	// Tools, when not nil, is the subset of installed tools the run may
+	// call (a sub-agent gets its step's tools); nil is every tool.
+	Tools []string `json:"tools,omitempty"`
+	// Deadline, when set, ends the run as failed if it has not ended by
+	// then, across restarts.
+	Deadline time.Time `json:"deadline,omitzero"`
+	// StepTimeout bounds each model call and each tool call of the run;
+	// a step that outlives it fails like any failed step (and may be
+	// retried, see ModelRetries and ToolRetries). 0 is no bound beyond
+	// the model layer's and the tool sandbox's own.
+	StepTimeout time.Duration `json:"step_timeout,omitempty"`
+	// ModelRetries is how many more times a failed model step is tried
+	// (after the model layer's own retries of transport errors) before
+	// the run fails.
+	ModelRetries int `json:"model_retries,omitempty"`
+	// ToolRetries is how many more times a tool call that timed out or
+	// crashed is tried, for read-only and idempotent tools only; a tool
+	// with other side effects is never repeated by itself.
+	ToolRetries int `json:"tool_retries,omitempty"`
+	// RetryBackoff is the wait before the first retry, doubled before
+	// each next one; default 200ms.
+	RetryBackoff time.Duration `json:"retry_backoff,omitempty"`
+}
+
+// IsZero reports whether p is the default policy.
+func (p RunPolicy) IsZero() bool {
+	return !p.AllowCloud && !p.Private && p.BudgetTokens == 0 && p.BudgetUSD == 0 && p.Tools == nil &&
+		p.Deadline.IsZero() && p.StepTimeout == 0 && p.ModelRetries == 0 && p.ToolRetries == 0 && p.RetryBackoff == 0
 }
 
 // EventType names what an Event records. The set is documented in
@@ -116,7 +174,97 @@ const (
 	EventApprovalAsked  EventType = "approval.requested" // data: ApprovalRequestData
 	EventApproval       EventType = "approval.decision"  // data: ApprovalData
 	EventHumanMessage   EventType = "human.message"      // data: HumanMessageData
+	EventPlanProposed   EventType = "plan.proposed"      // data: PlanData
+	EventStepStarted    EventType = "step.started"       // data: StepData
+	EventStepFinished   EventType = "step.finished"      // data: StepData
+	EventStepRetry      EventType = "step.retry"         // data: StepRetryData
+	EventContextSummary EventType = "context.summarized" // data: ContextSummaryData
+	EventTakeOver       EventType = "human.takeover"     // data: HumanControlData
+	EventHandBack       EventType = "human.handback"     // data: HumanControlData
+	EventRunForked      EventType = "run.forked"         // data: RunForkedData
 )
+
+// PlanStep is one step of a plan or DAG run. It is carried out by a
+// sub-agent: a run of its own, with its own budget and tool subset,
+// whose result returns to the parent.
+type PlanStep struct {
+	ID   string `json:"id"`
+	Goal string `json:"goal"`
+	// Tools is the subset of tools the step may use; empty is none.
+	Tools []string `json:"tools,omitempty"`
+	// DependsOn lists the steps whose results this step needs; it starts
+	// when they have all succeeded, and sees their results.
+	DependsOn []string `json:"depends_on,omitempty"`
+	// BudgetTokens caps the sub-agent's model calls; 0 is the parent's
+	// remaining budget.
+	BudgetTokens int64 `json:"budget_tokens,omitempty"`
+	// MaxSteps bounds the sub-agent's model calls; 0 is the default.
+	MaxSteps int `json:"max_steps,omitempty"`
+	// Retries is the step's retry policy: how many more times a failed
+	// step is run (each time as a new sub-agent) before it counts as
+	// failed.
+	Retries int `json:"retries,omitempty"`
+}
+
+// Plan is a DAG of steps.
+type Plan struct {
+	Steps []PlanStep `json:"steps"`
+}
+
+// PlanData is the payload of EventPlanProposed: the plan the run follows
+// from now on. Revision 0 is the first plan; each re-plan after a failed
+// step is the next revision.
+type PlanData struct {
+	Plan     Plan   `json:"plan"`
+	Revision int    `json:"revision"`
+	Reason   string `json:"reason,omitempty"` // why it re-planned
+}
+
+// StepData is the payload of EventStepStarted and EventStepFinished.
+type StepData struct {
+	StepID  string    `json:"step_id"`
+	Run     RunID     `json:"run"`     // the sub-agent carrying it out
+	Attempt int       `json:"attempt"` // 1 for the first
+	Status  RunStatus `json:"status,omitempty"`
+	Result  string    `json:"result,omitempty"`
+	Error   string    `json:"error,omitempty"`
+}
+
+// StepRetryData is the payload of EventStepRetry: a failed model or tool
+// step is tried again, by the run's retry policy.
+type StepRetryData struct {
+	Step    int    `json:"step"`
+	CallID  string `json:"call_id,omitempty"` // a tool call; empty for a model step
+	Attempt int    `json:"attempt"`           // the attempt about to start, 2 for the first retry
+	Error   string `json:"error"`             // why the last attempt failed
+	WaitMS  int64  `json:"wait_ms"`
+}
+
+// ContextSummaryData is the payload of EventContextSummary: older steps
+// no longer fit the model's context and were replaced by a summary,
+// which later steps (and a resumed or replayed run) read instead.
+type ContextSummaryData struct {
+	Step         int    `json:"step"`          // the model step it was made for
+	Messages     int    `json:"messages"`      // messages summarized, counted from the first after the goal
+	TokensBefore int    `json:"tokens_before"` // estimated context before
+	TokensAfter  int    `json:"tokens_after"`  // and after
+	Summary      string `json:"summary"`
+}
+
+// HumanControlData is the payload of EventTakeOver and EventHandBack.
+type HumanControlData struct {
+	Note string `json:"note,omitempty"`
+}
+
+// RunForkedData is the payload of EventRunForked, the first event of a
+// run forked from another: it starts from the journal of From up to and
+// including step Step.
+type RunForkedData struct {
+	From  RunID  `json:"from"`
+	Step  int    `json:"step"`
+	Model string `json:"model,omitempty"` // the model the fork uses, when changed
+	Goal  string `json:"goal,omitempty"`  // the edited goal, when changed
+}
 
 // HumanMessageData is the payload of EventHumanMessage: a person's words
 // to the run, which the model reads before its next step.

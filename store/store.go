@@ -168,7 +168,7 @@ func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 // exists.
 func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 	policy := ""
-	if r.Policy != (keel.RunPolicy{}) {
+	if !r.Policy.IsZero() {
 		b, err := json.Marshal(r.Policy)
 		if err != nil {
 			return fmt.Errorf("create run %s: policy: %w", r.ID, err)
@@ -180,9 +180,10 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 		key = r.IdempotencyKey
 	}
 	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)`,
-			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key)
+		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)`,
+			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key,
+			string(r.KindOrAgent()), string(r.ParentID), r.ParentStep)
 		return err
 	})
 	if err != nil {
@@ -231,15 +232,17 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 	return ev, nil
 }
 
-const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, coalesce(idempotency_key, '')`
+const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
 	var r keel.Run
-	var id, status, policy string
+	var id, status, policy, kind, parent string
 	var created, updated int64
-	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy, &r.IdempotencyKey); err != nil {
+	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy, &r.IdempotencyKey,
+		&kind, &parent, &r.ParentStep); err != nil {
 		return keel.Run{}, err
 	}
+	r.Kind, r.ParentID = keel.RunKind(kind), keel.RunID(parent)
 	if policy != "" {
 		if err := json.Unmarshal([]byte(policy), &r.Policy); err != nil {
 			return keel.Run{}, fmt.Errorf("run %s: policy: %w", id, err)
@@ -426,6 +429,11 @@ func (s *Store) AddDaySpent(ctx context.Context, day string, tokens int64, usd f
 		return fmt.Errorf("record spending of %s: %w", day, mapErr(err))
 	}
 	return nil
+}
+
+// ChildRuns returns the sub-agent runs of parent, oldest first.
+func (s *Store) ChildRuns(ctx context.Context, parent keel.RunID) ([]keel.Run, error) {
+	return s.queryRuns(ctx, `SELECT `+runCols+` FROM runs WHERE parent_id = ? ORDER BY created_at, id`, string(parent))
 }
 
 // RunByIdempotencyKey returns the run created with key, or keel.ErrNotFound.

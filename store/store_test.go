@@ -460,7 +460,10 @@ func TestRunPolicyPersists(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
 	r := newRun("p")
-	r.Policy = keel.RunPolicy{AllowCloud: true, Private: true, BudgetTokens: 5000, BudgetUSD: 0.25}
+	r.Policy = keel.RunPolicy{AllowCloud: true, Private: true, BudgetTokens: 5000, BudgetUSD: 0.25,
+		Tools: []string{"readfile"}, Deadline: time.Unix(1800000000, 0).UTC(), StepTimeout: 3 * time.Second,
+		ModelRetries: 1, ToolRetries: 2, RetryBackoff: time.Second}
+	r.Kind, r.ParentID, r.ParentStep = keel.KindAgent, "parent", "s1"
 	if err := s.CreateRun(ctx, r); err != nil {
 		t.Fatal(err)
 	}
@@ -468,10 +471,16 @@ func TestRunPolicyPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.GetRun(ctx, "p")
-	if err != nil || got.Policy != r.Policy {
-		t.Errorf("GetRun(p).Policy = %+v, %v; want %+v", got.Policy, err, r.Policy)
+	if err != nil || !reflect.DeepEqual(got.Policy, r.Policy) || got.ParentID != "parent" || got.ParentStep != "s1" || got.Kind != keel.KindAgent {
+		t.Errorf("GetRun(p) = %+v, %v; want policy %+v, parent parent/s1", got, err, r.Policy)
 	}
-	if got, err := s.GetRun(ctx, "q"); err != nil || got.Policy != (keel.RunPolicy{}) {
+	if kids, err := s.ChildRuns(ctx, "parent"); err != nil || len(kids) != 1 || kids[0].ID != "p" {
+		t.Errorf("ChildRuns(parent) = %v, %v; want [p]", kids, err)
+	}
+	if q, _ := s.GetRun(ctx, "q"); q.KindOrAgent() != keel.KindAgent || q.ParentID != "" {
+		t.Errorf("a run created without a kind reads as %q with parent %q", q.Kind, q.ParentID)
+	}
+	if got, err := s.GetRun(ctx, "q"); err != nil || !got.Policy.IsZero() {
 		t.Errorf("GetRun(q).Policy = %+v, %v; want the default", got.Policy, err)
 	}
 }
