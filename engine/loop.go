@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -16,6 +18,10 @@ import (
 // state, waits for a human, or was interrupted by shutdown; every exit
 // path journals exactly one event that says so.
 func (e *Engine) loop(ctx context.Context, run keel.Run) {
+	if run.KindOrAgent() != keel.KindAgent {
+		e.flow(ctx, run)
+		return
+	}
 	log := e.log.With("run", run.ID)
 	j, err := e.restore(ctx, run)
 	if err != nil {
@@ -23,7 +29,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		e.end(ctx, run.ID, err)
 		return
 	}
-	specs := e.cfg.Tools.Specs()
+	specs := toolsFor(run, e.cfg.Tools.Specs())
 	if j.fresh {
 		names := make([]string, len(specs))
 		for i, s := range specs {
@@ -219,6 +225,15 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 // back to the model, which may correct itself. It returns the journaled
 // result.
 func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall, intentJournaled bool) (keel.ToolResultData, error) {
+	if !mayUse(run, call.Name) {
+		// Nothing runs, so no intent: the refusal is the result.
+		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
+			Error: &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s is not among the tools this run may use (%s)", call.Name, strings.Join(run.Policy.Tools, ", "))}}
+		if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
+			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
+		}
+		return res, nil
+	}
 	if !intentJournaled {
 		if _, err := e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil); err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
@@ -276,4 +291,24 @@ func (e *Engine) end(ctx context.Context, id keel.RunID, err error, result ...st
 		return
 	}
 	e.log.Info("run ended", "run", id, "status", data.Status)
+}
+
+// toolsFor returns the specs of the tools run may use: all of them, or
+// the subset its policy names (a sub-agent's).
+func toolsFor(run keel.Run, specs []keel.ToolSpec) []keel.ToolSpec {
+	if run.Policy.Tools == nil {
+		return specs
+	}
+	var out []keel.ToolSpec
+	for _, s := range specs {
+		if mayUse(run, s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// mayUse reports whether run's policy lets it call the named tool.
+func mayUse(run keel.Run, name string) bool {
+	return run.Policy.Tools == nil || slices.Contains(run.Policy.Tools, name)
 }

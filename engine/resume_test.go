@@ -480,3 +480,29 @@ func TestSayReachesTheModel(t *testing.T) {
 		t.Errorf("replay differs: %s", diff)
 	}
 }
+
+// TestToolSubset: a run whose policy names a subset of tools offers the
+// model only those, and a call to any other fails with permission_denied
+// without running.
+func TestToolSubset(t *testing.T) {
+	p := scripted.New(nil, scripted.CallTool("write", `{}`), scripted.Answer("done"))
+	st, eng, tools := resumeHarness(t, p)
+	run, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write it", Policy: keel.RunPolicy{Tools: []string{"echo"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st, run.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", r.Status, r.Error)
+	}
+	if tools.writes != 0 {
+		t.Errorf("the write tool ran %d times outside the run's subset", tools.writes)
+	}
+	reqs := p.Requests()
+	if len(reqs[0].Tools) != 1 || reqs[0].Tools[0].Name != "echo" {
+		t.Errorf("the model was offered %v, want only echo", reqs[0].Tools)
+	}
+	last := reqs[1].Messages[len(reqs[1].Messages)-1]
+	if !strings.Contains(last.Content, string(keel.ToolPermissionDenied)) {
+		t.Errorf("the model saw %q, want a permission_denied result", last.Content)
+	}
+}
