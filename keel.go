@@ -468,7 +468,9 @@ type SpanKind string
 const (
 	SpanModelCall SpanKind = "model.call"
 	SpanToolCall  SpanKind = "tool.call"
-	SpanHuman     SpanKind = "human.wait" // a run waiting for a person's approval
+	SpanHuman     SpanKind = "human.wait"        // a run waiting for a person's approval
+	SpanRetry     SpanKind = "retry"             // the wait before a failed step is tried again
+	SpanSummarize SpanKind = "context.summarize" // older steps summarized to fit the context
 )
 
 // SpanStatus is the outcome of a span.

@@ -14,12 +14,16 @@ import (
 
 func runCmd() *cobra.Command {
 	var p protocol.RunStartParams
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C cancels it)",
 		Args:  usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Goal = strings.Join(args, " ")
+			if timeout > 0 {
+				p.Policy.Deadline = time.Now().Add(timeout)
+			}
 			c, err := connect(cmd)
 			if err != nil {
 				return err
@@ -73,6 +77,11 @@ func runCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&p.Policy.Private, "private", false, "treat everything in this run as private: it never leaves this machine")
 	cmd.Flags().Int64Var(&p.Policy.BudgetTokens, "budget-tokens", 0, "most tokens the run's model calls may spend (0: no cap)")
 	cmd.Flags().Float64Var(&p.Policy.BudgetUSD, "budget-usd", 0, "most US dollars the run's model calls may spend (0: no cap)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "fail the run if it has not ended this long after it starts, across daemon restarts (0: no limit)")
+	cmd.Flags().DurationVar(&p.Policy.StepTimeout, "step-timeout", 0, "bound each model call and tool call of the run (0: the model layer's and the sandbox's own limits)")
+	cmd.Flags().IntVar(&p.Policy.ModelRetries, "model-retries", 0, "try a failed model step this many more times (timeouts, overload, invalid output) before the run fails")
+	cmd.Flags().IntVar(&p.Policy.ToolRetries, "tool-retries", 0, "try a tool call that timed out or crashed this many more times; read-only and idempotent tools only")
+	cmd.Flags().DurationVar(&p.Policy.RetryBackoff, "retry-backoff", 0, "wait before the first retry, doubled before each next one (default 200ms)")
 	cmd.Flags().StringVar(&p.IdempotencyKey, "idempotency-key", "", "a key that makes repeating this command safe: a start with a key already used shows that run instead of starting another")
 	return cmd
 }

@@ -92,6 +92,9 @@ type Engine struct {
 	subs    map[int]func(keel.Event)
 	nextSub int
 	wg      sync.WaitGroup
+	// replaying marks the in-memory engine of a Replay: it reproduces
+	// retries without waiting.
+	replaying bool
 }
 
 // New returns an Engine. Call Recover once before serving, and Close to

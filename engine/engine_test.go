@@ -61,6 +61,9 @@ func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage
 		t.mu.Lock()
 		t.writes++
 		t.mu.Unlock()
+		if strings.Contains(string(input), `"crash"`) {
+			return nil, &keel.ToolError{Code: keel.ToolCrashed, Message: "crashed after writing"}
+		}
 		return json.RawMessage(`{"written":` + string(input) + `}`), nil
 	}
 	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}

@@ -23,6 +23,8 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		return
 	}
 	log := e.log.With("run", run.ID)
+	ctx, cancelDeadline := withDeadline(ctx, run)
+	defer cancelDeadline()
 	j, err := e.restore(ctx, run)
 	if err != nil {
 		log.Error("restore run", "err", err)
@@ -75,7 +77,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		}
 		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)
 		msgs = append(msgs, humanMessages(run, unread)...)
-		resp, err := e.modelStep(ctx, run, step, models.ChatRequest{
+		resp, err := e.modelStepWithRetries(ctx, run, step, models.ChatRequest{
 			Model: run.Model, Messages: msgs, Tools: specs,
 			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
 		}, seqsOf(unread))
@@ -239,37 +241,62 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}
 	}
-	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
-	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
+	res, err := e.callTool(ctx, run, step, call)
+	if err != nil {
+		return keel.ToolResultData{}, err
+	}
+	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
 		return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 	}
-	start := time.Now()
-	out, err := e.cfg.Tools.Call(WithCaller(ctx, Caller{RunID: run.ID, Step: step, CallID: call.ID}), call.Name, call.Arguments)
-	sp.Duration, sp.Status = time.Since(start), keel.SpanOK
-	res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds()}
-	if err != nil {
-		sp.Status, sp.Error = keel.SpanError, err.Error()
-	}
-	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
-		return keel.ToolResultData{}, fmt.Errorf("journal: %w", ferr)
-	}
-	if err != nil {
+	return res, nil
+}
+
+// callTool runs one tool call, each attempt a span, under the run's step
+// timeout, trying a read-only or idempotent tool again after a timeout or
+// a crash as the run's policy allows. It returns the result to journal,
+// or an error when the run was stopped meanwhile (no result is recorded:
+// the call did not complete).
+func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall) (keel.ToolResultData, error) {
+	for attempt := 1; ; attempt++ {
+		sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
+		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
+			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
+		}
+		sctx, cancel := stepContext(ctx, run)
+		start := time.Now()
+		out, err := e.cfg.Tools.Call(WithCaller(sctx, Caller{RunID: run.ID, Step: step, CallID: call.ID}), call.Name, call.Arguments)
+		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
+		cancel()
+		sp.Duration, sp.Status = time.Since(start), keel.SpanOK
+		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds()}
+		if err != nil {
+			sp.Status, sp.Error = keel.SpanError, err.Error()
+		}
+		if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
+			return keel.ToolResultData{}, fmt.Errorf("journal: %w", ferr)
+		}
+		if err == nil {
+			res.Output = out
+			return res, nil
+		}
 		if ctx.Err() != nil {
-			// Cancelled or shutting down: the call did not complete; no result is recorded.
 			return keel.ToolResultData{}, err
 		}
 		var te *keel.ToolError
 		if !errors.As(err, &te) {
 			te = &keel.ToolError{Code: keel.ToolCrashed, Message: err.Error()}
 		}
+		if timedOut {
+			te = &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s did not finish within the run's step timeout of %s", call.Name, run.Policy.StepTimeout)}
+		}
 		res.Error = te
-	} else {
-		res.Output = out
+		if attempt > run.Policy.ToolRetries || !retryableToolError(te) || !e.rerunnable(call.Name) {
+			return res, nil
+		}
+		if err := e.retryWait(ctx, run, keel.StepRetryData{Step: step, CallID: call.ID, Attempt: attempt + 1, Error: te.Error()}); err != nil {
+			return keel.ToolResultData{}, err
+		}
 	}
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
-		return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
-	}
-	return res, nil
 }
 
 // end journals the run's ending. err nil means success with result[0].
@@ -283,6 +310,8 @@ func (e *Engine) end(ctx context.Context, id keel.RunID, err error, result ...st
 		typ, data = keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted, Reason: errShutdown.Error()}
 	case errors.Is(cause, errCanceled):
 		typ, data = keel.EventRunCancelled, keel.RunEndData{Status: keel.RunCancelled, Reason: errCanceled.Error()}
+	case errors.Is(cause, errDeadline):
+		typ, data = keel.EventRunFailed, keel.RunEndData{Status: keel.RunFailed, Reason: deadlineReason(ctx, err)}
 	default:
 		typ, data = keel.EventRunFailed, keel.RunEndData{Status: keel.RunFailed, Reason: err.Error()}
 	}

@@ -36,7 +36,10 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	if err != nil {
 		return nil, err
 	}
-	rec := &recording{results: map[string]keel.ToolResultData{}}
+	rec := &recording{results: map[string]keel.ToolResultData{}, modelFailures: map[int][]string{}, toolFailures: map[string][]string{}}
+	for _, s := range e.cfg.Tools.Specs() {
+		rec.specs = append(rec.specs, s) // side effects decide retries
+	}
 	for _, ev := range evs {
 		switch ev.Type {
 		case keel.EventRunStarted:
@@ -55,6 +58,16 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			rec.results[d.CallID] = d
+		case keel.EventStepRetry:
+			var d keel.StepRetryData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if d.CallID == "" {
+				rec.modelFailures[d.Step] = append(rec.modelFailures[d.Step], d.Error)
+			} else {
+				rec.toolFailures[d.CallID] = append(rec.toolFailures[d.CallID], d.Error)
+			}
 		}
 	}
 	mem := &memStore{}
@@ -63,7 +76,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		return nil, err
 	}
 	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
-		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}}
+		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}, replaying: true}
 	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
 	replayer.loop(ctx, run)
 	return mem.events, nil
@@ -100,6 +113,12 @@ func normalize(ev keel.Event) string {
 	_ = json.Unmarshal(ev.Data, &data)
 	delete(data, "duration_ms")
 	delete(data, "human_seqs") // a person's messages are input the replay does not read
+	if ev.Type == keel.EventStepRetry {
+		// Why an attempt failed came from outside, like a result; the
+		// replay reproduces that it failed, and the retry.
+		delete(data, "error")
+		delete(data, "wait_ms")
+	}
 	b, _ := json.Marshal(data)
 	return string(ev.Type) + " " + string(b)
 }
@@ -109,9 +128,15 @@ func normalize(ev keel.Event) string {
 type recording struct {
 	mu      sync.Mutex
 	started keel.RunStartedData
+	specs   []keel.ToolSpec // the installed tools, for their side effects
 	steps   []keel.ModelResultData
 	next    int
 	results map[string]keel.ToolResultData
+	// modelFailures and toolFailures are the failed attempts the journal
+	// shows before a step's result (step.retry), by step and by call;
+	// the replay fails them again, so the engine retries as it did.
+	modelFailures map[int][]string
+	toolFailures  map[string][]string
 }
 
 func (r *recording) Models(context.Context) ([]models.ModelInfo, error) { return nil, nil }
@@ -123,6 +148,10 @@ func (r *recording) Chat(_ context.Context, _ models.ChatRequest, _ func(models.
 		return models.ChatResponse{}, fmt.Errorf("the journal has no model result for step %d", r.next+1)
 	}
 	d := r.steps[r.next]
+	if f := r.modelFailures[d.Step]; len(f) > 0 {
+		r.modelFailures[d.Step] = f[1:]
+		return models.ChatResponse{}, &models.Error{Kind: models.KindTimeout, Msg: f[0]}
+	}
 	r.next++
 	return models.ChatResponse{Model: d.Model, Message: models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls},
 		Usage: models.Usage{PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens}}, nil
@@ -132,6 +161,11 @@ func (r *recording) Specs() []keel.ToolSpec {
 	specs := make([]keel.ToolSpec, len(r.started.Tools))
 	for i, name := range r.started.Tools {
 		specs[i] = keel.ToolSpec{Name: name}
+		for _, s := range r.specs {
+			if s.Name == name {
+				specs[i].SideEffects = s.SideEffects
+			}
+		}
 	}
 	return specs
 }
@@ -142,6 +176,11 @@ func (r *recording) Call(ctx context.Context, name string, _ json.RawMessage) (j
 	c, _ := CallerFrom(ctx)
 	r.mu.Lock()
 	res, ok := r.results[c.CallID]
+	if f := r.toolFailures[c.CallID]; len(f) > 0 {
+		r.toolFailures[c.CallID] = f[1:]
+		r.mu.Unlock()
+		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: f[0]}
+	}
 	r.mu.Unlock()
 	switch {
 	case !ok:
