@@ -182,7 +182,17 @@ const (
 	EventTakeOver       EventType = "human.takeover"     // data: HumanControlData
 	EventHandBack       EventType = "human.handback"     // data: HumanControlData
 	EventRunForked      EventType = "run.forked"         // data: RunForkedData
+	EventHumanTool      EventType = "human.tool"         // data: HumanToolData
 )
+
+// HumanToolData is the payload of EventHumanTool: a tool call a person
+// made on the run's behalf while in control of it (taken over), and its
+// outcome, which the model reads when the run is handed back.
+type HumanToolData struct {
+	Call   ToolCall        `json:"call"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  *ToolError      `json:"error,omitempty"`
+}
 
 // PlanStep is one step of a plan or DAG run. It is carried out by a
 // sub-agent: a run of its own, with its own budget and tool subset,

@@ -37,6 +37,11 @@ func (e *Engine) Unpause(ctx context.Context, id keel.RunID) (keel.Run, error) {
 	if r.Status != keel.RunPaused {
 		return r, fmt.Errorf("run %s is %s, not paused: %w", id, r.Status, keel.ErrConflict)
 	}
+	if over, err := e.takenOver(ctx, id); err != nil {
+		return r, err
+	} else if over {
+		return r, fmt.Errorf("run %s is taken over by a person; hand it back to let it go on: %w", id, keel.ErrConflict)
+	}
 	if err := e.launch(r); err != nil {
 		return r, err
 	}
@@ -53,7 +58,10 @@ func (e *Engine) paused(ctx context.Context, id keel.RunID) bool {
 	if !asked {
 		return false
 	}
-	const why = "paused by a client; resume it to go on"
+	why := "paused by a client; resume it to go on"
+	if over, _ := e.takenOver(ctx, id); over {
+		why = "taken over by a person; it goes on when they hand it back"
+	}
 	if _, err := e.appendEvent(ctx, id, keel.EventRunPaused, keel.RunEndData{Status: keel.RunPaused, Reason: why},
 		&keel.RunUpdate{Status: keel.RunPaused, Error: why}); err != nil {
 		e.log.Error("journal pause", "run", id, "err", err)

@@ -15,7 +15,8 @@ import (
 // lifecycleOnly are the events that record what happened to a run rather
 // than what it did; a replay, which runs straight through, has none.
 var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResumed, keel.EventRunWaiting,
-	keel.EventRunPaused, keel.EventHumanDecision, keel.EventApprovalAsked, keel.EventApproval, keel.EventHumanMessage}
+	keel.EventRunPaused, keel.EventHumanDecision, keel.EventApprovalAsked, keel.EventApproval, keel.EventHumanMessage,
+	keel.EventTakeOver, keel.EventHandBack, keel.EventHumanTool, keel.EventRunForked}
 
 // Replay runs a finished run again from its journal without calling any
 // model or tool: the engine's own loop runs against the journaled model

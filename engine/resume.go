@@ -92,6 +92,20 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content})
+		case keel.EventHumanTool:
+			var d keel.HumanToolData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: humanToolText(d)})
+		case keel.EventHandBack:
+			var d keel.HumanControlData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if d.Note != "" {
+				j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: handBackText(d.Note)})
+			}
 		case keel.EventApprovalAsked:
 			var d keel.ApprovalRequestData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
