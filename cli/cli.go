@@ -76,7 +76,7 @@ WebAssembly, every run journaled and traced in SQLite.
 Start the runtime with 'keel daemon'; the other commands talk to it.`,
 	}
 	root.PersistentFlags().String("data-dir", "", "keel data directory (default "+client.DefaultDataDir()+")")
-	root.AddCommand(runCmd(), runsCmd(), showCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), replayCmd(), toolsCmd(), toolCmd(), modelsCmd(), doctorCmd(), versionCmd())
+	root.AddCommand(runCmd(), runsCmd(), showCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), takeOverCmd(), handBackCmd(), forkCmd(), replayCmd(), toolsCmd(), toolCmd(), modelsCmd(), doctorCmd(), versionCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: ExitUsage, err: err} })
 	return root
 }

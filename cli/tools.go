@@ -138,13 +138,17 @@ func toolCmd() *cobra.Command {
 }
 
 func callCmd() *cobra.Command {
-	return &cobra.Command{
+	var run string
+	cmd := &cobra.Command{
 		Use:   "call NAME JSON",
-		Short: "Run a tool directly with JSON input, no model involved",
+		Short: "Run a tool directly with JSON input, no model involved (with --run, on behalf of a run you took over)",
 		Args:  usageArgs(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !json.Valid([]byte(args[1])) {
 				return &exitError{code: ExitUsage, err: fmt.Errorf("input is not valid JSON: %s", clip(args[1], 80))}
+			}
+			if run != "" {
+				return runToolFor(cmd, run, args[0], json.RawMessage(args[1]))
 			}
 			c, err := connect(cmd)
 			if err != nil {
@@ -160,6 +164,8 @@ func callCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&run, "run", "", "run the tool on behalf of this run, which you took over (keel takeover); the model reads the outcome when you hand it back")
+	return cmd
 }
 
 func compact(raw json.RawMessage) string {

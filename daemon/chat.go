@@ -115,3 +115,23 @@ func (b *backend) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (
 func (b *backend) SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error) {
 	return b.eng.Say(ctx, id, message)
 }
+
+// TakeOverRun serves run.takeover.
+func (b *backend) TakeOverRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error) {
+	return b.eng.TakeOver(ctx, p.RunID, p.Note)
+}
+
+// HandBackRun serves run.handback.
+func (b *backend) HandBackRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error) {
+	return b.eng.HandBack(ctx, p.RunID, p.Note)
+}
+
+// RunToolFor serves run.tool.
+func (b *backend) RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error) {
+	return b.eng.RunTool(ctx, p.RunID, p.Name, p.Arguments)
+}
+
+// ForkRun serves run.fork.
+func (b *backend) ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error) {
+	return b.eng.Fork(ctx, engine.ForkRequest{From: p.RunID, Step: p.Step, Model: p.Model, Goal: p.Goal})
+}

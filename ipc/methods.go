@@ -50,6 +50,10 @@ func init() {
 		protocol.MethodRunReplay:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ReplayRun(ctx, id) }),
 		protocol.MethodRunApprove:     handleRunApprove,
 		protocol.MethodRunSay:         handleRunSay,
+		protocol.MethodRunTakeOver:    handleRunControl((RunSteerer).TakeOverRun),
+		protocol.MethodRunHandBack:    handleRunControl((RunSteerer).HandBackRun),
+		protocol.MethodRunTool:        handleRunTool,
+		protocol.MethodRunFork:        handleRunFork,
 	}
 }
 
@@ -59,12 +63,14 @@ func servedMethods(b Backend) map[string]methodFunc {
 	_, models := b.(ModelManager)
 	_, chat := b.(ModelChatter)
 	_, control := b.(RunController)
+	_, steer := b.(RunSteerer)
 	served := make(map[string]methodFunc, len(methods))
 	for name, h := range methods {
 		switch {
 		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
 			!chat && name == protocol.MethodModelsChat,
-			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove || name == protocol.MethodRunSay):
+			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove || name == protocol.MethodRunSay),
+			!steer && (name == protocol.MethodRunTakeOver || name == protocol.MethodRunHandBack || name == protocol.MethodRunTool || name == protocol.MethodRunFork):
 			continue
 		}
 		served[name] = h
@@ -454,6 +460,50 @@ func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any,
 		return nil, paramError("decision", "must be retry, skip or done")
 	}
 	return c.s.b.(RunController).DecideRun(ctx, p)
+}
+
+// handleRunControl serves run.takeover and run.handback.
+func handleRunControl(f func(RunSteerer, context.Context, protocol.RunControlParams) (keel.Run, error)) methodFunc {
+	return func(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+		var p protocol.RunControlParams
+		if err := decodeParams(params, &p); err != nil {
+			return nil, err
+		}
+		if p.RunID == "" {
+			return nil, paramError("run_id", "must not be empty")
+		}
+		return f(c.s.b.(RunSteerer), ctx, p)
+	}
+}
+
+func handleRunTool(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunToolParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.RunID == "":
+		return nil, paramError("run_id", "must not be empty")
+	case p.Name == "":
+		return nil, paramError("name", "must not be empty")
+	case len(p.Arguments) > 0 && !json.Valid(p.Arguments):
+		return nil, paramError("arguments", "must be JSON")
+	}
+	return c.s.b.(RunSteerer).RunToolFor(ctx, p)
+}
+
+func handleRunFork(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+	var p protocol.RunForkParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.RunID == "":
+		return nil, paramError("run_id", "must not be empty")
+	case p.Step < 0:
+		return nil, paramError("step", "must not be negative")
+	}
+	return c.s.b.(RunSteerer).ForkRun(ctx, p)
 }
 
 func handleRunSay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

@@ -111,6 +111,16 @@ type RunController interface {
 	SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error)
 }
 
+// RunSteerer is an optional Backend interface: a backend whose runs a
+// person can take over, hand back and fork serves run.takeover,
+// run.handback, run.tool and run.fork.
+type RunSteerer interface {
+	TakeOverRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error)
+	HandBackRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error)
+	RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error)
+	ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error)
+}
+
 // ModelManager is an optional Backend interface: a backend that manages
 // models serves models.list and models.pull. For any other backend those
 // methods do not exist (CodeMethodNotFound) and initialize does not list

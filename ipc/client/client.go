@@ -667,3 +667,31 @@ func (c *Client) Describe(ctx context.Context) (protocol.EnvDescribeResult, erro
 	err := c.Call(ctx, protocol.MethodEnvDescribe, nil, &r)
 	return r, err
 }
+
+// TakeOverRun takes control of a run (run.takeover).
+func (c *Client) TakeOverRun(ctx context.Context, id keel.RunID, note string) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunTakeOver, protocol.RunControlParams{RunID: id, Note: note}, &r)
+	return r, err
+}
+
+// HandBackRun returns control of a taken-over run (run.handback).
+func (c *Client) HandBackRun(ctx context.Context, id keel.RunID, note string) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunHandBack, protocol.RunControlParams{RunID: id, Note: note}, &r)
+	return r, err
+}
+
+// RunToolFor runs a tool on behalf of a taken-over run (run.tool).
+func (c *Client) RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error) {
+	var r protocol.RunToolResult
+	err := c.Call(ctx, protocol.MethodRunTool, p, &r)
+	return r, err
+}
+
+// ForkRun starts a run forked from another (run.fork).
+func (c *Client) ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error) {
+	var r keel.Run
+	err := c.Call(ctx, protocol.MethodRunFork, p, &r)
+	return r, err
+}

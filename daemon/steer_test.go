@@ -1,0 +1,102 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// TestTakeOverHandBackForkCLI drives take over, a person's tool call,
+// hand back and fork from the CLI against the daemon, over the real
+// WebSocket and the real wordcount tool.
+func TestTakeOverHandBackForkCLI(t *testing.T) {
+	release := make(chan struct{})
+	p := scripted.New(nil,
+		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+			<-release
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
+		}),
+		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+			var all []string
+			for _, m := range req.Messages {
+				all = append(all, m.Content)
+			}
+			return models.ChatResponse{Message: models.Message{Content: "saw: " + strings.Join(all, " | ")}}, nil
+		}),
+		scripted.Answer("fork done"),
+	)
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("model never called")
+		}
+	}
+	id := string(run.ID)
+	if out, errOut, code := runCLI(ctx, d.dir, "takeover", id, "--note", "checking"); code != 0 || !strings.Contains(out, "taken over") {
+		t.Fatalf("keel takeover = %d: %s%s", code, out, errOut)
+	}
+	close(release)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		det, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if det.Run.Status == keel.RunPaused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run is %s, want paused by the take over", det.Run.Status)
+		}
+	}
+	if _, _, code := runCLI(ctx, d.dir, "resume", id); code == 0 {
+		t.Error("keel resume of a taken-over run exited 0")
+	}
+	out, errOut, code := runCLI(ctx, d.dir, "tool", "call", "--run", id, "wordcount", `{"text":"one two three"}`)
+	if code != 0 || !strings.Contains(out, `"words": 3`) {
+		t.Fatalf("keel tool call --run = %d: %s%s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(ctx, d.dir, "handback", id, "I", "counted", "by", "hand"); code != 0 {
+		t.Fatalf("keel handback = %d: %s%s", code, out, errOut)
+	}
+	follow(t, c, run.ID)
+	det, _ := c.GetRun(ctx, run.ID)
+	if det.Run.Status != keel.RunSucceeded || !strings.Contains(det.Run.Result, "called tool wordcount") || !strings.Contains(det.Run.Result, "I counted by hand") {
+		t.Fatalf("after hand back: %s %q; want the model to have read the person's call and note", det.Run.Status, det.Run.Result)
+	}
+	audit, err := c.ToolAudit(ctx, "wordcount", 0)
+	if err != nil || len(audit) != 2 {
+		t.Errorf("wordcount audit = %d records, %v; want 2 (the person's call and the model's)", len(audit), err)
+	}
+
+	// Fork from step 1: the wordcount result is reused, the model asked once.
+	out, errOut, code = runCLI(ctx, d.dir, "fork", id, "--step", "1", "--goal", "count again")
+	if code != 0 || !strings.Contains(out, "forked from "+id) {
+		t.Fatalf("keel fork = %d: %s%s", code, out, errOut)
+	}
+	forkID := keel.RunID(strings.Fields(out)[1])
+	follow(t, c, forkID)
+	fd, _ := c.GetRun(ctx, forkID)
+	if fd.Run.Status != keel.RunSucceeded || fd.Run.Result != "fork done" || fd.Run.Goal != "count again" {
+		t.Errorf("fork = %s %q goal %q", fd.Run.Status, fd.Run.Result, fd.Run.Goal)
+	}
+	if audit, _ := c.ToolAudit(ctx, "wordcount", 0); len(audit) != 2 {
+		t.Errorf("wordcount ran %d times after the fork, want still 2", len(audit))
+	}
+	if fd.Events[0].Type != keel.EventRunForked {
+		t.Errorf("fork journal starts with %s", fd.Events[0].Type)
+	}
+}
