@@ -93,8 +93,10 @@ type Engine struct {
 	nextSub int
 	wg      sync.WaitGroup
 	// replaying marks the in-memory engine of a Replay: it reproduces
-	// retries without waiting.
-	replaying bool
+	// retries without waiting, and the journal's context summaries
+	// (replaySummaries, by step) without asking the model.
+	replaying       bool
+	replaySummaries map[int]keel.ContextSummaryData
 }
 
 // New returns an Engine. Call Recover once before serving, and Close to

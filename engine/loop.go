@@ -71,8 +71,15 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		}
 		msgs = append(msgs, msg)
 	}
+	ctxLimit := e.contextLength(ctx, run)
 	for step := j.step + 1; step <= run.MaxSteps; step++ {
 		if e.paused(ctx, run.ID) {
+			return
+		}
+		// Fit what came before this step first: the human messages it
+		// reads come after the summary, as a resumed run rebuilds it.
+		if msgs, err = e.fitContext(ctx, run, step, ctxLimit, msgs, specs, budget); err != nil {
+			e.end(ctx, run.ID, err)
 			return
 		}
 		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)

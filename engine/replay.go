@@ -41,6 +41,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	for _, s := range e.cfg.Tools.Specs() {
 		rec.specs = append(rec.specs, s) // side effects decide retries
 	}
+	summaries := map[int]keel.ContextSummaryData{}
 	for _, ev := range evs {
 		switch ev.Type {
 		case keel.EventRunStarted:
@@ -59,6 +60,12 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			rec.results[d.CallID] = d
+		case keel.EventContextSummary:
+			var d keel.ContextSummaryData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			summaries[d.Step] = d
 		case keel.EventStepRetry:
 			var d keel.StepRetryData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -77,7 +84,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		return nil, err
 	}
 	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
-		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}, replaying: true}
+		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
 	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
 	replayer.loop(ctx, run)
 	return mem.events, nil

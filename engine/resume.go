@@ -92,6 +92,14 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content})
+		case keel.EventContextSummary:
+			var d keel.ContextSummaryData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if j.msgs, err = applySummary(run, j.msgs, d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
 		case keel.EventHumanTool:
 			var d keel.HumanToolData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
