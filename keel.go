@@ -123,8 +123,10 @@ type RunPolicy struct {
 	BudgetTokens int64   `json:"budget_tokens,omitempty"`
 	BudgetUSD    float64 `json:"budget_usd,omitempty"`
 	// Tools, when not nil, is the subset of installed tools the run may
-	// call (a sub-agent gets its step's tools); nil is every tool.
-	Tools []string `json:"tools,omitempty"`
+	// call (a sub-agent gets its step's tools); nil is every tool. An
+	// empty subset is encoded as [] (omitzero), so it stays "no tools"
+	// when stored and read back.
+	Tools []string `json:"tools,omitzero"`
 	// Deadline, when set, ends the run as failed if it has not ended by
 	// then, across restarts.
 	Deadline time.Time `json:"deadline,omitzero"`

@@ -125,6 +125,9 @@ func (p *eventPrinter) print(ev keel.Event) {
 		fmt.Fprintf(p.w, "%3d human decided %s for call %s %s\n", ev.Seq, d.Decision, d.CallID, d.Note)
 	default:
 		p.closeStream()
+		if printFlowEvent(p.w, ev) {
+			return
+		}
 		fmt.Fprintf(p.w, "%3d %s %s\n", ev.Seq, ev.Type, clip(string(ev.Data), 300))
 	}
 }

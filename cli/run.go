@@ -15,12 +15,16 @@ import (
 func runCmd() *cobra.Command {
 	var p protocol.RunStartParams
 	var timeout time.Duration
+	var kind kindFlags
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C cancels it)",
 		Args:  usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Goal = strings.Join(args, " ")
+			if err := kind.apply(cmd, &p); err != nil {
+				return err
+			}
 			if timeout > 0 {
 				p.Policy.Deadline = time.Now().Add(timeout)
 			}
@@ -82,6 +86,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().IntVar(&p.Policy.ModelRetries, "model-retries", 0, "try a failed model step this many more times (timeouts, overload, invalid output) before the run fails")
 	cmd.Flags().IntVar(&p.Policy.ToolRetries, "tool-retries", 0, "try a tool call that timed out or crashed this many more times; read-only and idempotent tools only")
 	cmd.Flags().DurationVar(&p.Policy.RetryBackoff, "retry-backoff", 0, "wait before the first retry, doubled before each next one (default 200ms)")
+	kind.register(cmd)
 	cmd.Flags().StringVar(&p.IdempotencyKey, "idempotency-key", "", "a key that makes repeating this command safe: a start with a key already used shows that run instead of starting another")
 	return cmd
 }

@@ -35,9 +35,9 @@ func runsCmd() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RUN\tSTATUS\tMODEL\tSTARTED\tGOAL")
+			fmt.Fprintln(tw, "RUN\tKIND\tSTATUS\tMODEL\tSTARTED\tGOAL")
 			for _, r := range runs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kindLabel(r), r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
 			}
 			return tw.Flush()
 		},
@@ -72,6 +72,7 @@ func showCmd() *cobra.Command {
 			if r.Error != "" {
 				fmt.Fprintf(out, "reason  %s\n", r.Error)
 			}
+			printShape(cmd.Context(), c, out, d)
 			fmt.Fprintf(out, "\nevents (%d)\n", len(d.Events))
 			pr := &eventPrinter{w: out}
 			for _, ev := range d.Events {

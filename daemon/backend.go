@@ -30,7 +30,8 @@ type backend struct {
 }
 
 func (b *backend) StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error) {
-	return b.eng.Start(ctx, engine.StartRequest{Goal: p.Goal, Model: p.Model, MaxSteps: p.MaxSteps, Policy: p.Policy, IdempotencyKey: p.IdempotencyKey})
+	return b.eng.Start(ctx, engine.StartRequest{Goal: p.Goal, Model: p.Model, MaxSteps: p.MaxSteps, Policy: p.Policy, IdempotencyKey: p.IdempotencyKey,
+		Kind: p.Kind, Plan: p.Plan})
 }
 
 func (b *backend) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error) {

@@ -10,6 +10,12 @@
 // records the result and feeds it back, until the model answers or the
 // step limit is reached. Every model and tool call is a trace span.
 //
+// Plan and DAG runs (flow.go, docs/orchestration.md) run a plan's steps
+// as sub-agents: agent runs of their own, linked to the parent, with
+// their own budget and tool subset, at most Config.MaxParallelSteps at
+// once; a plan run's model proposes the plan and re-plans when a step
+// fails. The parent's state is its journal, so it resumes like any run.
+//
 // The engine consumes small interfaces defined here (Store, Model, Tools)
 // and takes its clock and ID source from Config so runs are reproducible.
 // Each run has one goroutine, started by Start and joined by Close.

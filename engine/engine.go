@@ -65,6 +65,14 @@ type Config struct {
 	NewID func() string
 	// Logger; default discards.
 	Logger *slog.Logger
+	// MaxParallelSteps is how many steps of one plan or DAG run may run
+	// at once (each a sub-agent); default DefaultMaxParallelSteps (4). A
+	// sub-agent waiting for a person holds its slot.
+	MaxParallelSteps int
+	// MaxReplans bounds how many times a plan run's planner revises its
+	// plan after a step failed; default DefaultMaxReplans (2), negative
+	// for none.
+	MaxReplans int
 }
 
 // DefaultSystemPrompt is the system message of a run unless configured.
@@ -116,6 +124,12 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.NewID == nil {
 		cfg.NewID = randomID
+	}
+	if cfg.MaxParallelSteps <= 0 {
+		cfg.MaxParallelSteps = DefaultMaxParallelSteps
+	}
+	if cfg.MaxReplans == 0 {
+		cfg.MaxReplans = DefaultMaxReplans
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -186,6 +200,14 @@ type StartRequest struct {
 	// IdempotencyKey, when set, makes Start idempotent: a second Start
 	// with the same key returns the run the first created.
 	IdempotencyKey string
+	// Kind is how the run is driven; "" is keel.KindAgent. A
+	// keel.KindDAG run needs Plan; a keel.KindPlan run's planner (the
+	// model) makes its own. See docs/orchestration.md.
+	Kind keel.RunKind
+	// Plan is a DAG run's plan, checked by Start (unique step IDs, known
+	// dependencies, no cycle, tools that exist and the policy allows,
+	// bounded sizes).
+	Plan *keel.Plan
 }
 
 // Start validates req, stores the run and starts it in the background.
@@ -202,11 +224,15 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if req.MaxSteps == 0 {
 		req.MaxSteps = e.cfg.DefaultMaxSteps
 	}
-	if req.Policy.BudgetTokens < 0 || req.Policy.BudgetUSD < 0 {
-		return keel.Run{}, fmt.Errorf("a budget cannot be negative: %w", keel.ErrInvalid)
+	if err := validatePolicy(req.Policy, e.cfg.Now()); err != nil {
+		return keel.Run{}, err
 	}
 	if len(req.IdempotencyKey) > 200 {
 		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
+	}
+	plan, err := e.checkKind(req)
+	if err != nil {
+		return keel.Run{}, err
 	}
 	if req.IdempotencyKey != "" {
 		if r, err := e.sameRun(ctx, req); err == nil || !errors.Is(err, keel.ErrNotFound) {
@@ -218,7 +244,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		return keel.Run{}, err
 	}
 	now := e.cfg.Now()
-	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Goal: req.Goal, Model: model, Status: keel.RunQueued,
+	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Kind: req.Kind, Goal: req.Goal, Model: model, Status: keel.RunQueued,
 		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now}
 
 	e.mu.Lock()
@@ -238,6 +264,14 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 			return e.sameRun(ctx, req) // a concurrent Start with the key won
 		}
 		return keel.Run{}, fmt.Errorf("start run: %w", err)
+	}
+	if plan != nil {
+		if run, err = e.journalPlan(ctx, run, *plan); err != nil {
+			e.end(ctx, run.ID, err)
+			e.finish(run.ID)
+			cancel(nil)
+			return keel.Run{}, fmt.Errorf("start run: %w", err)
+		}
 	}
 	go func() {
 		defer cancel(nil)
@@ -348,6 +382,9 @@ func (e *Engine) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
 				&keel.RunUpdate{Status: keel.RunCancelled, Error: errCanceled.Error()})
 			if err != nil {
 				return keel.Run{}, err
+			}
+			if r.KindOrAgent() != keel.KindAgent {
+				e.cancelChildren(ctx, id) // no goroutine of its own to do it
 			}
 			return e.cfg.Store.GetRun(ctx, id)
 		}

@@ -128,3 +128,21 @@ func deadlineReason(ctx context.Context, err error) string {
 	}
 	return msg
 }
+
+// maxRetries bounds ModelRetries and ToolRetries.
+const maxRetries = 10
+
+// validatePolicy checks the parts of a run's policy the engine enforces.
+func validatePolicy(p keel.RunPolicy, now time.Time) error {
+	switch {
+	case p.BudgetTokens < 0 || p.BudgetUSD < 0:
+		return fmt.Errorf("a budget cannot be negative: %w", keel.ErrInvalid)
+	case p.StepTimeout < 0 || p.RetryBackoff < 0:
+		return fmt.Errorf("step_timeout and retry_backoff cannot be negative: %w", keel.ErrInvalid)
+	case p.ModelRetries < 0 || p.ModelRetries > maxRetries || p.ToolRetries < 0 || p.ToolRetries > maxRetries:
+		return fmt.Errorf("model_retries and tool_retries must be within 0..%d: %w", maxRetries, keel.ErrInvalid)
+	case !p.Deadline.IsZero() && !p.Deadline.After(now):
+		return fmt.Errorf("the deadline %s has already passed: %w", p.Deadline.UTC().Format(time.RFC3339), keel.ErrInvalid)
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"strings"
 	"sync/atomic"
@@ -165,5 +166,21 @@ func TestRunDeadline(t *testing.T) {
 	r = waitRun(t, eng2, st2, "run_past")
 	if r.Status != keel.RunFailed || !strings.Contains(r.Error, "deadline") || len(p2.Requests()) != 0 || tools2.calls != 0 {
 		t.Errorf("resumed past its deadline: %s %q, %d model calls; want failed at once, nothing called", r.Status, r.Error, len(p2.Requests()))
+	}
+}
+
+// TestStartRefusesBadPolicy: out-of-range step limits are refused.
+func TestStartRefusesBadPolicy(t *testing.T) {
+	_, eng, _ := resumeHarness(t, scripted.New(nil))
+	for name, pol := range map[string]keel.RunPolicy{
+		"negative timeout": {StepTimeout: -time.Second},
+		"too many retries": {ModelRetries: 11},
+		"negative retries": {ToolRetries: -1},
+		"past deadline":    {Deadline: time.Now().Add(-time.Minute)},
+		"negative budget":  {BudgetTokens: -1},
+	} {
+		if _, err := eng.Start(context.Background(), engine.StartRequest{Goal: "g", Policy: pol}); !errors.Is(err, keel.ErrInvalid) {
+			t.Errorf("%s: Start = %v, want ErrInvalid", name, err)
+		}
 	}
 }

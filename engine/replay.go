@@ -33,6 +33,9 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	if !run.Status.Terminal() {
 		return nil, fmt.Errorf("run %s is %s; only a finished run can be replayed: %w", id, run.Status, keel.ErrConflict)
 	}
+	if err := replayable(run); err != nil {
+		return nil, err
+	}
 	evs, err := e.cfg.Store.Events(ctx, id, 0)
 	if err != nil {
 		return nil, err

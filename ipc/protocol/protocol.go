@@ -151,6 +151,12 @@ type RunStartParams struct {
 	// IdempotencyKey, when set, makes a retried run.start safe: a start
 	// with a key already used returns that run instead of a new one.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Kind is how the run is driven: "agent" (the default), "plan"
+	// (the model plans, the runtime runs the steps) or "dag" (the steps
+	// of Plan); see docs/orchestration.md.
+	Kind keel.RunKind `json:"kind,omitempty"`
+	// Plan is the steps of a "dag" run; refused for other kinds.
+	Plan *keel.Plan `json:"plan,omitempty"`
 }
 
 // RunRef names a run.
