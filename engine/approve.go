@@ -87,16 +87,17 @@ func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData
 	if d.ArgsSHA256 != asked.ArgsSHA256 {
 		return run, fmt.Errorf("the approval names arguments %q but call %s shows %q: approve what was shown: %w", d.ArgsSHA256, d.CallID, asked.ArgsSHA256, keel.ErrConflict)
 	}
-	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {
-		return run, err
-	}
 	status := keel.SpanOK
 	if !d.Approved {
 		status = keel.SpanError
 	}
+	// Finished first: the lazy write commits with the decision.
 	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason}
 	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
 		e.log.Warn("close the approval span", "run", id, "err", err)
+	}
+	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {
+		return run, err
 	}
 	if err := e.launch(run); err != nil {
 		return run, err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -74,6 +75,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.intent[d.Call.ID] = true
+			delete(j.decision, d.Call.ID) // a retry decided before it is used up
 		case keel.EventToolResult:
 			var d keel.ToolResultData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -238,7 +240,9 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 	}
 	n := 0
 	for _, r := range runs {
-		if err := e.launch(r); err != nil {
+		if err := e.launch(r); errors.Is(err, keel.ErrConflict) {
+			continue // already going on (an answer given meanwhile launched it)
+		} else if err != nil {
 			return n, fmt.Errorf("resume %s: %w", r.ID, err)
 		}
 		n++

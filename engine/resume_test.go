@@ -506,3 +506,41 @@ func TestToolSubset(t *testing.T) {
 		t.Errorf("the model saw %q, want a permission_denied result", last.Content)
 	}
 }
+
+// TestRetryDecisionIsUsedOnce: a human's "retry" releases one more
+// attempt of a non-idempotent call. If the daemon dies during that
+// attempt, its outcome is unknown again: the run waits for a new
+// decision instead of running the call a third time by itself.
+func TestRetryDecisionIsUsedOnce(t *testing.T) {
+	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
+	p := scripted.New(nil, scripted.Answer("done"))
+	st, eng, tools := resumeHarness(t, p)
+	ctx := context.Background()
+	interrupted(t, st, "run_rr", call, true)
+	app := func(typ keel.EventType, data any, upd *keel.RunUpdate) {
+		raw, _ := json.Marshal(data)
+		if _, err := st.Append(ctx, "run_rr", typ, time.Now(), raw, upd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the journal holds when the retried attempt was cut short:
+	// waiting, the decision, the attempt's intent, the crash.
+	app(keel.EventRunWaiting, keel.RunWaitingData{Reason: "unknown", Call: &call}, &keel.RunUpdate{Status: keel.RunWaiting})
+	app(keel.EventHumanDecision, keel.HumanDecisionData{CallID: "c1", Decision: keel.DecisionRetry}, nil)
+	app(keel.EventRunResumed, keel.RunResumedData{}, &keel.RunUpdate{Status: keel.RunRunning})
+	app(keel.EventToolCall, keel.ToolCallData{Step: 1, Call: call}, nil)
+	app(keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted}, &keel.RunUpdate{Status: keel.RunInterrupted})
+	if _, err := eng.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := waitRun(t, eng, st, "run_rr")
+	if r.Status != keel.RunWaiting || tools.writes != 0 {
+		t.Fatalf("after a crash during the retried attempt: %s with %d writes; want waiting, nothing run", r.Status, tools.writes)
+	}
+	if _, err := eng.Decide(ctx, "run_rr", "c1", keel.DecisionDone, nil, "it went through"); err != nil {
+		t.Fatalf("a new decision is refused: %v", err)
+	}
+	if r := waitRun(t, eng, st, "run_rr"); r.Status != keel.RunSucceeded || tools.writes != 0 {
+		t.Errorf("after done: %s with %d writes", r.Status, tools.writes)
+	}
+}

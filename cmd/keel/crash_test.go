@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -12,11 +15,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
@@ -46,52 +52,13 @@ func TestCrashHarness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and a wasm tool")
 	}
-	tmp := t.TempDir()
-	bin := buildKeel(t, tmp)
-	dir := filepath.Join(tmp, "data")
-	work := filepath.Join(tmp, "work")
-	for _, d := range []string{filepath.Join(dir, "tools"), work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "tools", "tally.wasm"), "./testdata/tally")
-	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build tally.wasm: %v\n%s", err, out)
-	}
-	model := newScriptModel(t)
-	writeJSON(t, filepath.Join(dir, "models.json"), map[string]any{
-		"providers": map[string]any{"fake": map[string]any{
-			"base_url": model.URL + "/v1", "local": true, "max_retries": 5, "first_token_timeout": "10s",
-			"models": []any{map[string]any{"name": "fake", "context_length": 32768, "capabilities": []string{"completion", "tools"}}},
-		}},
-		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "fake", "model": "fake"}}}},
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadOllama := ln.Addr().String()
-	ln.Close()
-	env := append(os.Environ(), "OLLAMA_HOST="+deadOllama, "KEEL_DATA_DIR="+dir)
+	e := newCrashEnv(t)
+	bin, dir, work, env, model := e.bin, e.dir, e.work, e.env, e.model
 
 	d := startKeel(t, bin, env, dir)
 	ctx := context.Background()
 	c := dialWait(t, dir)
-	grantCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	for {
-		_, err := c.GrantTool(grantCtx, protocol.ToolsGrantParams{Name: "tally",
-			Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: work, GuestPath: "/workspace"}}}})
-		if err == nil {
-			break
-		}
-		if grantCtx.Err() != nil {
-			t.Fatalf("grant tally: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // still compiling
-	}
-	cancel()
+	e.grantTally(t, c)
 
 	var ids []keel.RunID
 	startWave := func(c *client.Client, wave int) {
@@ -180,10 +147,538 @@ func TestCrashHarness(t *testing.T) {
 	t.Logf("%d runs, %d kills, %d human decisions, %d model requests", len(ids), crashKills, n, model.requests())
 }
 
+// Shape of the approval crash test.
+const (
+	approvalRuns     = 6
+	approvalMaxKills = 12 // SIGKILLs in all, at most
+)
+
+// TestCrashWhileWaitingForApproval starts the real daemon with
+// --require-approval non_idempotent_write, so that every call of tally
+// waits for a person, and kills it with SIGKILL while runs wait, right
+// after answers (also while the restarted daemon still compiles tally,
+// so that the kill lands between the answer and going on for sure), as
+// soon as an approved call starts, and while a call a person said to
+// retry runs again. A waiting run stays waiting across a restart, its
+// journal untouched, showing the same call and hash to approve; an
+// answer binds to its run, call and hash; an answer journaled just
+// before a kill is acted on after the restart, and never twice; a call
+// whose outcome a kill made unknown runs again only when a person says
+// so, each time. At the end every run succeeded, every approved call ran
+// exactly once, no denied call ran, and every request has exactly one
+// decision and one finished human.wait span. The seed of the answers and
+// kills is logged; KEEL_CRASH_DUMP=1 logs every journal.
+func TestCrashWhileWaitingForApproval(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and a wasm tool")
+	}
+	began := time.Now()
+	e := newCrashEnv(t)
+	// Only tally: the bundled examples would take half a minute to compile.
+	if err := os.WriteFile(filepath.Join(e.dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--require-approval", string(keel.SideEffectNonIdempotentWrite)}
+	d := startKeel(t, e.bin, e.env, e.dir, flags...)
+	c := dialWait(t, e.dir)
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+		if d != nil {
+			d.stop(t)
+		}
+	}()
+	var kills []time.Time // when each SIGKILL was sent
+	// restart kills the daemon and starts it again; cold drops the
+	// compiled tools first, so that it compiles tally again for seconds,
+	// during which no run can go on.
+	restart := func(cold bool) {
+		kills = append(kills, time.Now())
+		d.kill(t)
+		c.Close()
+		d, c = nil, nil
+		if cold {
+			if err := os.RemoveAll(filepath.Join(e.dir, "cache")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d = startKeel(t, e.bin, e.env, e.dir, flags...)
+		c = dialWait(t, e.dir)
+	}
+	e.grantTally(t, c)
+	ctx := context.Background()
+	ids := make([]keel.RunID, approvalRuns)
+	for i := range ids {
+		goal := fmt.Sprintf("approve-%d", i)
+		r, err := c.StartRun(ctx, protocol.RunStartParams{Goal: goal, Model: "default", MaxSteps: crashToolCalls + 2})
+		if err != nil {
+			t.Fatalf("start %s: %v", goal, err)
+		}
+		ids[i] = r.ID
+	}
+	dump := func() {
+		t.Logf("kills at %v", kills)
+		for _, id := range ids {
+			for _, ev := range getRun(t, c, id).Events {
+				t.Logf("%s %3d %s %-19s %s", id, ev.Seq, ev.Time.Format("15:04:05.000000"), ev.Type, ev.Data)
+			}
+		}
+	}
+
+	// Every run waits for the approval of its first call; a kill and a
+	// restart change nothing: not the status, not one event, not a span.
+	before := map[keel.RunID]protocol.RunDetail{}
+	for deadline := time.Now().Add(time.Minute); len(before) < len(ids); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d runs asked for an approval in a minute", len(before), len(ids))
+		}
+		for _, id := range ids {
+			det := getRun(t, c, id)
+			if det.Run.Status.Terminal() {
+				t.Fatalf("%s ended %s before any approval: %s", id, det.Run.Status, det.Run.Error)
+			}
+			if det.Run.Status == keel.RunWaiting && det.Events[len(det.Events)-1].Type == keel.EventApprovalAsked {
+				before[id] = det
+			}
+		}
+	}
+	restart(false)
+	waitToolsReady(t, c)
+	time.Sleep(300 * time.Millisecond) // Resume runs once tools are ready: let it act, if it would
+	for _, id := range ids {
+		det, was := getRun(t, c, id), before[id]
+		if det.Run.Status != keel.RunWaiting {
+			t.Errorf("%s is %s after the restart, want %s", id, det.Run.Status, keel.RunWaiting)
+		}
+		if diff := cmp.Diff(was.Events, det.Events); diff != "" {
+			t.Errorf("%s: the journal changed across the restart (-before +after):\n%s", id, diff)
+		}
+		if diff := cmp.Diff(was.Spans, det.Spans); diff != "" {
+			t.Errorf("%s: the spans changed across the restart (-before +after):\n%s", id, diff)
+		}
+		req, wasReq := lastRequest(t, det), lastRequest(t, was)
+		if req.Call.ID != wasReq.Call.ID || string(req.Call.Arguments) != string(wasReq.Call.Arguments) || req.ArgsSHA256 != wasReq.ArgsSHA256 {
+			t.Errorf("%s asks for %s %s (%s) after the restart, want %s %s (%s)", id, req.Call.ID, req.Call.Arguments, req.ArgsSHA256,
+				wasReq.Call.ID, wasReq.Call.Arguments, wasReq.ArgsSHA256)
+		}
+		if sum := sha256.Sum256(req.Call.Arguments); req.ArgsSHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s: approval.requested shows hash %s for arguments %s, want their sha256", id, req.ArgsSHA256, req.Call.Arguments)
+		}
+		if sp, ok := spanByID(det.Spans, req.SpanID); !ok || sp.Kind != keel.SpanHuman || sp.Status != keel.SpanRunning {
+			t.Errorf("%s: span %s of the waiting approval = %+v (found %v), want a running %s span", id, req.SpanID, sp, ok, keel.SpanHuman)
+		}
+	}
+	if n := tally(t, e.work); len(n) != 0 {
+		t.Errorf("tally ran %v while every call waited for its approval", n)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// An answer binds to its run, its call and the hash it was shown.
+	a, b := lastRequest(t, before[ids[0]]), lastRequest(t, before[ids[1]])
+	if a.ArgsSHA256 == b.ArgsSHA256 || a.Call.ID == b.Call.ID {
+		t.Fatalf("runs %s and %s wait on the same call or hash: %+v, %+v", ids[0], ids[1], a, b)
+	}
+	wrong := strings.Repeat("0", 64)
+	for _, tc := range []struct {
+		name string
+		p    protocol.RunApproveParams
+		code int
+	}{
+		{"approval with a wrong hash", protocol.RunApproveParams{RunID: ids[0], CallID: a.Call.ID, ArgsSHA256: wrong, Approved: true}, protocol.CodeConflict},
+		{"denial with a wrong hash", protocol.RunApproveParams{RunID: ids[0], CallID: a.Call.ID, ArgsSHA256: wrong, Reason: "no"}, protocol.CodeConflict},
+		{"approval without a hash", protocol.RunApproveParams{RunID: ids[0], CallID: a.Call.ID, Approved: true}, protocol.CodeInvalidParams},
+		{"run A's call and hash on run B", protocol.RunApproveParams{RunID: ids[1], CallID: a.Call.ID, ArgsSHA256: a.ArgsSHA256, Approved: true}, protocol.CodeConflict},
+		{"run A's hash for run B's call", protocol.RunApproveParams{RunID: ids[1], CallID: b.Call.ID, ArgsSHA256: a.ArgsSHA256, Approved: true}, protocol.CodeConflict},
+	} {
+		var pe *protocol.Error
+		if _, err := c.ApproveRun(ctx, tc.p); !errors.As(err, &pe) || pe.Code != tc.code {
+			t.Errorf("ApproveRun(%s) = %v, want a refusal with code %d", tc.name, err, tc.code)
+		}
+	}
+	for _, id := range ids[:2] {
+		if diff := cmp.Diff(before[id].Events, getRun(t, c, id).Events); diff != "" {
+			t.Errorf("%s: refused answers changed the journal (-before +after):\n%s", id, diff)
+		}
+	}
+	if n := tally(t, e.work); len(n) != 0 {
+		t.Errorf("tally ran %v after refused answers", n)
+	}
+
+	// answer answers the approval run ids[i] waits for: its first call
+	// approved for half the runs and denied for the other half, later
+	// calls at random. It returns what it sent.
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	approved := map[string]bool{} // the answer given, by call key
+	answer := func(i int, det protocol.RunDetail) protocol.RunApproveParams {
+		t.Helper()
+		req := lastRequest(t, det)
+		key := callKey(t, req.Call)
+		if _, dup := approved[key]; dup {
+			t.Fatalf("%s asks again to approve %s (%s), which was answered", det.Run.ID, req.Call.ID, key)
+		}
+		yes := rng.IntN(2) == 0
+		if strings.HasSuffix(key, "#1") {
+			yes = i%2 == 0
+		}
+		p := protocol.RunApproveParams{RunID: det.Run.ID, CallID: req.Call.ID, ArgsSHA256: req.ArgsSHA256, Approved: yes}
+		if !yes {
+			p.Reason = "not " + key
+		}
+		if _, err := c.ApproveRun(ctx, p); err != nil {
+			t.Fatalf("answer %s (approved %v): %v", key, yes, err)
+		}
+		approved[key] = yes
+		return p
+	}
+	// sentAgain sends p again, as a client would after losing its
+	// connection: it must be refused, the journal has it.
+	sentAgain := func(p protocol.RunApproveParams) {
+		t.Helper()
+		if _, err := c.ApproveRun(ctx, p); !isConflict(err) {
+			t.Errorf("answer %+v sent again after the restart = %v, want a refusal with code %d", p, err, protocol.CodeConflict)
+		}
+	}
+
+	// An answer given while the restarted daemon compiles its tools is
+	// journaled, but its run cannot go on until they are ready: a kill
+	// then lands for sure between the answer and going on. After the
+	// next restart the run goes on from the journaled answer, also when
+	// the runs created before it were answered in the meantime (they
+	// too wait for the tools, and Resume then finds them answered).
+	x := len(ids) - 1
+	restart(true)
+	px := answer(x, getRun(t, c, ids[x]))
+	if det := getRun(t, c, ids[x]); det.Run.Status != keel.RunWaiting || det.Events[len(det.Events)-1].Type != keel.EventApproval {
+		t.Logf("%s went on before its tool compiled (%s, last event %s): the kill may not land between the answer and going on",
+			ids[x], det.Run.Status, det.Events[len(det.Events)-1].Type)
+	}
+	restart(true)
+	sentAgain(px)
+	var sent []protocol.RunApproveParams
+	for i := range ids[:x] {
+		sent = append(sent, answer(i, getRun(t, c, ids[i])))
+	}
+	if res, err := c.ToolsList(ctx); err != nil || res.Compiling == nil {
+		t.Logf("tally compiled before the answers were all given (%v): Resume may not meet them", err)
+	}
+	waitToolsReady(t, c)
+	var stuck []keel.RunID
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		stuck = stuck[:0]
+		for _, id := range ids {
+			if det := getRun(t, c, id); det.Run.Status == keel.RunWaiting && det.Events[len(det.Events)-1].Type == keel.EventApproval {
+				stuck = append(stuck, id)
+			}
+		}
+		if len(stuck) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(stuck) > 0 {
+		var resume []string
+		for _, line := range strings.Split(d.logs.String(), "\n") {
+			if strings.Contains(line, "resume") {
+				resume = append(resume, line)
+			}
+		}
+		t.Errorf("%v still wait 5s after the daemon could run them, with their answers journaled (%s answered before the kill, the others after the restart, all before tally compiled); daemon log: %q",
+			stuck, ids[x], resume)
+		restart(false) // lets them go on, and the rest of the test
+	}
+	for _, p := range sent {
+		sentAgain(p)
+	}
+
+	// Answer every request as it comes; sometimes kill the daemon as
+	// soon as the answer is journaled, or as soon as the approved call
+	// starts; decide about calls a kill left unknown as a person would.
+	decisions, retries := 0, 0
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		pending := 0
+		for i, id := range ids {
+			det := getRun(t, c, id)
+			if det.Run.Status.Terminal() {
+				continue
+			}
+			pending++
+			if det.Run.Status != keel.RunWaiting {
+				continue
+			}
+			switch last := det.Events[len(det.Events)-1]; last.Type {
+			case keel.EventApprovalAsked:
+				p, seq := answer(i, det), last.Seq
+				killed := false
+				if p.Approved && retries == 0 && len(kills) < approvalMaxKills && rng.IntN(2) == 0 && callStarted(t, c, id, p.CallID, seq) {
+					// Killed as soon as the call's intent is journaled:
+					// tally may not have written yet, and then a person
+					// says retry (below).
+					restart(false)
+					killed = true
+				}
+				if n := len(approved); !killed && len(kills) < approvalMaxKills && (n == 8 || n == 11 || n == 14 || rng.IntN(4) == 0) {
+					restart(false) // the answer is journaled; the run may not have gone on
+					sentAgain(p)
+				}
+			case keel.EventRunWaiting:
+				// Killed while tally ran: decide as a person would, by
+				// looking at the tool's file.
+				call := waitingCall(t, det)
+				decision := keel.DecisionRetry
+				if tally(t, e.work)[callKey(t, call)] > 0 {
+					decision = keel.DecisionDone
+				}
+				if _, err := c.Decide(ctx, protocol.RunDecideParams{RunID: id, CallID: call.ID, Decision: decision}); err != nil {
+					t.Fatalf("decide %s: %v", id, err)
+				}
+				decisions++
+				if decision == keel.DecisionRetry && retries < 2 && callStarted(t, c, id, call.ID, last.Seq) {
+					// Killed while the retried call runs: its outcome is
+					// unknown again, so the run must ask again, not run
+					// it once more on its own.
+					restart(false)
+					retries++
+				}
+			}
+		}
+		if pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			dump()
+			t.Fatalf("%d runs did not end in 60s", pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(kills) < 6 { // one while every run waited, two around compiling, three after answers
+		t.Errorf("%d kills, want at least 6", len(kills))
+	}
+
+	counts := tally(t, e.work)
+	late := 0
+	for _, id := range ids {
+		det := getRun(t, c, id)
+		if det.Run.Status != keel.RunSucceeded {
+			t.Errorf("%s (%s) ended %s: %s", id, det.Run.Goal, det.Run.Status, det.Run.Error)
+		}
+		checkCrashJournal(t, det, keel.ToolDenied)
+		late += checkApprovals(t, det, approved, kills)
+		for k := 1; k <= crashToolCalls; k++ {
+			key := fmt.Sprintf("%s#%d", det.Run.Goal, k)
+			yes, ok := approved[key]
+			want := 0
+			if yes {
+				want = 1
+			}
+			if !ok {
+				t.Errorf("%s: call %s was never put to a person", id, key)
+			}
+			if counts[key] != want {
+				t.Errorf("%s: call %s (approved %v) ran %d times, want %d", id, key, yes, counts[key], want)
+			}
+		}
+	}
+	for key, n := range counts {
+		if _, ok := approved[key]; !ok {
+			t.Errorf("tally ran %s %d times, but nobody was asked", key, n)
+		}
+	}
+	if t.Failed() || os.Getenv("KEEL_CRASH_DUMP") != "" {
+		dump()
+	}
+	t.Logf("%d runs, %d answers, %d kills, %d answers acted on only after a restart, %d decisions after a kill mid-call, %d retried calls killed again, %d model requests, %s",
+		len(ids), len(approved), len(kills), late, decisions, retries, e.model.requests(), time.Since(began).Round(time.Second))
+}
+
+// checkApprovals checks a run's approvals: every call was put to a
+// person once, answered once with the hash it showed and the answer the
+// test gave (approved, by call key); no call ran before its approval or
+// at all when denied, a call started again only after a person said
+// retry, and a denial reached the model with its reason. Every request
+// has its human.wait span, finished with the answer's
+// status. It returns how many answers the run acted on only after a
+// restart (the next event after the answer is run.resumed, after a kill
+// that came after the answer).
+func checkApprovals(t *testing.T, det protocol.RunDetail, approved map[string]bool, kills []time.Time) (late int) {
+	t.Helper()
+	id := det.Run.ID
+	asked := map[string]keel.ApprovalRequestData{} // by call ID
+	answers := map[string]keel.ApprovalData{}
+	answered := map[string]int{}
+	started := map[string]bool{} // the call's intent is journaled
+	retry := map[string]bool{}   // a person said retry since
+	for i, ev := range det.Events {
+		switch ev.Type {
+		case keel.EventApprovalAsked:
+			var r keel.ApprovalRequestData
+			json.Unmarshal(ev.Data, &r)
+			if _, dup := asked[r.Call.ID]; dup {
+				t.Errorf("%s: approval of %s asked twice (seq %d)", id, r.Call.ID, ev.Seq)
+			}
+			asked[r.Call.ID] = r
+		case keel.EventApproval:
+			var a keel.ApprovalData
+			json.Unmarshal(ev.Data, &a)
+			r, ok := asked[a.CallID]
+			if !ok {
+				t.Errorf("%s: answer for %s (seq %d) without a request before it", id, a.CallID, ev.Seq)
+				continue
+			}
+			answered[a.CallID]++
+			answers[a.CallID] = a
+			if want := approved[callKey(t, r.Call)]; a.Approved != want || a.ArgsSHA256 != r.ArgsSHA256 {
+				t.Errorf("%s: answer %+v for %s, want approved %v with hash %s", id, a, a.CallID, want, r.ArgsSHA256)
+			}
+			if i+1 < len(det.Events) {
+				if next := det.Events[i+1]; next.Type == keel.EventRunResumed && slices.ContainsFunc(kills, func(k time.Time) bool {
+					return k.After(ev.Time) && k.Before(next.Time)
+				}) {
+					late++
+				}
+			}
+		case keel.EventToolCall:
+			var d keel.ToolCallData
+			json.Unmarshal(ev.Data, &d)
+			if a, ok := answers[d.Call.ID]; !ok || !a.Approved {
+				t.Errorf("%s: %s ran (seq %d) without an approval", id, d.Call.ID, ev.Seq)
+			}
+			if started[d.Call.ID] && !retry[d.Call.ID] {
+				t.Errorf("%s: %s started again (seq %d) with no person's retry since it last started", id, d.Call.ID, ev.Seq)
+			}
+			started[d.Call.ID], retry[d.Call.ID] = true, false
+		case keel.EventHumanDecision:
+			var d keel.HumanDecisionData
+			json.Unmarshal(ev.Data, &d)
+			retry[d.CallID] = d.Decision == keel.DecisionRetry
+		case keel.EventToolResult:
+			var d keel.ToolResultData
+			json.Unmarshal(ev.Data, &d)
+			a := answers[d.CallID]
+			switch denied := d.Error != nil && d.Error.Code == keel.ToolDenied; {
+			case denied && (a.Approved || !strings.Contains(d.Error.Message, a.Reason) || a.Reason == ""):
+				t.Errorf("%s: %s denied with %q; the answer was %+v", id, d.CallID, d.Error.Message, a)
+			case !denied && !a.Approved:
+				t.Errorf("%s: %s denied, but its result is %s %+v", id, d.CallID, d.Output, d.Error)
+			}
+		}
+	}
+	if len(asked) != crashToolCalls {
+		t.Errorf("%s: %d approvals asked, want %d", id, len(asked), crashToolCalls)
+	}
+	human := 0
+	for _, sp := range det.Spans {
+		if sp.Kind == keel.SpanHuman {
+			human++
+		}
+	}
+	if human != len(asked) {
+		t.Errorf("%s: %d %s spans for %d approval requests", id, human, keel.SpanHuman, len(asked))
+	}
+	for call, r := range asked {
+		if answered[call] != 1 {
+			t.Errorf("%s: call %s answered %d times, want once", id, call, answered[call])
+		}
+		want := keel.SpanOK
+		if !answers[call].Approved {
+			want = keel.SpanError
+		}
+		if sp, ok := spanByID(det.Spans, r.SpanID); !ok || sp.Kind != keel.SpanHuman || sp.Status != want {
+			t.Errorf("%s: span %s of the approval of %s = %+v (found %v), want a %s span with status %s", id, r.SpanID, call, sp, ok, keel.SpanHuman, want)
+		}
+	}
+	return late
+}
+
+// callStarted waits, polling without pause, until run id journals the
+// intent of call (tool.call) after seq, and reports whether it did before
+// the call's result or the run's end.
+func callStarted(t *testing.T, c *client.Client, id keel.RunID, call string, seq int64) bool {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		det := getRun(t, c, id)
+		for _, ev := range det.Events[min(int(seq), len(det.Events)):] {
+			switch ev.Type {
+			case keel.EventToolCall:
+				var d keel.ToolCallData
+				if json.Unmarshal(ev.Data, &d) == nil && d.Call.ID == call {
+					return true
+				}
+			case keel.EventToolResult:
+				var d keel.ToolResultData
+				if json.Unmarshal(ev.Data, &d) == nil && d.CallID == call {
+					return false
+				}
+			}
+		}
+		if det.Run.Status.Terminal() {
+			return false
+		}
+	}
+	return false
+}
+
+func getRun(t *testing.T, c *client.Client, id keel.RunID) protocol.RunDetail {
+	t.Helper()
+	det, err := c.GetRun(context.Background(), id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	return det
+}
+
+// lastRequest is the approval a waiting run asks for: its last event.
+func lastRequest(t *testing.T, det protocol.RunDetail) keel.ApprovalRequestData {
+	t.Helper()
+	last := det.Events[len(det.Events)-1]
+	var r keel.ApprovalRequestData
+	if last.Type != keel.EventApprovalAsked || json.Unmarshal(last.Data, &r) != nil || r.Call.ID == "" {
+		t.Fatalf("%s: last event is %s %s, want %s", det.Run.ID, last.Type, last.Data, keel.EventApprovalAsked)
+	}
+	return r
+}
+
+func spanByID(spans []keel.Span, id string) (keel.Span, bool) {
+	for _, sp := range spans {
+		if sp.ID == id {
+			return sp, true
+		}
+	}
+	return keel.Span{}, false
+}
+
+func isConflict(err error) bool {
+	var pe *protocol.Error
+	return errors.As(err, &pe) && pe.Code == protocol.CodeConflict
+}
+
+// waitToolsReady waits until the daemon has compiled the tools it found
+// at start (it resumes runs then).
+func waitToolsReady(t *testing.T, c *client.Client) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		res, err := c.ToolsList(context.Background())
+		if err != nil {
+			t.Fatalf("tools.list: %v", err)
+		}
+		if res.Compiling == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tools still compiling after a minute: %+v", *res.Compiling)
+		}
+	}
+}
+
 // checkCrashJournal checks one run's journal: sequence numbers 1..n
 // without gaps or repeats, one model result per step, one tool result per
-// call, and exactly one ending, last.
-func checkCrashJournal(t *testing.T, det protocol.RunDetail) {
+// call, no tool error but those of the codes allowed, and exactly one
+// ending, last.
+func checkCrashJournal(t *testing.T, det protocol.RunDetail, allowed ...keel.ToolErrorCode) {
 	t.Helper()
 	steps := map[int]int{}
 	results := map[string]int{}
@@ -201,7 +696,7 @@ func checkCrashJournal(t *testing.T, det protocol.RunDetail) {
 			var d keel.ToolResultData
 			json.Unmarshal(ev.Data, &d)
 			results[d.CallID]++
-			if d.Error != nil {
+			if d.Error != nil && !slices.Contains(allowed, d.Error.Code) {
 				t.Errorf("%s: tool call %s failed: %s", det.Run.ID, d.CallID, d.Error.Message)
 			}
 		case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled:
@@ -344,11 +839,73 @@ func (m *scriptModel) serve(w http.ResponseWriter, r *http.Request) {
 	flusher.Flush()
 }
 
+// crashEnv is what the crash tests share: the keel binary, a data
+// directory holding the tally tool and a models.json whose one route is
+// the script model, the tool's workspace, and the daemon's environment
+// (with no Ollama reachable).
+type crashEnv struct {
+	bin, dir, work string
+	env            []string
+	model          *scriptModel
+}
+
+func newCrashEnv(t *testing.T) crashEnv {
+	t.Helper()
+	tmp := t.TempDir()
+	bin := buildKeel(t, tmp)
+	dir := filepath.Join(tmp, "data")
+	work := filepath.Join(tmp, "work")
+	for _, d := range []string{filepath.Join(dir, "tools"), work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "tools", "tally.wasm"), "./testdata/tally")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build tally.wasm: %v\n%s", err, out)
+	}
+	model := newScriptModel(t)
+	writeJSON(t, filepath.Join(dir, "models.json"), map[string]any{
+		"providers": map[string]any{"fake": map[string]any{
+			"base_url": model.URL + "/v1", "local": true, "max_retries": 5, "first_token_timeout": "10s",
+			"models": []any{map[string]any{"name": "fake", "context_length": 32768, "capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "fake", "model": "fake"}}}},
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadOllama := ln.Addr().String()
+	ln.Close()
+	env := append(os.Environ(), "OLLAMA_HOST="+deadOllama, "KEEL_DATA_DIR="+dir)
+	return crashEnv{bin: bin, dir: dir, work: work, env: env, model: model}
+}
+
+// grantTally grants tally the workspace, once the daemon has compiled it.
+func (e crashEnv) grantTally(t *testing.T, c *client.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for {
+		_, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "tally",
+			Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: e.work, GuestPath: "/workspace"}}}})
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("grant tally: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // still compiling
+	}
+}
+
 // keelProc is a running daemon process.
 type keelProc struct {
 	cmd    *exec.Cmd
 	exited chan error
-	logs   *strings.Builder
+	logs   *syncWriter
 }
 
 func buildKeel(t *testing.T, tmp string) string {
@@ -360,12 +917,15 @@ func buildKeel(t *testing.T, tmp string) string {
 	return bin
 }
 
-func startKeel(t *testing.T, bin string, env []string, dir string) *keelProc {
+// startKeel starts the daemon, with args added to its flags, and waits
+// until it serves.
+func startKeel(t *testing.T, bin string, env []string, dir string, args ...string) *keelProc {
 	t.Helper()
 	os.Remove(filepath.Join(dir, protocol.DaemonFile)) // a stale file from a kill
-	p := &keelProc{cmd: exec.Command(bin, "daemon", "--addr", "127.0.0.1:0"), exited: make(chan error, 1), logs: &strings.Builder{}}
+	args = append([]string{"daemon", "--addr", "127.0.0.1:0"}, args...)
+	p := &keelProc{cmd: exec.Command(bin, args...), exited: make(chan error, 1), logs: &syncWriter{b: &strings.Builder{}}}
 	p.cmd.Env = env
-	p.cmd.Stderr = &syncWriter{b: p.logs}
+	p.cmd.Stderr = p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -434,4 +994,10 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
