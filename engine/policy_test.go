@@ -2,8 +2,8 @@ package engine_test
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
