@@ -1,0 +1,214 @@
+// Command durable measures what a durable step costs in keel and in
+// LangGraph.js with its SQLite checkpointer, on this machine in one run, at
+// equal durability settings: both sides keep SQLite in WAL mode, and every
+// figure is taken twice, with synchronous=FULL (each commit is fsync'd:
+// keel's setting) and with synchronous=NORMAL (a commit reaches the OS; the
+// WAL is synced at checkpoints; better-sqlite3's setting on a reopened
+// file), set explicitly on both sides.
+//
+// It measures, each on a fresh database file in one directory (and each
+// after one untimed run on it):
+//
+//   - the floor: one SQLite commit on this disk (modernc.org/sqlite, a
+//     single-row INSERT per transaction), p50 and mean;
+//   - keel: a real store.Store and engine.Engine over the scripted model
+//     provider, whose script asks for an in-memory tool n-1 times and then
+//     answers, so a run makes n steps (model calls), each journaled with
+//     its tool call before the run goes on. One run: time per step and per
+//     journaled event (the median of 5 runs made one after the other). C
+//     runs started together, for each C in -c: steps and events per second. Then the time to resume -resume interrupted
+//     runs (engine.New and Resume until every one has succeeded), and, at
+//     FULL only, the Go heap and goroutines per run waiting for an
+//     approval (-waiting runs);
+//   - LangGraph.js (langgraph/bench.mjs, installed with npm ci on first
+//     use): a StateGraph of n nodes in a chain, each adding one to a
+//     counter, checkpointed by SqliteSaver with durability "sync" (each
+//     step committed before the next starts): one run's time per step (the
+//     median of 5) and SQLite commits per step, and steps per second with C
+//     concurrent runs.
+//
+// A concurrent measurement after the first is skipped when the previous
+// one's rate projects it to take longer than -budget; the projection is
+// printed instead. It prints a table with the ratios: keel step / floor,
+// LangGraph.js step / floor, and keel ÷ LangGraph.js steps per second with
+// C concurrent runs.
+//
+//	go run ./bench/durable [-n 50] [-c 100,1000] [-dir DIR] [-skip-langgraph]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel/engine"
+)
+
+// config is what the flags set.
+type config struct {
+	n        int           // steps per run
+	conc     []int         // concurrent runs, one measurement each
+	dir      string        // where database files go; "" is a new temporary directory
+	floor    int           // commits timed for the floor
+	waiting  int           // runs waiting for approval
+	resume   int           // interrupted runs resumed
+	budget   time.Duration // longest projected concurrent measurement
+	lgDir    string        // the LangGraph.js benchmark
+	skipLang bool
+}
+
+func main() {
+	var cfg config
+	var conc string
+	flag.IntVar(&cfg.n, "n", 50, "steps per run (keel: model calls, at most engine.MaxStepsLimit; LangGraph.js: nodes)")
+	flag.StringVar(&conc, "c", "100,1000", "comma-separated counts of concurrent runs")
+	flag.StringVar(&cfg.dir, "dir", "", "directory for the database files (default: a new directory in the system's temporary directory)")
+	flag.IntVar(&cfg.floor, "floor", 2000, "commits timed for the floor")
+	flag.IntVar(&cfg.waiting, "waiting", 1000, "runs waiting for approval, for the memory per waiting run")
+	flag.IntVar(&cfg.resume, "resume", 100, "interrupted runs to resume")
+	flag.DurationVar(&cfg.budget, "budget", 3*time.Minute, "skip a concurrent measurement projected to take longer")
+	flag.StringVar(&cfg.lgDir, "langgraph", filepath.Join("bench", "durable", "langgraph"), "directory of the LangGraph.js benchmark")
+	flag.BoolVar(&cfg.skipLang, "skip-langgraph", false, "measure keel and the floor only (no node needed)")
+	flag.Parse()
+	for _, f := range strings.Split(conc, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 || (len(cfg.conc) > 0 && c <= cfg.conc[len(cfg.conc)-1]) {
+			fmt.Fprintf(os.Stderr, "durable: -c %q: want increasing positive counts separated by commas\n", conc)
+			os.Exit(2)
+		}
+		cfg.conc = append(cfg.conc, c)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "durable:", err)
+		os.Exit(1)
+	}
+}
+
+// column holds the figures taken at one synchronous setting.
+type column struct {
+	sync      string
+	floor     floorResult
+	keel      keelOne
+	keelC     map[int]keelMany
+	lg        lgResult                 // one run, and the versions
+	lgC       map[int]float64          // steps/s
+	projected map[string]time.Duration // measurements skipped: "keel 1000", "langgraph 1000"
+	resume    keelResume
+}
+
+func run(cfg config) error {
+	if cfg.n < 1 || cfg.n > engine.MaxStepsLimit {
+		return fmt.Errorf("-n %d: want 1..%d (a keel run makes at most %d model calls)", cfg.n, engine.MaxStepsLimit, engine.MaxStepsLimit)
+	}
+	ctx := context.Background()
+	dir, where := cfg.dir, "-dir"
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "keel-bench-durable")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir, where = tmp, "os.MkdirTemp"
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	lgDir, err := filepath.Abs(cfg.lgDir)
+	if err != nil {
+		return err
+	}
+	if !cfg.skipLang {
+		if err := installLangGraph(lgDir); err != nil {
+			return err
+		}
+	}
+
+	var cols []*column
+	for _, sync := range []string{"FULL", "NORMAL"} {
+		col, err := measureColumn(ctx, cfg, dir, lgDir, sync)
+		if err != nil {
+			return fmt.Errorf("synchronous=%s: %w", sync, err)
+		}
+		cols = append(cols, col)
+	}
+	progress("keel: %d runs waiting for approval", cfg.waiting)
+	wait, err := measureKeelWaiting(ctx, dir, cfg.waiting)
+	if err != nil {
+		return fmt.Errorf("waiting runs: %w", err)
+	}
+	report(cfg, dir, where, cols, wait)
+	return nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "durable: "+format+"\n", args...)
+}
+
+// measureColumn takes every figure at one synchronous setting.
+func measureColumn(ctx context.Context, cfg config, dir, lgDir, sync string) (*column, error) {
+	col := &column{sync: sync, keelC: map[int]keelMany{}, lgC: map[int]float64{}, projected: map[string]time.Duration{}}
+	var err error
+	progress("%s: floor, %d commits", sync, cfg.floor)
+	if col.floor, err = measureFloor(ctx, dir, sync, cfg.floor); err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	progress("%s: keel, one run of %d steps", sync, cfg.n)
+	if col.keel, err = measureKeelOne(ctx, dir, sync, cfg.n, 5); err != nil {
+		return nil, fmt.Errorf("keel, one run: %w", err)
+	}
+	// Each side's rate at the previous concurrency projects the next.
+	var keelRate, lgRate float64
+	for i, c := range cfg.conc {
+		over := func(rate float64) (time.Duration, bool) {
+			if i == 0 {
+				return 0, false
+			}
+			d := time.Duration(float64(c*cfg.n) / rate * float64(time.Second))
+			return d, d > cfg.budget
+		}
+		if d, skip := over(keelRate); skip {
+			col.projected[fmt.Sprintf("keel %d", c)] = d
+		} else {
+			progress("%s: keel, %d runs of %d steps", sync, c, cfg.n)
+			m, err := measureKeelMany(ctx, dir, sync, cfg.n, c)
+			if err != nil {
+				return nil, fmt.Errorf("keel, %d runs: %w", c, err)
+			}
+			col.keelC[c], keelRate = m, m.stepsPerS
+		}
+		if cfg.skipLang {
+			continue
+		}
+		if d, skip := over(lgRate); skip {
+			col.projected[fmt.Sprintf("langgraph %d", c)] = d
+			continue
+		}
+		// The first invocation measures one run too.
+		what := fmt.Sprintf("%d runs of %d steps", c, cfg.n)
+		if i == 0 {
+			what = "one run, then " + what
+		}
+		progress("%s: LangGraph.js, %s", sync, what)
+		res, err := runLangGraph(lgDir, dir, sync, cfg.n, []int{c}, i == 0)
+		if err != nil {
+			return nil, fmt.Errorf("LangGraph.js: %w", err)
+		}
+		if i == 0 {
+			col.lg = res
+		}
+		col.lgC[c], lgRate = res.Concurrent[0].StepsPerS, res.Concurrent[0].StepsPerS
+	}
+	progress("%s: keel, resume %d interrupted runs", sync, cfg.resume)
+	if col.resume, err = measureKeelResume(ctx, dir, sync, cfg.resume); err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	return col, nil
+}
