@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -21,7 +20,7 @@ func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, er
 		grants = []byte("[]")
 	}
 	var id int64
-	err = s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -42,7 +41,7 @@ func (s *Store) SetToolGrants(ctx context.Context, tool string, g capabilities.G
 	if err != nil {
 		return err
 	}
-	err = s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO tool_grants (tool, grants, updated_at) VALUES (?, ?, ?)
 		ON CONFLICT (tool) DO UPDATE SET grants = excluded.grants, updated_at = excluded.updated_at`, tool, string(raw), nanos(at))
 		return err
@@ -55,7 +54,7 @@ func (s *Store) SetToolGrants(ctx context.Context, tool string, g capabilities.G
 
 // DeleteToolGrants forgets every grant of tool, as when it is removed.
 func (s *Store) DeleteToolGrants(ctx context.Context, tool string) error {
-	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM tool_grants WHERE tool = ?`, tool)
 		return err
 	})

@@ -45,6 +45,19 @@ type Options struct {
 	OnLazyError func(error)
 }
 
+// The writer's hot statements, prepared once (see newWriter).
+const (
+	qRunHead     = `SELECT last_seq, status FROM runs WHERE id = ?`
+	qInsertEvent = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
+	qUpdateRun   = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
+	qTouchRun    = `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`
+	qInsertSpan  = `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`
+	qFinishSpan  = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
+		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE id = ?`
+)
+
+var hotStatements = []string{qRunHead, qInsertEvent, qUpdateRun, qTouchRun, qInsertSpan, qFinishSpan}
+
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -89,7 +102,11 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 		s.r.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
-	s.wr = newWriter(w, o.OnLazyError)
+	if s.wr, err = newWriter(ctx, w, hotStatements, o.OnLazyError); err != nil {
+		s.w.Close()
+		s.r.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	return s, nil
 }
 
@@ -179,7 +196,7 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 	if r.IdempotencyKey != "" {
 		key = r.IdempotencyKey
 	}
-	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)`,
 			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key,
@@ -197,10 +214,10 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 // transaction. It returns the stored event.
 func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
 	var ev keel.Event
-	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		var last int64
 		var status string
-		if err := tx.QueryRowContext(ctx, `SELECT last_seq, status FROM runs WHERE id = ?`, string(id)).Scan(&last, &status); err != nil {
+		if err := tx.QueryRowContext(ctx, qRunHead, string(id)).Scan(&last, &status); err != nil {
 			return mapErr(err)
 		}
 		// The one place the lifecycle is enforced: every status change goes
@@ -213,16 +230,16 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 			return fmt.Errorf("run is %s, cannot become %s: %w", cur, to, keel.ErrConflict)
 		}
 		ev = keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := tx.ExecContext(ctx, qInsertEvent,
 			string(id), ev.Seq, string(typ), nanos(at), []byte(data)); err != nil {
 			return mapErr(err)
 		}
 		var err error
 		if upd != nil {
-			_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`,
+			_, err = tx.ExecContext(ctx, qUpdateRun,
 				ev.Seq, nanos(at), string(upd.Status), upd.Result, upd.Error, string(id))
 		} else {
-			_, err = tx.ExecContext(ctx, `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`, ev.Seq, nanos(at), string(id))
+			_, err = tx.ExecContext(ctx, qTouchRun, ev.Seq, nanos(at), string(id))
 		}
 		return mapErr(err)
 	})
@@ -337,8 +354,8 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 // next journal write, or within flushDelay; its errors go to
 // Options.OnLazyError. FinishSpan closes it, also lazily.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
-	s.wr.writeLazy(func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
+		_, err := tx.ExecContext(ctx, qInsertSpan,
 			sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), string(keel.SpanRunning))
 		if err != nil {
 			return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
@@ -352,9 +369,8 @@ func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 // tokens. It is lazy, like StartSpan; the engine finishes a model call's
 // span just before journaling its result, so both commit together.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	s.wr.writeLazy(func(ctx context.Context, tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
-		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE id = ?`,
+	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
+		res, err := tx.ExecContext(ctx, qFinishSpan,
 			int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
 			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ID)
 		if err != nil {
@@ -371,7 +387,7 @@ func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
 // Sync commits every lazy write queued so far and returns once they are
 // on disk.
 func (s *Store) Sync(ctx context.Context) error {
-	return s.wr.write(ctx, func(context.Context, *sql.Tx) error { return nil })
+	return s.wr.write(ctx, func(context.Context, *wtx) error { return nil })
 }
 
 // Spans returns the run's spans in start order.
@@ -420,7 +436,7 @@ func (s *Store) DaySpent(ctx context.Context, day string) (tokens int64, usd flo
 
 // AddDaySpent adds to what model calls spent on day.
 func (s *Store) AddDaySpent(ctx context.Context, day string, tokens int64, usd float64) error {
-	err := s.wr.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO model_spend (day, tokens, usd) VALUES (?, ?, ?)
 		ON CONFLICT (day) DO UPDATE SET tokens = tokens + excluded.tokens, usd = usd + excluded.usd`, day, tokens, usd)
 		return err

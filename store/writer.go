@@ -32,7 +32,32 @@ const maxBatch = 512
 const flushDelay = 20 * time.Millisecond
 
 // writeFunc is one write, run inside the writer's transaction.
-type writeFunc func(ctx context.Context, tx *sql.Tx) error
+type writeFunc func(ctx context.Context, tx *wtx) error
+
+// wtx is the writer's transaction as writes see it: statements are
+// prepared once on the writer connection and reused (parsing SQL was a
+// large share of the writer's CPU), each bound to the transaction.
+type wtx struct {
+	tx    *sql.Tx
+	stmts map[string]*sql.Stmt // prepared before the writer started; read-only
+}
+
+// ExecContext runs query in the transaction, prepared when it is one of
+// the writer's hot statements.
+func (t *wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st, ok := t.stmts[query]; ok {
+		return t.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return t.tx.ExecContext(ctx, query, args...)
+}
+
+// QueryRowContext runs query in the transaction for one row.
+func (t *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st, ok := t.stmts[query]; ok {
+		return t.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return t.tx.QueryRowContext(ctx, query, args...)
+}
 
 // writeReq is a batch of writes from one caller: lazy writes queued
 // before it, then the caller's own write. done receives the outcome of
@@ -52,19 +77,34 @@ type writer struct {
 	done  chan struct{}
 	onErr func(error)
 
+	stmts map[string]*sql.Stmt // the hot statements, prepared once, by query
+
 	mu     sync.Mutex
 	lazy   []writeFunc
 	timer  *time.Timer
 	closed bool
 }
 
-func newWriter(db *sql.DB, onErr func(error)) *writer {
+// newWriter starts the writer on db (one connection, idle), preparing
+// the hot statements first: while a transaction holds the connection
+// nothing else can prepare on it.
+func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error)) (*writer, error) {
 	if onErr == nil {
 		onErr = func(error) {}
 	}
-	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr}
+	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}}
+	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w") {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			for _, st := range w.stmts {
+				st.Close()
+			}
+			return nil, fmt.Errorf("prepare %q: %w", q, mapErr(err))
+		}
+		w.stmts[q] = st
+	}
 	go w.loop()
-	return w
+	return w, nil
 }
 
 var errClosed = errors.New("store is closed")
@@ -138,6 +178,11 @@ func (w *writer) close() {
 
 func (w *writer) loop() {
 	defer close(w.done)
+	defer func() {
+		for _, st := range w.stmts {
+			_ = st.Close()
+		}
+	}()
 	batch := make([]writeReq, 0, maxBatch)
 	for {
 		select {
@@ -177,11 +222,12 @@ func (w *writer) commit(batch []writeReq) {
 	}
 	ctx := context.Background()
 	err := func() error {
-		tx, err := w.db.BeginTx(ctx, nil)
+		sqlTx, err := w.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback()
+		defer sqlTx.Rollback()
+		tx := &wtx{tx: sqlTx, stmts: w.stmts}
 		single := len(batch) == 1 && len(batch[0].fns) == 1
 		for i, req := range batch {
 			for j, fn := range req.fns {
@@ -195,7 +241,7 @@ func (w *writer) commit(batch []writeReq) {
 				errs[i][j] = savepoint(req.ctx, tx, fn)
 			}
 		}
-		return tx.Commit()
+		return sqlTx.Commit()
 	}()
 	for i, req := range batch {
 		for j, ferr := range errs[i] {
@@ -214,7 +260,7 @@ func (w *writer) commit(batch []writeReq) {
 }
 
 // savepoint runs fn inside a savepoint of tx, undone if fn fails.
-func savepoint(ctx context.Context, tx *sql.Tx, fn writeFunc) error {
+func savepoint(ctx context.Context, tx *wtx, fn writeFunc) error {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT w"); err != nil {
 		return mapErr(err)
 	}
