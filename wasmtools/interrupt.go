@@ -653,18 +653,6 @@ func (r *reader) u32() uint32 {
 	return v
 }
 
-// s64 skips a signed LEB128 of at most 10 bytes (i32 and i64 constants,
-// block types).
-func (r *reader) s64() {
-	for i := 0; i < 10; i++ {
-		c := r.byte()
-		if r.err != nil || c&0x80 == 0 {
-			return
-		}
-	}
-	r.err = errors.New("integer too large")
-}
-
 func (r *reader) name() string {
 	n := r.u32()
 	return string(r.bytes(int(n)))
@@ -686,21 +674,6 @@ func (r *reader) memarg() {
 		r.u32()
 	}
 	r.u32()
-}
-
-// blockType skips a block type: empty (0x40), a value type or a type
-// index (a signed LEB128).
-func (r *reader) blockType() {
-	c := r.byte()
-	if r.err != nil {
-		return
-	}
-	switch c {
-	case 0x40, 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
-		return
-	}
-	r.off--
-	r.s64()
 }
 
 func appendU32(b []byte, v uint32) []byte {
