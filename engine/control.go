@@ -92,6 +92,9 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 	} else if !over {
 		return keel.HumanToolData{}, fmt.Errorf("run %s is not taken over; take it over before running tools for it: %w", id, keel.ErrConflict)
 	}
+	if r.KindOrAgent() != keel.KindAgent {
+		return keel.HumanToolData{}, fmt.Errorf("run %s is a %s run, whose steps are its sub-agents: run tools for the sub-agent of the step: %w", id, r.KindOrAgent(), keel.ErrInvalid)
+	}
 	if r.Status != keel.RunPaused && r.Status != keel.RunWaiting {
 		return keel.HumanToolData{}, fmt.Errorf("run %s is %s; wait until it pauses: %w", id, r.Status, keel.ErrConflict)
 	}

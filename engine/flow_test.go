@@ -827,7 +827,21 @@ func TestDAGPauseStopsNewSteps(t *testing.T) {
 	if _, err := h.st.GetRun(ctx, childRunID(r.ID, "b", 1)); !errors.Is(err, keel.ErrNotFound) {
 		t.Errorf("step b started while its parent was paused (%v)", err)
 	}
-	if _, err := h.eng.Unpause(ctx, r.ID); err != nil {
+	// A DAG run's steps are its sub-agents: words and tool calls for it
+	// are refused with a pointer to them, not journaled for nobody.
+	if _, err := h.eng.Say(ctx, r.ID, "hello"); !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), "sub-agent") {
+		t.Errorf("Say to a DAG run = %v, want ErrInvalid naming its sub-agents", err)
+	}
+	if _, err := h.eng.TakeOver(ctx, r.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.eng.RunTool(ctx, r.ID, "echo", nil); !errors.Is(err, keel.ErrInvalid) {
+		t.Errorf("RunTool on a DAG run = %v, want ErrInvalid", err)
+	}
+	if _, err := h.eng.HandBack(ctx, r.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.eng.Unpause(ctx, r.ID); err != nil && !errors.Is(err, keel.ErrConflict) {
 		t.Fatal(err)
 	}
 	got = waitRun(t, h.eng, h.st, r.ID)

@@ -311,6 +311,9 @@ func (e *Engine) Say(ctx context.Context, id keel.RunID, text string) (keel.Run,
 	if run.Status.Terminal() {
 		return run, fmt.Errorf("run %s already %s: %w", id, run.Status, keel.ErrConflict)
 	}
+	if run.KindOrAgent() != keel.KindAgent {
+		return run, fmt.Errorf("run %s is a %s run, whose steps are its sub-agents: say it to the sub-agent of the step (keel show %s lists them): %w", id, run.KindOrAgent(), id, keel.ErrInvalid)
+	}
 	ev, err := e.appendEvent(ctx, id, keel.EventHumanMessage, keel.HumanMessageData{Content: text}, nil)
 	if err != nil {
 		return run, err
