@@ -86,13 +86,7 @@ func TestContextSummarized(t *testing.T) {
 		t.Errorf("%d summarize spans for %d summaries", sumSpans, len(sums))
 	}
 	before := summaries
-	replay, err := eng.Replay(ctx, run.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := engine.SameEvents(journal(t, st, run.ID), replay); diff != "" {
-		t.Errorf("replay differs: %s", diff)
-	}
+	replayMatches(t, eng, st, run.ID)
 	if summaries != before {
 		t.Errorf("the replay asked for %d summaries", summaries-before)
 	}

@@ -97,11 +97,5 @@ func TestTakeOverAndHandBack(t *testing.T) {
 	if types[keel.EventTakeOver] != 1 || types[keel.EventHandBack] != 1 || types[keel.EventHumanTool] != 1 {
 		t.Errorf("journal has %v; want one take over, one hand back, one human tool call", types)
 	}
-	replay, err := eng.Replay(ctx, r.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := engine.SameEvents(journal(t, st, r.ID), replay); diff != "" {
-		t.Errorf("replay differs: %s", diff)
-	}
+	replayMatches(t, eng, st, r.ID)
 }

@@ -76,13 +76,7 @@ func TestModelRetries(t *testing.T) {
 			if retrySpans != 2 {
 				t.Errorf("%d retry spans, want 2", retrySpans)
 			}
-			replay, err := eng.Replay(ctx, run.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := engine.SameEvents(journal(t, st, run.ID), replay); diff != "" {
-				t.Errorf("replay differs: %s", diff)
-			}
+			replayMatches(t, eng, st, run.ID)
 		})
 	}
 }
@@ -122,13 +116,7 @@ func TestToolStepTimeoutAndRetries(t *testing.T) {
 			if n := len(eventsOf(t, st, run.ID, keel.EventToolCall)); n != 1 {
 				t.Errorf("%d tool.call intents, want 1 (retries reuse the intent)", n)
 			}
-			replay, err := eng.Replay(ctx, run.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := engine.SameEvents(journal(t, st, run.ID), replay); diff != "" {
-				t.Errorf("replay differs: %s", diff)
-			}
+			replayMatches(t, eng, st, run.ID)
 		})
 	}
 }

@@ -62,6 +62,19 @@ func resumeHarness(t *testing.T, p *scripted.Provider, approve ...keel.SideEffec
 	return st, eng, tools
 }
 
+// replayMatches replays the finished run id and fails the test when the
+// replay's events differ from its journal.
+func replayMatches(t *testing.T, eng *engine.Engine, st *store.Store, id keel.RunID) {
+	t.Helper()
+	replay, err := eng.Replay(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := engine.SameEvents(journal(t, st, id), replay); diff != "" {
+		t.Errorf("replay of %s differs: %s", id, diff)
+	}
+}
+
 func waitRun(t *testing.T, eng *engine.Engine, st *store.Store, id keel.RunID) keel.Run {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -472,13 +485,7 @@ func TestSayReachesTheModel(t *testing.T) {
 		t.Errorf("Say(ended run) = %v, want ErrConflict", err)
 	}
 	// The replay still matches: a person's words are input, like results.
-	replay, err := eng.Replay(ctx, r.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := engine.SameEvents(journal(t, st, r.ID), replay); diff != "" {
-		t.Errorf("replay differs: %s", diff)
-	}
+	replayMatches(t, eng, st, r.ID)
 }
 
 // TestToolSubset: a run whose policy names a subset of tools offers the
