@@ -22,6 +22,9 @@ type Store interface {
 	CreateRun(ctx context.Context, r keel.Run) error
 	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 	Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error)
+	// AppendAll journals events (Type, Time, Data) in one transaction,
+	// all or none, upd applying with the last.
+	AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
 	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 	StartSpan(ctx context.Context, sp keel.Span) error
 	FinishSpan(ctx context.Context, sp keel.Span) error
@@ -96,6 +99,7 @@ type Engine struct {
 	active  map[keel.RunID]context.CancelCauseFunc
 	pausing map[keel.RunID]bool       // pause asked; the loop stops at its next step boundary
 	inbox   map[keel.RunID][]inboxMsg // human messages the loop has not read yet
+	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -135,7 +139,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -276,6 +280,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	go func() {
 		defer cancel(nil)
 		defer e.finish(run.ID)
+		defer e.flushHeld(runCtx, run.ID)
 		e.loop(runCtx, run)
 	}()
 	return run, nil
@@ -301,6 +306,7 @@ func (e *Engine) launch(run keel.Run) error {
 	go func() {
 		defer cancel(nil)
 		defer e.finish(run.ID)
+		defer e.flushHeld(runCtx, run.ID)
 		e.loop(runCtx, run)
 	}()
 	return nil
@@ -449,10 +455,54 @@ func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventT
 	if err != nil {
 		return keel.Event{}, fmt.Errorf("encode %s: %w", typ, err)
 	}
-	ev, err := e.cfg.Store.Append(context.WithoutCancel(ctx), id, typ, e.cfg.Now(), raw, upd)
+	e.mu.Lock()
+	evs := append(e.held[id], keel.Event{Type: typ, Time: e.cfg.Now(), Data: raw})
+	delete(e.held, id)
+	e.mu.Unlock()
+	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, upd)
 	if err != nil {
 		return keel.Event{}, err
 	}
-	e.publish(ev)
-	return ev, nil
+	for _, ev := range stored {
+		e.publish(ev)
+	}
+	return stored[len(stored)-1], nil
+}
+
+// hold keeps an event to be journaled in one transaction with the run's
+// next event, whoever appends it, instead of in a transaction (an fsync)
+// of its own. The agent loop holds a model result: it is on disk before
+// anything acts on it, because what acts on it journals first (a tool
+// call's intent, the run's end, a wait for a person). A crash before
+// then loses the result and the resumed run asks the model again, as
+// after a crash during the call. flushHeld journals what is still held
+// when the loop stops.
+func (e *Engine) hold(id keel.RunID, typ keel.EventType, data any) error {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", typ, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.held[id] = append(e.held[id], keel.Event{Type: typ, Time: e.cfg.Now(), Data: raw})
+	return nil
+}
+
+// flushHeld journals the run's held events, if any.
+func (e *Engine) flushHeld(ctx context.Context, id keel.RunID) {
+	e.mu.Lock()
+	evs := e.held[id]
+	delete(e.held, id)
+	e.mu.Unlock()
+	if len(evs) == 0 {
+		return
+	}
+	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, nil)
+	if err != nil {
+		e.log.Error("journal held events", "run", id, "err", err)
+		return
+	}
+	for _, ev := range stored {
+		e.publish(ev)
+	}
 }

@@ -462,3 +462,94 @@ func TestRunPolicyThroughRouter(t *testing.T) {
 		t.Errorf("run over its budget: %s %q, want failed naming the budget", run.Status, run.Error)
 	}
 }
+
+// onDisk is a tool runner that, when a call arrives, notes which events
+// of the calling run are already committed.
+type onDisk struct {
+	echoTools
+	st *store.Store
+
+	mu   sync.Mutex
+	seen [][]keel.EventType // at each call: the journal's types
+}
+
+func (o *onDisk) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	c, _ := engine.CallerFrom(ctx)
+	evs, err := o.st.Events(ctx, c.RunID, 0)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	o.seen = append(o.seen, types(evs))
+	o.mu.Unlock()
+	return o.echoTools.Call(ctx, name, input)
+}
+
+// TestResultsAreOnDiskBeforeUse: the engine holds a model result to
+// commit it with the next event, but never acts on it before it is
+// committed: when the tool runs, the model result that asked for it and
+// the call's intent are on disk; when the model is asked again, the
+// tool's result is.
+func TestResultsAreOnDiskBeforeUse(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tools := &onDisk{st: st}
+	var atSecond []keel.EventType
+	p := scripted.New(nil,
+		scripted.CallTool("write", `{"n":1}`),
+		scripted.Answer("done"))
+	eng, err := engine.New(engine.Config{Store: st, Model: &peek{Model: p, st: st, seen: &atSecond}, Tools: tools, DefaultMaxSteps: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close(ctx)
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write once"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := eng.Wait(wctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := journal(t, st, r.ID); got[len(got)-1].Type != keel.EventRunSucceeded {
+		t.Fatalf("journal = %v, want a succeeded run", types(got))
+	}
+	want := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall}
+	if len(tools.seen) != 1 || !eqTypes(tools.seen[0], want) {
+		t.Errorf("when the tool ran, the journal on disk was %v, want %v", tools.seen, want)
+	}
+	want = append(want, keel.EventToolResult)
+	if !eqTypes(atSecond, want) {
+		t.Errorf("when the model was asked again, the journal on disk was %v, want %v", atSecond, want)
+	}
+}
+
+// peek is a model that, at its second call, notes the calling run's
+// committed journal.
+type peek struct {
+	engine.Model
+	st    *store.Store
+	calls int
+	seen  *[]keel.EventType
+}
+
+func (p *peek) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
+	p.calls++
+	if p.calls == 2 {
+		runs, err := p.st.ListRuns(ctx, 1)
+		if err != nil || len(runs) != 1 {
+			return models.ChatResponse{}, fmt.Errorf("list runs: %v", err)
+		}
+		evs, err := p.st.Events(ctx, runs[0].ID, 0)
+		if err != nil {
+			return models.ChatResponse{}, err
+		}
+		*p.seen = types(evs)
+	}
+	return p.Model.Chat(ctx, req, onDelta)
+}

@@ -769,7 +769,7 @@ func (f *flowRun) answer(ctx context.Context) (string, bool, error) {
 		{Role: models.RoleUser, Content: "Goal: " + f.run.Goal + "\n\n" + f.resultsText(), Private: f.run.Policy.Private},
 	}
 	resp, err := f.e.modelStep(ctx, f.run, f.st.modelSteps+1, models.ChatRequest{Model: f.run.Model, Messages: msgs,
-		AllowCloud: f.run.Policy.AllowCloud, Private: f.run.Policy.Private, Budget: f.budget(ctx)}, nil)
+		AllowCloud: f.run.Policy.AllowCloud, Private: f.run.Policy.Private, Budget: f.budget(ctx)}, nil, false)
 	if err != nil {
 		return "", false, fmt.Errorf("compose the answer: %w", err)
 	}

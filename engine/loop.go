@@ -174,8 +174,9 @@ func noteSuffix(note string) string {
 	return " (" + note + ")"
 }
 
-// modelStep makes one model call as a span and journals its result.
-func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64) (models.ChatResponse, error) {
+// modelStep makes one model call as a span and journals its result, or
+// holds it to be journaled with the run's next event (see hold).
+func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64, holdResult bool) (models.ChatResponse, error) {
 	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
@@ -218,11 +219,17 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		}
 	}
 	resp.Message.Role = models.RoleAssistant
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventModelResult, keel.ModelResultData{
+	data := keel.ModelResultData{
 		Step: step, Model: resp.Model, Content: resp.Message.Content, ToolCalls: resp.Message.ToolCalls,
 		PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens, DurationMS: sp.Duration.Milliseconds(),
 		HumanSeqs: humanSeqs,
-	}, nil); err != nil {
+	}
+	if holdResult {
+		err = e.hold(run.ID, keel.EventModelResult, data)
+	} else {
+		_, err = e.appendEvent(ctx, run.ID, keel.EventModelResult, data, nil)
+	}
+	if err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
 	return resp, nil

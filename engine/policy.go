@@ -104,7 +104,7 @@ func (e *Engine) retryWait(ctx context.Context, run keel.Run, d keel.StepRetryDa
 func (e *Engine) modelStepWithRetries(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64) (models.ChatResponse, error) {
 	for attempt := 1; ; attempt++ {
 		sctx, cancel := stepContext(ctx, run)
-		resp, err := e.modelStep(sctx, run, step, req, humanSeqs)
+		resp, err := e.modelStep(sctx, run, step, req, humanSeqs, true)
 		retry := err != nil && ctx.Err() == nil && attempt <= run.Policy.ModelRetries && retryableModelError(sctx, err)
 		if err != nil && errors.Is(context.Cause(sctx), errStepTimeout) {
 			err = fmt.Errorf("%w (%s): %w", errStepTimeout, run.Policy.StepTimeout, err)

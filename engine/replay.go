@@ -87,9 +87,10 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		return nil, err
 	}
 	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
-		inbox: map[keel.RunID][]inboxMsg{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
+		inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
 	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
 	replayer.loop(ctx, run)
+	replayer.flushHeld(ctx, run.ID)
 	return mem.events, nil
 }
 
@@ -222,19 +223,30 @@ func (m *memStore) GetRun(context.Context, keel.RunID) (keel.Run, error) {
 	return m.run, nil
 }
 
-func (m *memStore) Append(_ context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
+func (m *memStore) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
+	evs, err := m.AppendAll(ctx, id, []keel.Event{{Type: typ, Time: at, Data: data}}, upd)
+	if err != nil {
+		return keel.Event{}, err
+	}
+	return evs[0], nil
+}
+
+func (m *memStore) AppendAll(_ context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if upd != nil {
 		if !keel.CanTransition(m.run.Status, upd.Status) {
-			return keel.Event{}, fmt.Errorf("replay: %s cannot become %s: %w", m.run.Status, upd.Status, keel.ErrConflict)
+			return nil, fmt.Errorf("replay: %s cannot become %s: %w", m.run.Status, upd.Status, keel.ErrConflict)
 		}
 		m.run.Status, m.run.Result, m.run.Error = upd.Status, upd.Result, upd.Error
 	}
-	ev := keel.Event{RunID: id, Seq: int64(len(m.events) + 1), Type: typ, Time: at, Data: data}
-	m.events = append(m.events, ev)
-	m.run.LastSeq = ev.Seq
-	return ev, nil
+	out := make([]keel.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = keel.Event{RunID: id, Seq: int64(len(m.events) + 1), Type: ev.Type, Time: ev.Time, Data: ev.Data}
+		m.events = append(m.events, out[i])
+	}
+	m.run.LastSeq = out[len(out)-1].Seq
+	return out, nil
 }
 
 func (m *memStore) RunsWithStatus(context.Context, ...keel.RunStatus) ([]keel.Run, error) {

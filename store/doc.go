@@ -12,11 +12,15 @@
 // Group commit: every write runs on one writer goroutine that owns the
 // writer connection (SQLite allows one writer at a time; queueing in Go
 // avoids SQLITE_BUSY storms). It commits whatever writes are queued when
-// it becomes free in one transaction, each in its own savepoint, so that
-// concurrent runs share an fsync and one failing write undoes only
-// itself. Trace spans are written lazily and commit with the next journal
-// write (or within a short delay). Reads use a separate pool and see
-// committed data only.
+// it becomes free in one transaction, so that concurrent runs share an
+// fsync; one failing write undoes only itself (journal appends and span
+// writes are atomic alone, other writes run in a savepoint). The writer
+// keeps running runs' heads (last sequence number, status) in memory and
+// drops them when anything fails, so an append reads nothing; AppendAll
+// journals several events of a run in one transaction. Trace spans are
+// written lazily and commit with the next journal write (or within a
+// short delay); a span finished before its start was committed is
+// written once. Reads use a separate pool and see committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;
 // a full disk is reported as ErrDiskFull. A Store is safe for concurrent use.

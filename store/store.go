@@ -47,16 +47,17 @@ type Options struct {
 
 // The writer's hot statements, prepared once (see newWriter).
 const (
-	qRunHead     = `SELECT last_seq, status FROM runs WHERE id = ?`
-	qInsertEvent = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
-	qUpdateRun   = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
-	qTouchRun    = `UPDATE runs SET last_seq = ?, updated_at = ? WHERE id = ?`
-	qInsertSpan  = `INSERT INTO spans (id, run_id, kind, name, step, start, status) VALUES (?, ?, ?, ?, ?, ?, ?)`
-	qFinishSpan  = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
-		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE id = ?`
+	qRunHead      = `SELECT status, coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0) FROM runs WHERE id = ?`
+	qInsertEvent  = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
+	qDeleteEvents = `DELETE FROM events WHERE run_id = ? AND seq BETWEEN ? AND ?`
+	qUpdateRun    = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
+	qInsertSpan   = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
+		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qFinishSpan   = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
+		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`
 )
 
-var hotStatements = []string{qRunHead, qInsertEvent, qUpdateRun, qTouchRun, qInsertSpan, qFinishSpan}
+var hotStatements = []string{qRunHead, qInsertEvent, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan}
 
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.
@@ -213,43 +214,92 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 // and, when upd is not nil, changes the run's status in the same
 // transaction. It returns the stored event.
 func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
-	var ev keel.Event
-	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
-		var last int64
-		var status string
-		if err := tx.QueryRowContext(ctx, qRunHead, string(id)).Scan(&last, &status); err != nil {
-			return mapErr(err)
+	evs, err := s.AppendAll(ctx, id, []keel.Event{{Type: typ, Time: at, Data: data}}, upd)
+	if err != nil {
+		return keel.Event{}, err
+	}
+	return evs[0], nil
+}
+
+// AppendAll adds events (their Type, Time and Data) to the run's journal
+// in one transaction, with consecutive sequence numbers, and when upd is
+// not nil changes the run's status with the last of them. Either all are
+// stored or none is. It returns the stored events.
+func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if len(evs) == 0 {
+		return nil, fmt.Errorf("append to %s: no events", id)
+	}
+	out := make([]keel.Event, len(evs))
+	// Atomic without a savepoint: each statement either takes effect or
+	// not, and a failure after the first insert undoes the inserts before
+	// it (or, if even that fails, the whole transaction).
+	o := op{atomic: true}
+	o.fn = func(ctx context.Context, tx *wtx) error {
+		head, cached := tx.heads[id]
+		if !cached {
+			var status string
+			if err := tx.QueryRowContext(ctx, qRunHead, string(id)).Scan(&status, &head.last); err != nil {
+				return mapErr(err)
+			}
+			head.status = keel.RunStatus(status)
 		}
 		// The one place the lifecycle is enforced: every status change goes
 		// through here, in the transaction that journals its event.
-		if cur := keel.RunStatus(status); cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
+		if cur := head.status; cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
 			to := cur
 			if upd != nil {
 				to = upd.Status
 			}
 			return fmt.Errorf("run is %s, cannot become %s: %w", cur, to, keel.ErrConflict)
 		}
-		ev = keel.Event{RunID: id, Seq: last + 1, Type: typ, Time: at.UTC(), Data: data}
-		if _, err := tx.ExecContext(ctx, qInsertEvent,
-			string(id), ev.Seq, string(typ), nanos(at), []byte(data)); err != nil {
-			return mapErr(err)
+		undo := func(err error, n int) error {
+			err = mapErr(err)
+			if n == 0 {
+				return err
+			}
+			if _, uerr := tx.ExecContext(ctx, qDeleteEvents, string(id), head.last+1, head.last+int64(n)); uerr != nil {
+				return fmt.Errorf("%w (and undoing it failed: %w)", err, errAbort)
+			}
+			return err
 		}
-		var err error
+		for i, ev := range evs {
+			out[i] = keel.Event{RunID: id, Seq: head.last + 1 + int64(i), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
+			if _, err := tx.ExecContext(ctx, qInsertEvent,
+				string(id), out[i].Seq, string(ev.Type), nanos(ev.Time), []byte(ev.Data)); err != nil {
+				return undo(err, i)
+			}
+		}
+		last := out[len(out)-1]
 		if upd != nil {
-			_, err = tx.ExecContext(ctx, qUpdateRun,
-				ev.Seq, nanos(at), string(upd.Status), upd.Result, upd.Error, string(id))
-		} else {
-			_, err = tx.ExecContext(ctx, qTouchRun, ev.Seq, nanos(at), string(id))
+			if _, err := tx.ExecContext(ctx, qUpdateRun,
+				last.Seq, nanos(last.Time), string(upd.Status), upd.Result, upd.Error, string(id)); err != nil {
+				return undo(err, len(evs))
+			}
+			head.status = upd.Status
 		}
-		return mapErr(err)
-	})
-	if err != nil {
-		return keel.Event{}, fmt.Errorf("append %s to %s: %w", typ, id, err)
+		head.last = last.Seq
+		// Only running runs' heads are kept: they are the ones that
+		// append again soon, and their number is bounded by the engine.
+		if head.status == keel.RunRunning {
+			tx.heads[id] = head
+		} else {
+			delete(tx.heads, id)
+		}
+		return nil
 	}
-	return ev, nil
+	if err := s.wr.writeOp(ctx, o); err != nil {
+		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
+	}
+	return out, nil
 }
 
-const runCols = `id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step`
+// runCols are a run's columns as scanRun reads them. A run's last_seq and
+// updated_at come from its last event: runs is written only when the
+// status changes (see migration 007).
+const runCols = `id, goal, model, status, result, error, max_steps, created_at,
+	coalesce((SELECT time FROM events WHERE run_id = runs.id ORDER BY seq DESC LIMIT 1), updated_at),
+	coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0),
+	policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
 	var r keel.Run
@@ -352,15 +402,21 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 // StartSpan records an open span (status running). Span writes are
 // lazy: StartSpan returns at once and the span is committed with the
 // next journal write, or within flushDelay; its errors go to
-// Options.OnLazyError. FinishSpan closes it, also lazily.
+// Options.OnLazyError. FinishSpan closes it, also lazily; a span finished
+// before its start was committed is written once, finished.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
-	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
-		_, err := tx.ExecContext(ctx, qInsertSpan,
-			sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), string(keel.SpanRunning))
-		if err != nil {
-			return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
+	// Only what is known at the start; FinishSpan adds the rest.
+	sp = keel.Span{ID: sp.ID, RunID: sp.RunID, Kind: sp.Kind, Name: sp.Name, Step: sp.Step, Start: sp.Start, Status: keel.SpanRunning}
+	s.wr.startSpan(sp, func(sp *keel.Span) writeFunc {
+		return func(ctx context.Context, tx *wtx) error {
+			_, err := tx.ExecContext(ctx, qInsertSpan,
+				sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), int64(sp.Duration), string(sp.Status), sp.Error,
+				sp.PromptTokens, sp.CompletionTokens, sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs))
+			if err != nil {
+				return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
+			}
+			return nil
 		}
-		return nil
 	})
 	return nil
 }
@@ -369,10 +425,13 @@ func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 // tokens. It is lazy, like StartSpan; the engine finishes a model call's
 // span just before journaling its result, so both commit together.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
+	s.wr.finishSpan(sp, func(open *keel.Span) {
+		open.Duration, open.Status, open.Error, open.PromptTokens, open.CompletionTokens = sp.Duration, sp.Status, sp.Error, sp.PromptTokens, sp.CompletionTokens
+		open.Provider, open.CostUSD, open.TTFT, open.Retries, open.FinishReason, open.Attrs = sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason, sp.Attrs
+	}, func(ctx context.Context, tx *wtx) error {
 		res, err := tx.ExecContext(ctx, qFinishSpan,
 			int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
-			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ID)
+			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), string(sp.RunID), sp.ID)
 		if err != nil {
 			return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
 		}
@@ -383,6 +442,10 @@ func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
 	})
 	return nil
 }
+
+// Commits returns how many write transactions the store has committed
+// since it was opened (each costs an fsync at synchronous=FULL).
+func (s *Store) Commits() int64 { return s.wr.commits.Load() }
 
 // Sync commits every lazy write queued so far and returns once they are
 // on disk.

@@ -484,3 +484,112 @@ func TestRunPolicyPersists(t *testing.T) {
 		t.Errorf("GetRun(q).Policy = %+v, %v; want the default", got.Policy, err)
 	}
 }
+
+// TestAppendAllIsOneWrite: AppendAll numbers its events consecutively,
+// stores all or none, and a run's last_seq and updated_at follow its last
+// event although runs is written only on a status change.
+func TestAppendAllIsOneWrite(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if err := s.CreateRun(ctx, newRun("r")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "r", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	last := time.Unix(1800000000, 7).UTC()
+	evs, err := s.AppendAll(ctx, "r", []keel.Event{
+		{Type: keel.EventModelResult, Time: last.Add(-2), Data: json.RawMessage(`{"step":1}`)},
+		{Type: keel.EventToolCall, Time: last.Add(-1), Data: json.RawMessage(`{"step":1}`)},
+		{Type: keel.EventToolResult, Time: last, Data: json.RawMessage(`{"step":1}`)},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		if ev.Seq != int64(i+2) || ev.RunID != "r" {
+			t.Errorf("AppendAll event %d = seq %d of %q, want seq %d of r", i, ev.Seq, ev.RunID, i+2)
+		}
+	}
+	r, err := s.GetRun(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.LastSeq != 4 || !r.UpdatedAt.Equal(last) || r.Status != keel.RunRunning {
+		t.Errorf("GetRun = last_seq %d, updated %v, %s; want 4, %v, running", r.LastSeq, r.UpdatedAt, r.Status, last)
+	}
+	// A refused transition stores none of the events that came with it.
+	if _, err := s.AppendAll(ctx, "r", []keel.Event{
+		{Type: keel.EventModelResult, Time: time.Now()},
+		{Type: keel.EventRunStarted, Time: time.Now()},
+	}, &keel.RunUpdate{Status: keel.RunQueued}); !errors.Is(err, keel.ErrConflict) {
+		t.Fatalf("AppendAll(running → queued) = %v, want ErrConflict", err)
+	}
+	if got, err := s.Events(ctx, "r", 0); err != nil || len(got) != 4 {
+		t.Fatalf("after a refused AppendAll: %d events, %v; want the 4 before it", len(got), err)
+	}
+	// The writer keeps the run's head in memory; a write it did not make
+	// (another handle on the file, which keel never opens) makes its next
+	// append fail, and the one after that sees the truth again.
+	if _, err := s.Append(ctx, "r", keel.EventHumanMessage, time.Now(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	other := open(t, path)
+	if _, err := other.Append(ctx, "r", keel.EventHumanMessage, time.Now(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "r", keel.EventHumanMessage, time.Now(), nil, nil); !errors.Is(err, keel.ErrConflict) {
+		t.Fatalf("append on a stale head = %v, want ErrConflict", err)
+	}
+	ev, err := s.Append(ctx, "r", keel.EventHumanMessage, time.Now(), nil, nil)
+	if err != nil || ev.Seq != 7 {
+		t.Fatalf("append after the stale head was dropped = seq %d, %v; want 7", ev.Seq, err)
+	}
+}
+
+// TestSpanFinishedEarlyOrLate: a span finished before its start was
+// committed is written once, finished; one finished after is updated.
+// Either way the stored span is the finished one.
+func TestSpanFinishedEarlyOrLate(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	if err := s.CreateRun(ctx, newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Unix(1700000000, 0).UTC()
+	finished := func(id string) keel.Span {
+		return keel.Span{ID: id, RunID: "a", Kind: keel.SpanToolCall, Name: "echo", Step: 2, Start: start,
+			Duration: 3 * time.Millisecond, Status: keel.SpanError, Error: "boom", Provider: "p", CostUSD: 0.5,
+			TTFT: time.Millisecond, Retries: 1, FinishReason: "stop", PromptTokens: 4, CompletionTokens: 5, Attrs: json.RawMessage(`{"k":1}`)}
+	}
+	for _, id := range []string{"early", "late"} {
+		sp := finished(id)
+		// Whatever the caller put in the finish fields, a start is a start.
+		if err := s.StartSpan(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		if id == "late" {
+			if err := s.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Spans(ctx, "a")
+			if err != nil || len(got) != 2 || got[1].Status != keel.SpanRunning || got[1].Duration != 0 || got[1].Error != "" {
+				t.Fatalf("a started span = %+v, %v; want it running, with no outcome", got, err)
+			}
+		}
+		if err := s.FinishSpan(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Spans(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]keel.Span{finished("early"), finished("late")}, got); diff != "" {
+		t.Errorf("spans (-want +got):\n%s", diff)
+	}
+}

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/keel-runtime/keel"
 )
 
 // Group commit.
@@ -19,7 +22,7 @@ import (
 // one fsync per batch instead of paying one each, and a write still
 // returns only once its transaction is on disk.
 //
-// Trace spans are written lazily (see writeLazy): they wait for the next
+// Trace spans are written lazily (see queueLazy): they wait for the next
 // durable write, or flushDelay at most, and commit with it. A model
 // call's span is finished just before its result is journaled, so both
 // land in the same transaction: a step costs one fsync, not three.
@@ -34,12 +37,38 @@ const flushDelay = 20 * time.Millisecond
 // writeFunc is one write, run inside the writer's transaction.
 type writeFunc func(ctx context.Context, tx *wtx) error
 
+// errAbort, wrapped in a write's error, says the write may have left
+// part of its changes behind: the writer then rolls back the whole
+// transaction and fails every write in it.
+var errAbort = errors.New("the transaction was rolled back")
+
+// op is one write as the writer queues it. An atomic write changes
+// nothing when it fails (it is one statement, or fails before its first
+// change), so it needs no savepoint of its own: SQLite undoes a failed
+// statement by itself. Savepoints cost two statements per write.
+type op struct {
+	fn     writeFunc
+	atomic bool
+}
+
 // wtx is the writer's transaction as writes see it: statements are
 // prepared once on the writer connection and reused (parsing SQL was a
 // large share of the writer's CPU), each bound to the transaction.
 type wtx struct {
 	tx    *sql.Tx
 	stmts map[string]*sql.Stmt // prepared before the writer started; read-only
+	heads map[keel.RunID]runHead
+}
+
+// runHead is what appending to a run needs to know of it: its last
+// sequence number and its status. The writer keeps the heads of the runs
+// it appended to (those still running) so that an append reads nothing;
+// the map is only touched on the writer goroutine, and is dropped
+// whenever a write fails or a transaction does not commit, since it may
+// then be ahead of the database.
+type runHead struct {
+	last   int64
+	status keel.RunStatus
 }
 
 // ExecContext runs query in the transaction, prepared when it is one of
@@ -65,7 +94,7 @@ func (t *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *s
 // flush of lazy writes, whose errors go to Options.OnLazyError.
 type writeReq struct {
 	ctx  context.Context
-	fns  []writeFunc
+	fns  []op
 	done chan error
 }
 
@@ -78,9 +107,16 @@ type writer struct {
 	onErr func(error)
 
 	stmts map[string]*sql.Stmt // the hot statements, prepared once, by query
+	heads map[keel.RunID]runHead
 
-	mu     sync.Mutex
-	lazy   []writeFunc
+	commits atomic.Int64 // transactions committed
+
+	mu   sync.Mutex
+	lazy []op
+	// open holds the spans started by a lazy write that has not left
+	// for the writer yet, so that finishing one amends that write
+	// instead of adding another; it is emptied whenever lazy is.
+	open   map[spanKey]*keel.Span
 	timer  *time.Timer
 	closed bool
 }
@@ -92,7 +128,7 @@ func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error))
 	if onErr == nil {
 		onErr = func(error) {}
 	}
-	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}}
+	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
 	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w") {
 		st, err := db.PrepareContext(ctx, q)
 		if err != nil {
@@ -112,14 +148,20 @@ var errClosed = errors.New("store is closed")
 // write runs fn in the next transaction, with any lazy writes queued
 // before it, and returns fn's outcome once the transaction is committed.
 func (w *writer) write(ctx context.Context, fn writeFunc) error {
+	return w.writeOp(ctx, op{fn: fn})
+}
+
+// writeOp is write for an op, which may be atomic.
+func (w *writer) writeOp(ctx context.Context, o op) error {
 	done := make(chan error, 1)
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return errClosed
 	}
-	fns := append(w.lazy, fn)
+	fns := append(w.lazy, o)
 	w.lazy = nil
+	clear(w.open)
 	// Sent under the lock, so that writes reach the queue in the order
 	// their callers made them.
 	w.queue <- writeReq{ctx: context.WithoutCancel(ctx), fns: fns, done: done}
@@ -127,21 +169,52 @@ func (w *writer) write(ctx context.Context, fn writeFunc) error {
 	return <-done
 }
 
-// writeLazy queues fn to be committed with the next write, or within
-// flushDelay. Its error, if any, goes to the writer's onErr.
-func (w *writer) writeLazy(fn writeFunc) {
+// spanKey names a span.
+type spanKey struct {
+	run keel.RunID
+	id  string
+}
+
+// startSpan queues the insert of sp as a lazy write.
+func (w *writer) startSpan(sp keel.Span, insert func(*keel.Span) writeFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed {
-		w.onErr(errClosed)
+	p := &sp
+	if w.queueLazy(insert(p)) {
+		w.open[spanKey{sp.RunID, sp.ID}] = p
+	}
+}
+
+// finishSpan records sp's outcome: in its insert, if that has not left
+// for the writer yet (the usual case: a step's span starts and finishes
+// between two journal writes), else by queuing update as a lazy write.
+func (w *writer) finishSpan(sp keel.Span, finish func(open *keel.Span), update writeFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := spanKey{sp.RunID, sp.ID}
+	if p, ok := w.open[k]; ok {
+		finish(p)
+		delete(w.open, k)
 		return
 	}
-	w.lazy = append(w.lazy, fn)
+	w.queueLazy(update)
+}
+
+// queueLazy queues fn, which must be atomic, to be committed with the
+// next write, or within flushDelay; its error, if any, goes to the
+// writer's onErr. It reports whether fn was queued. w.mu must be held.
+func (w *writer) queueLazy(fn writeFunc) bool {
+	if w.closed {
+		w.onErr(errClosed)
+		return false
+	}
+	w.lazy = append(w.lazy, op{fn: fn, atomic: true})
 	if w.timer == nil {
 		w.timer = time.AfterFunc(flushDelay, w.flushLazy)
 	} else if len(w.lazy) == 1 {
 		w.timer.Reset(flushDelay)
 	}
+	return true
 }
 
 // flushLazy commits the lazy writes that no durable write carried.
@@ -153,6 +226,7 @@ func (w *writer) flushLazy() {
 	}
 	w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
 	w.lazy = nil
+	clear(w.open)
 }
 
 // close commits what is queued and stops the writer goroutine.
@@ -166,6 +240,7 @@ func (w *writer) close() {
 	if len(w.lazy) > 0 {
 		w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
 		w.lazy = nil
+		clear(w.open)
 	}
 	w.closed = true
 	if w.timer != nil {
@@ -227,22 +302,40 @@ func (w *writer) commit(batch []writeReq) {
 			return err
 		}
 		defer sqlTx.Rollback()
-		tx := &wtx{tx: sqlTx, stmts: w.stmts}
+		tx := &wtx{tx: sqlTx, stmts: w.stmts, heads: w.heads}
 		single := len(batch) == 1 && len(batch[0].fns) == 1
+		failed := false
 		for i, req := range batch {
-			for j, fn := range req.fns {
-				if single {
-					errs[i][j] = fn(req.ctx, tx)
-					if errs[i][j] != nil {
+			for j, o := range req.fns {
+				if single || o.atomic {
+					errs[i][j] = o.fn(req.ctx, tx)
+				} else {
+					errs[i][j] = savepoint(req.ctx, tx, o.fn)
+				}
+				if errors.Is(errs[i][j], errAbort) {
+					return errs[i][j]
+				}
+				if errs[i][j] != nil {
+					failed = true
+					if single {
+						clear(w.heads)
 						return nil // nothing else to keep
 					}
-					continue
 				}
-				errs[i][j] = savepoint(req.ctx, tx, fn)
 			}
 		}
-		return sqlTx.Commit()
+		if failed {
+			clear(w.heads)
+		}
+		if err := sqlTx.Commit(); err != nil {
+			return err
+		}
+		w.commits.Add(1)
+		return nil
 	}()
+	if err != nil {
+		clear(w.heads)
+	}
 	for i, req := range batch {
 		for j, ferr := range errs[i] {
 			if ferr == nil && err != nil {

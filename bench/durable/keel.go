@@ -162,9 +162,9 @@ func (t *tracker) wait(limit time.Duration) error {
 
 // batch is what running c runs together measured.
 type batch struct {
-	elapsed       time.Duration
-	steps, events int64
-	ids           []keel.RunID
+	elapsed                time.Duration
+	steps, events, commits int64
+	ids                    []keel.RunID
 }
 
 // runAll starts c runs together, each in its own goroutine (goals "prefix
@@ -174,6 +174,7 @@ func runAll(ctx context.Context, b *bed, prefix string, c, n int) (batch, error)
 	ids := make([]keel.RunID, c)
 	errs := make([]error, c)
 	var wg sync.WaitGroup
+	commits := b.st.Commits()
 	start := time.Now()
 	for i := range c {
 		wg.Go(func() {
@@ -189,13 +190,15 @@ func runAll(ctx context.Context, b *bed, prefix string, c, n int) (batch, error)
 	if err := t.wait(30 * time.Minute); err != nil {
 		return batch{}, err
 	}
-	return batch{elapsed: time.Since(start), steps: t.steps.Load(), events: t.events.Load(), ids: ids}, nil
+	elapsed := time.Since(start)
+	return batch{elapsed: elapsed, steps: t.steps.Load(), events: t.events.Load(), commits: b.st.Commits() - commits, ids: ids}, nil
 }
 
 // keelOne is one run's cost per journaled step and per event.
 type keelOne struct {
 	perStep, perEvent time.Duration
-	events            int // in the run's journal
+	events            int   // in the run's journal
+	commits           int64 // transactions the run's writes took
 }
 
 // measureKeelOne times one run of n steps on a fresh store, after one
@@ -226,7 +229,7 @@ func measureKeelOne(ctx context.Context, dir, synchronous string, n, reps int) (
 	if err != nil {
 		return keelOne{}, err
 	}
-	return keelOne{perStep: bt.elapsed / time.Duration(n), perEvent: bt.elapsed / time.Duration(len(evs)), events: len(evs)}, nil
+	return keelOne{perStep: bt.elapsed / time.Duration(n), perEvent: bt.elapsed / time.Duration(len(evs)), events: len(evs), commits: bt.commits}, nil
 }
 
 // keelMany is the throughput of c runs going together.

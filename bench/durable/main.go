@@ -42,6 +42,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -74,7 +75,19 @@ func main() {
 	flag.DurationVar(&cfg.budget, "budget", 3*time.Minute, "skip a concurrent measurement projected to take longer")
 	flag.StringVar(&cfg.lgDir, "langgraph", filepath.Join("bench", "durable", "langgraph"), "directory of the LangGraph.js benchmark")
 	flag.BoolVar(&cfg.skipLang, "skip-langgraph", false, "measure keel and the floor only (no node needed)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "durable: -cpuprofile:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, f := range strings.Split(conc, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || c < 1 || (len(cfg.conc) > 0 && c <= cfg.conc[len(cfg.conc)-1]) {
@@ -84,6 +97,7 @@ func main() {
 		cfg.conc = append(cfg.conc, c)
 	}
 	if err := run(cfg); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "durable:", err)
 		os.Exit(1)
 	}

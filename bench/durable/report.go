@@ -39,8 +39,11 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	row("floor: one SQLite commit, mean", func(c *column) string { return dur(c.floor.mean) })
 	row("keel, one run: per step", func(c *column) string { return dur(c.keel.perStep) })
 	row("keel, one run: per journaled event", func(c *column) string { return dur(c.keel.perEvent) })
-	row("keel, one run: commits (journaled events) per step", func(c *column) string {
+	row("keel, one run: journaled events per step", func(c *column) string {
 		return fmt.Sprintf("%.2f", float64(c.keel.events)/float64(cfg.n))
+	})
+	row("keel, one run: SQLite commits per step", func(c *column) string {
+		return fmt.Sprintf("%.2f", float64(c.keel.commits)/float64(cfg.n))
 	})
 	row("LangGraph.js, one run: per step", lg(func(c *column) string {
 		return dur(time.Duration(c.lg.Single.MSPerStep * float64(time.Millisecond)))
