@@ -97,8 +97,8 @@ type Engine struct {
 
 	mu      sync.Mutex
 	active  map[keel.RunID]context.CancelCauseFunc
-	pausing map[keel.RunID]bool       // pause asked; the loop stops at its next step boundary
-	inbox   map[keel.RunID][]inboxMsg // human messages the loop has not read yet
+	pausing map[keel.RunID]bool         // pause asked; the loop stops at its next step boundary
+	inbox   map[keel.RunID][]inboxMsg   // human messages the loop has not read yet
 	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
 	closed  bool
 	subs    map[int]func(keel.Event)

@@ -53,7 +53,7 @@ const (
 	qUpdateRun    = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
 	qInsertSpan   = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
 		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
-	qFinishSpan   = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
+	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`
 )
 
