@@ -75,23 +75,25 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("open %s: synchronous %q: want FULL or NORMAL", path, o.Synchronous)
 	}
-	dsn := func(extra string) string {
+	dsn := func(writer bool) string {
 		q := url.Values{}
 		for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(1)"} {
 			q.Add("_pragma", p)
 		}
-		if extra != "" {
-			q.Set("_txlock", extra)
+		if writer {
+			q.Set("_txlock", "immediate")
+			// The writer's checkpointer does it off the commit path.
+			q.Add("_pragma", "wal_autocheckpoint(0)")
 		}
 		return "file:" + path + "?" + q.Encode()
 	}
-	w, err := sql.Open("sqlite", dsn("immediate"))
+	w, err := sql.Open("sqlite", dsn(true))
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	r, err := sql.Open("sqlite", dsn(""))
+	r, err := sql.Open("sqlite", dsn(false))
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -103,7 +105,7 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 		s.r.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
-	if s.wr, err = newWriter(ctx, w, hotStatements, o.OnLazyError); err != nil {
+	if s.wr, err = newWriter(ctx, w, r, hotStatements, o.OnLazyError); err != nil {
 		s.w.Close()
 		s.r.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -591,5 +593,39 @@ func TestSpanFinishedEarlyOrLate(t *testing.T) {
 	}
 	if diff := cmp.Diff([]keel.Span{finished("early"), finished("late")}, got); diff != "" {
 		t.Errorf("spans (-want +got):\n%s", diff)
+	}
+}
+
+// TestCheckpointsInTheBackground: the writer connection does not
+// checkpoint (wal_autocheckpoint=0), so only the checkpointer moves
+// committed pages from the WAL into the database file.
+func TestCheckpointsInTheBackground(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if err := s.CreateRun(ctx, newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "a", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	size := func() int64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := size()
+	data := json.RawMessage(`{"text":"` + strings.Repeat("x", 2000) + `"}`)
+	for range 400 { // past the checkpointer's threshold, however fast
+		if _, err := s.Append(ctx, "a", keel.EventHumanMessage, time.Now(), data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); size() < before+300*2000; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the database file is %d bytes (was %d) 10 s after 800 kB were committed: not checkpointed", size(), before)
+		}
 	}
 }
