@@ -64,22 +64,7 @@ func doctorCmd() *cobra.Command {
 			}
 			fmt.Fprintf(out, "\ntools (%d)\n", len(env.Tools))
 			for _, t := range env.Tools {
-				grants := "none"
-				var parts []string
-				for _, g := range t.Grants.FS {
-					mode := "rw"
-					if g.ReadOnly {
-						mode = "ro"
-					}
-					parts = append(parts, fmt.Sprintf("fs %s=%s (%s)", g.GuestPath, g.HostPath, mode))
-				}
-				for _, n := range t.Grants.Network {
-					parts = append(parts, "net "+n)
-				}
-				if len(parts) > 0 {
-					grants = strings.Join(parts, ", ")
-				}
-				fmt.Fprintf(out, "  %-12s %-8s %-20s grants: %s\n", t.Name, t.Version, t.SideEffects, grants)
+				fmt.Fprintf(out, "  %-12s %-8s %-20s grants: %s\n", t.Name, t.Version, t.SideEffects, grantsLine(t.Grants))
 			}
 			if !healthy {
 				return &exitError{code: ExitFailure}

@@ -88,6 +88,28 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 	}
 }
 
+// grantsLine renders grants on one line, for people: "none" when empty.
+func grantsLine(g capabilities.Grants) string {
+	var parts []string
+	for _, f := range g.FS {
+		mode := "rw"
+		if f.ReadOnly {
+			mode = "ro"
+		}
+		parts = append(parts, fmt.Sprintf("fs %s=%s (%s)", f.GuestPath, f.HostPath, mode))
+	}
+	for _, n := range g.Network {
+		parts = append(parts, "net "+n)
+	}
+	for _, e := range g.Env {
+		parts = append(parts, "env "+e)
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
 // ungranted lists what req asks for that g does not give.
 func ungranted(req, g capabilities.Grants) capabilities.Grants {
 	var out capabilities.Grants

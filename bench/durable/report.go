@@ -51,8 +51,14 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	row("LangGraph.js, one run: SQLite commits per step", lg(func(c *column) string {
 		return fmt.Sprintf("%.2f", c.lg.Transactions.CommitsPerStep)
 	}))
+	row("keel, one run: per commit", func(c *column) string {
+		return dur(time.Duration(float64(c.keel.perStep) * float64(cfg.n) / float64(c.keel.commits)))
+	})
 	row("keel step / floor mean (target ≤ 1.2 at FULL)", func(c *column) string {
 		return ratio(float64(c.keel.perStep), float64(c.floor.mean))
+	})
+	row("keel commit / floor mean", func(c *column) string {
+		return ratio(float64(c.keel.perStep)*float64(cfg.n)/float64(c.keel.commits), float64(c.floor.mean))
 	})
 	row("LangGraph.js step / floor mean", lg(func(c *column) string {
 		return ratio(c.lg.Single.MSPerStep*float64(time.Millisecond), float64(c.floor.mean))
@@ -95,7 +101,8 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	fmt.Println()
 	fmt.Printf("keel, %d runs waiting for approval (FULL): %.0f bytes of live Go heap and %.2f goroutines per waiting run\n",
 		wait.runs, wait.heapPerRun, wait.goroutinesPer)
-	fmt.Println("a keel step is a model call and a tool call, journaled as model.result, tool.call and tool.result;")
+	fmt.Println("a keel step is a model call and a tool call, journaled as model.result, tool.call and tool.result")
+	fmt.Println("in two commits: {model.result, tool.call} before the tool runs, {tool.result} before the model sees it;")
 	fmt.Println("a LangGraph.js step is one node, checkpointed (its writes, then the checkpoint) before the next starts.")
 }
 

@@ -762,8 +762,9 @@ func tally(t *testing.T, work string) map[string]int {
 // It pauses before and while streaming, so kills land mid-stream.
 type scriptModel struct {
 	*httptest.Server
-	mu sync.Mutex
-	n  int
+	mu   sync.Mutex
+	n    int
+	gone int // "hang" requests whose caller went away
 }
 
 func newScriptModel(t *testing.T) *scriptModel {
@@ -820,6 +821,15 @@ func (m *scriptModel) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	pause := func() { time.Sleep(time.Duration(rand.IntN(60)) * time.Millisecond) }
 	pause()
+	if strings.HasPrefix(goal, "hang") {
+		// Starts answering, then never finishes: until the caller goes.
+		send(map[string]any{"role": "assistant", "content": "Thinking"}, nil)
+		<-r.Context().Done()
+		m.mu.Lock()
+		m.gone++
+		m.mu.Unlock()
+		return
+	}
 	if results < crashToolCalls {
 		k := results + 1
 		args, _ := json.Marshal(map[string]any{"key": fmt.Sprintf("%s#%d", goal, k), "sleep_ms": 50 + rand.IntN(300)})

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
@@ -144,5 +146,69 @@ func TestBinary(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "keel daemon stopped") {
 		t.Errorf("daemon log lacks a clean stop:\n%s", logs.String())
+	}
+}
+
+// TestRunCtrlC: Ctrl-C on `keel run` cancels the run in the daemon. The
+// model starts answering and never finishes; SIGINT to the CLI must end
+// the run as cancelled, exit with the cancelled code, and close the
+// model request (the stream is stopped, not left running).
+func TestRunCtrlC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	e := newCrashEnv(t)
+	p := startKeel(t, e.bin, e.env, e.dir)
+	defer p.stop(t)
+
+	cmd := exec.Command(e.bin, "run", "--model", "default", "hang until cancelled")
+	cmd.Env = e.env
+	var out syncWriter
+	out.b = &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "Thinking"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("keel run did not exit within 30 s of Ctrl-C:\n%s", out.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled {
+		t.Errorf("keel run after Ctrl-C: %v, want exit code %d\n%s", err, cli.ExitCancelled, out.String())
+	}
+	if s := out.String(); !strings.Contains(s, "cancelling run") || !strings.Contains(s, "run cancelled") {
+		t.Errorf("keel run after Ctrl-C printed:\n%s\nwant it to say it cancels, then that the run was cancelled", s)
+	}
+	c := dialWait(t, e.dir)
+	defer c.Close()
+	runs, err := c.ListRuns(context.Background(), 10)
+	if err != nil || len(runs) != 1 || runs[0].Status != keel.RunCancelled {
+		t.Errorf("runs after Ctrl-C = %+v, %v; want one, cancelled", runs, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		e.model.mu.Lock()
+		gone := e.model.gone
+		e.model.mu.Unlock()
+		if gone == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the model request was still open 10 s after the run was cancelled")
+		}
 	}
 }
