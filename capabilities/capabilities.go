@@ -105,6 +105,9 @@ type Environment struct {
 	DefaultModel string         `json:"default_model,omitempty"`
 	Providers    []ProviderDecl `json:"providers"`
 	Tools        []ToolDecl     `json:"tools"`
+	// ToolsCompiling counts the tool files found at start that are still
+	// being compiled (not yet in Tools); 0 once every one is loaded.
+	ToolsCompiling int `json:"tools_compiling,omitempty"`
 	// Network is the daemon's own stance: "loopback" unless configured.
 	Network string `json:"network"`
 }

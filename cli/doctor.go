@@ -62,7 +62,11 @@ func doctorCmd() *cobra.Command {
 					fmt.Fprintf(out, "  model   %-28s %-16s [%s]\n", m.Name, ctxLen, strings.Join(m.Capabilities, " "))
 				}
 			}
-			fmt.Fprintf(out, "\ntools (%d)\n", len(env.Tools))
+			if env.ToolsCompiling > 0 {
+				fmt.Fprintf(out, "\ntools (%d, and %d still compiling: `keel tools list` shows progress)\n", len(env.Tools), env.ToolsCompiling)
+			} else {
+				fmt.Fprintf(out, "\ntools (%d)\n", len(env.Tools))
+			}
 			for _, t := range env.Tools {
 				fmt.Fprintf(out, "  %-12s %-8s %-20s grants: %s\n", t.Name, t.Version, t.SideEffects, grantsLine(t.Grants))
 			}

@@ -34,6 +34,9 @@ func runCmd() *cobra.Command {
 			}
 			defer c.Close()
 			ctx := cmd.Context()
+			if err := waitForTools(cmd, c); err != nil {
+				return err
+			}
 			run, err := c.StartRun(ctx, p)
 			if err != nil {
 				return err

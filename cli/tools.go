@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/spf13/cobra"
 )
 
@@ -155,6 +156,9 @@ func callCmd() *cobra.Command {
 				return err
 			}
 			defer c.Close()
+			if err := waitForTools(cmd, c); err != nil {
+				return err
+			}
 			res, err := c.CallTool(cmd.Context(), args[0], json.RawMessage(args[1]))
 			if err != nil {
 				return err
@@ -166,6 +170,34 @@ func callCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&run, "run", "", "run the tool on behalf of this run, which you took over (keel takeover); the model reads the outcome when you hand it back")
 	return cmd
+}
+
+// waitForTools shows the daemon's progress while it is still compiling
+// the tools it found at start (a first start compiles every bundled tool,
+// which takes seconds), and returns once they are loaded.
+func waitForTools(cmd *cobra.Command, c *client.Client) error {
+	shown := -1
+	for {
+		res, err := c.ToolsList(cmd.Context())
+		if err != nil {
+			return err
+		}
+		if res.Compiling == nil {
+			if shown >= 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "tools ready")
+			}
+			return nil
+		}
+		if res.Compiling.Loaded != shown {
+			shown = res.Compiling.Loaded
+			fmt.Fprintf(cmd.ErrOrStderr(), "waiting for the daemon to compile its tools: %d of %d done\n", res.Compiling.Loaded, res.Compiling.Total)
+		}
+		select {
+		case <-cmd.Context().Done():
+			return cmd.Context().Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 func compact(raw json.RawMessage) string {

@@ -40,7 +40,8 @@ func (a *auditedTools) Specs() []keel.ToolSpec {
 func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	sum := sha256.Sum256(input)
 	rec := keel.ToolAudit{Time: time.Now().UTC(), Tool: name, ArgsSHA256: hex.EncodeToString(sum[:])}
-	if t, ok := a.reg.Tool(name); ok {
+	t, known := a.reg.Tool(name)
+	if known {
 		rec.Version, rec.SHA256, rec.Grants = t.Spec.Version, t.SHA256, grantStrings(t.Grants)
 	}
 	if c, ok := engine.CallerFrom(ctx); ok {
@@ -49,6 +50,10 @@ func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMess
 	start := time.Now()
 	out, err := a.reg.Call(ctx, name, input)
 	rec.Duration = time.Since(start)
+	if t, ok := a.reg.Tool(name); ok && !known {
+		// The call waited for the tool to compile.
+		rec.Version, rec.SHA256, rec.Grants = t.Spec.Version, t.SHA256, grantStrings(t.Grants)
+	}
 	rec.Outcome = "ok"
 	if err != nil {
 		var te *keel.ToolError

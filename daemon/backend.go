@@ -119,5 +119,8 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
 			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, Grants: t.Grants})
 	}
+	if loaded, total, ready := b.reg.Progress(); !ready {
+		env.ToolsCompiling = total - loaded
+	}
 	return env, nil
 }
