@@ -42,6 +42,13 @@ const checkpointPages = 1000
 // checkpointEvery is the longest a commit waits for a checkpoint.
 const checkpointEvery = time.Second
 
+// The writer's transaction statements (see wtx).
+const (
+	qBegin    = "BEGIN IMMEDIATE"
+	qCommit   = "COMMIT"
+	qRollback = "ROLLBACK"
+)
+
 // maxBatch bounds how many writes one transaction carries.
 const maxBatch = 512
 
@@ -66,12 +73,14 @@ type op struct {
 	atomic bool
 }
 
-// wtx is the writer's transaction as writes see it: statements are
-// prepared once on the writer connection and reused (parsing SQL was a
-// large share of the writer's CPU), each bound to the transaction.
+// wtx is the writer's transaction as writes see it. The writer holds its
+// connection for good and runs BEGIN IMMEDIATE and COMMIT itself, as
+// prepared statements like the hot ones: database/sql's transactions
+// parse their BEGIN anew each time and wrap every statement, which was a
+// large share of a commit's CPU.
 type wtx struct {
-	tx    *sql.Tx
-	stmts map[string]*sql.Stmt // prepared before the writer started; read-only
+	conn  *sql.Conn
+	stmts map[string]*sql.Stmt // prepared on conn before the writer started; read-only
 	heads map[keel.RunID]runHead
 }
 
@@ -90,17 +99,17 @@ type runHead struct {
 // the writer's hot statements.
 func (t *wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st, ok := t.stmts[query]; ok {
-		return t.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return st.ExecContext(ctx, args...)
 	}
-	return t.tx.ExecContext(ctx, query, args...)
+	return t.conn.ExecContext(ctx, query, args...)
 }
 
 // QueryRowContext runs query in the transaction for one row.
 func (t *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st, ok := t.stmts[query]; ok {
-		return t.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		return st.QueryRowContext(ctx, args...)
 	}
-	return t.tx.QueryRowContext(ctx, query, args...)
+	return t.conn.QueryRowContext(ctx, query, args...)
 }
 
 // writeReq is a batch of writes from one caller: lazy writes queued
@@ -115,7 +124,7 @@ type writeReq struct {
 
 // writer is the state of group commit.
 type writer struct {
-	db    *sql.DB // one connection
+	conn  *sql.Conn // the writer connection, held for good
 	queue chan writeReq
 	stop  chan struct{}
 	done  chan struct{}
@@ -148,14 +157,19 @@ func newWriter(ctx context.Context, db, ckptDB *sql.DB, hot []string, onErr func
 	if onErr == nil {
 		onErr = func(error) {}
 	}
-	w := &writer{db: db, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{},
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("writer connection: %w", mapErr(err))
+	}
+	w := &writer{conn: conn, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{},
 		kick: make(chan struct{}, 1), ckptDB: ckptDB, ckptEnd: make(chan struct{})}
-	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w") {
-		st, err := db.PrepareContext(ctx, q)
+	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w", qBegin, qCommit, qRollback) {
+		st, err := conn.PrepareContext(ctx, q)
 		if err != nil {
 			for _, st := range w.stmts {
 				st.Close()
 			}
+			conn.Close()
 			return nil, fmt.Errorf("prepare %q: %w", q, mapErr(err))
 		}
 		w.stmts[q] = st
@@ -298,6 +312,7 @@ func (w *writer) loop() {
 		for _, st := range w.stmts {
 			_ = st.Close()
 		}
+		_ = w.conn.Close()
 	}()
 	batch := make([]writeReq, 0, maxBatch)
 	for {
@@ -338,12 +353,16 @@ func (w *writer) commit(batch []writeReq) {
 	}
 	ctx := context.Background()
 	err := func() error {
-		sqlTx, err := w.db.BeginTx(ctx, nil)
-		if err != nil {
+		tx := &wtx{conn: w.conn, stmts: w.stmts, heads: w.heads}
+		if _, err := tx.ExecContext(ctx, qBegin); err != nil {
 			return err
 		}
-		defer sqlTx.Rollback()
-		tx := &wtx{tx: sqlTx, stmts: w.stmts, heads: w.heads}
+		committed := false
+		defer func() {
+			if !committed {
+				_, _ = tx.ExecContext(ctx, qRollback)
+			}
+		}()
 		single := len(batch) == 1 && len(batch[0].fns) == 1
 		failed := false
 		for i, req := range batch {
@@ -368,9 +387,10 @@ func (w *writer) commit(batch []writeReq) {
 		if failed {
 			clear(w.heads)
 		}
-		if err := sqlTx.Commit(); err != nil {
+		if _, err := tx.ExecContext(ctx, qCommit); err != nil {
 			return err
 		}
+		committed = true
 		w.commits.Add(1)
 		w.pages += 2
 		for _, req := range batch {

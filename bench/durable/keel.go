@@ -44,16 +44,35 @@ func (tools) Call(ctx context.Context, name string, input json.RawMessage) (json
 	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}
 }
 
-// script is each run's conversation with the scripted model: n-1 calls of
-// echo, then the answer, so a run makes n steps (model calls).
-func script(n int) func(goal string) []scripted.Step {
-	return func(string) []scripted.Step {
-		steps := make([]scripted.Step, 0, n)
-		for range n - 1 {
-			steps = append(steps, scripted.CallTool("echo", `{"text":"hi"}`))
+// chain is the benchmark's model: a deterministic graph of n steps. Each
+// run's first n-1 calls ask for the echo tool, the n-th answers. It
+// counts the tool results in the conversation to know where it is, and
+// keeps nothing: unlike the scripted test provider, which records every
+// request (a copy of the whole conversation at each step), its cost does
+// not grow with the run, so what is timed is keel's.
+type chain struct{ n int }
+
+func (chain) Models(context.Context) ([]models.ModelInfo, error) {
+	return []models.ModelInfo{scripted.DefaultModel}, nil
+}
+
+func (c chain) Chat(_ context.Context, req models.ChatRequest, _ func(models.Delta)) (models.ChatResponse, error) {
+	done := 0
+	for _, m := range req.Messages {
+		if m.Role == models.RoleTool {
+			done++
 		}
-		return append(steps, scripted.Answer("done"))
 	}
+	msg := models.Message{Role: models.RoleAssistant}
+	finish := "stop"
+	if done < c.n-1 {
+		msg.ToolCalls = []keel.ToolCall{{ID: fmt.Sprintf("call_%d", done+1), Name: "echo", Arguments: json.RawMessage(`{"text":"hi"}`)}}
+		finish = "tool_calls"
+	} else {
+		msg.Content = "done"
+	}
+	return models.ChatResponse{Model: req.Model, FinishReason: finish, Message: msg,
+		Usage: models.Usage{PromptTokens: 10, CompletionTokens: 5}}, nil
 }
 
 // writer is a model that asks for the "write" tool at every call. Unlike
@@ -204,7 +223,7 @@ type keelOne struct {
 // measureKeelOne times one run of n steps on a fresh store, after one
 // untimed run: the median of reps runs made one after the other.
 func measureKeelOne(ctx context.Context, dir, synchronous string, n, reps int) (keelOne, error) {
-	b, err := newBed(ctx, filepath.Join(dir, "keel-one-"+synchronous+".db"), synchronous, scripted.ByGoal(nil, script(n)), n)
+	b, err := newBed(ctx, filepath.Join(dir, "keel-one-"+synchronous+".db"), synchronous, chain{n}, n)
 	if err != nil {
 		return keelOne{}, err
 	}
@@ -242,7 +261,7 @@ type keelMany struct {
 // measureKeelMany times c runs of n steps started together on a fresh
 // store, after one untimed run.
 func measureKeelMany(ctx context.Context, dir, synchronous string, n, c int) (keelMany, error) {
-	b, err := newBed(ctx, filepath.Join(dir, fmt.Sprintf("keel-%d-%s.db", c, synchronous)), synchronous, scripted.ByGoal(nil, script(n)), n)
+	b, err := newBed(ctx, filepath.Join(dir, fmt.Sprintf("keel-%d-%s.db", c, synchronous)), synchronous, chain{n}, n)
 	if err != nil {
 		return keelMany{}, err
 	}
