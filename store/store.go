@@ -47,17 +47,18 @@ type Options struct {
 
 // The writer's hot statements, prepared once (see newWriter).
 const (
-	qRunHead      = `SELECT status, coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0) FROM runs WHERE id = ?`
-	qInsertEvent  = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
-	qDeleteEvents = `DELETE FROM events WHERE run_id = ? AND seq BETWEEN ? AND ?`
-	qUpdateRun    = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
-	qInsertSpan   = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
+	qRunHead       = `SELECT status, coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0) FROM runs WHERE id = ?`
+	qInsertEvent   = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
+	qInsertEvents2 = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)`
+	qDeleteEvents  = `DELETE FROM events WHERE run_id = ? AND seq BETWEEN ? AND ?`
+	qUpdateRun     = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
+	qInsertSpan    = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
 		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`
 )
 
-var hotStatements = []string{qRunHead, qInsertEvent, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan}
+var hotStatements = []string{qRunHead, qInsertEvent, qInsertEvents2, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan}
 
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.
@@ -264,10 +265,20 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 			}
 			return err
 		}
-		for i, ev := range evs {
-			out[i] = keel.Event{RunID: id, Seq: head.last + 1 + int64(i), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
-			if _, err := tx.ExecContext(ctx, qInsertEvent,
-				string(id), out[i].Seq, string(ev.Type), nanos(ev.Time), []byte(ev.Data)); err != nil {
+		// Two at a time: one statement inserts both (a model result and
+		// the intent that acts on it usually come together).
+		for i := 0; i < len(evs); i += 2 {
+			args := make([]any, 0, 10)
+			for j := i; j < min(i+2, len(evs)); j++ {
+				ev := evs[j]
+				out[j] = keel.Event{RunID: id, Seq: head.last + 1 + int64(j), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
+				args = append(args, string(id), out[j].Seq, string(ev.Type), nanos(ev.Time), []byte(ev.Data))
+			}
+			q := qInsertEvent
+			if len(args) == 10 {
+				q = qInsertEvents2
+			}
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 				return undo(err, i)
 			}
 		}
