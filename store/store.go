@@ -83,8 +83,6 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 		}
 		if writer {
 			q.Set("_txlock", "immediate")
-			// The writer's checkpointer does it off the commit path.
-			q.Add("_pragma", "wal_autocheckpoint(0)")
 		}
 		return "file:" + path + "?" + q.Encode()
 	}
@@ -106,7 +104,7 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 		s.r.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
-	if s.wr, err = newWriter(ctx, w, r, hotStatements, o.OnLazyError); err != nil {
+	if s.wr, err = newWriter(ctx, w, hotStatements, o.OnLazyError); err != nil {
 		s.w.Close()
 		s.r.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)

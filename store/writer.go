@@ -27,21 +27,6 @@ import (
 // call's span is finished just before its result is journaled, so both
 // land in the same transaction: a step costs one fsync, not three.
 
-// Checkpoints. SQLite's automatic checkpoint runs inside the commit that
-// crosses its threshold, on the writer's critical path. The writer
-// connection turns it off (wal_autocheckpoint=0) and a checkpointer
-// goroutine, on a reader connection, runs a PASSIVE checkpoint (it never
-// blocks the writer) about as often as SQLite would: when the commits
-// since the last one wrote about checkpointPages pages, counting a page
-// per write and two per commit, or checkpointEvery passed (writes of
-// large events count for more pages than that).
-
-// checkpointPages is SQLite's default automatic checkpoint threshold.
-const checkpointPages = 1000
-
-// checkpointEvery is the longest a commit waits for a checkpoint.
-const checkpointEvery = time.Second
-
 // The writer's transaction statements (see wtx).
 const (
 	qBegin    = "BEGIN IMMEDIATE"
@@ -133,12 +118,7 @@ type writer struct {
 	stmts map[string]*sql.Stmt // the hot statements, prepared once, by query
 	heads map[keel.RunID]runHead
 
-	commits atomic.Int64  // transactions committed
-	kick    chan struct{} // about checkpointPages were committed since the checkpointer last ran
-	pages   int           // written since the last kick, roughly; writer goroutine only
-	kicked  time.Time     // when; writer goroutine only
-	ckptDB  *sql.DB       // the checkpointer's connections (the reader pool)
-	ckptEnd chan struct{}
+	commits atomic.Int64 // transactions committed
 
 	mu   sync.Mutex
 	lazy []op
@@ -153,7 +133,7 @@ type writer struct {
 // newWriter starts the writer on db (one connection, idle), preparing
 // the hot statements first: while a transaction holds the connection
 // nothing else can prepare on it.
-func newWriter(ctx context.Context, db, ckptDB *sql.DB, hot []string, onErr func(error)) (*writer, error) {
+func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error)) (*writer, error) {
 	if onErr == nil {
 		onErr = func(error) {}
 	}
@@ -161,8 +141,7 @@ func newWriter(ctx context.Context, db, ckptDB *sql.DB, hot []string, onErr func
 	if err != nil {
 		return nil, fmt.Errorf("writer connection: %w", mapErr(err))
 	}
-	w := &writer{conn: conn, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{},
-		kick: make(chan struct{}, 1), ckptDB: ckptDB, ckptEnd: make(chan struct{})}
+	w := &writer{conn: conn, queue: make(chan writeReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{}), onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
 	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w", qBegin, qCommit, qRollback) {
 		st, err := conn.PrepareContext(ctx, q)
 		if err != nil {
@@ -175,26 +154,7 @@ func newWriter(ctx context.Context, db, ckptDB *sql.DB, hot []string, onErr func
 		w.stmts[q] = st
 	}
 	go w.loop()
-	go w.checkpointer()
 	return w, nil
-}
-
-// checkpointer copies committed WAL frames into the database file in the
-// background until the writer stops.
-func (w *writer) checkpointer() {
-	defer close(w.ckptEnd)
-	for {
-		select {
-		case <-w.kick:
-		case <-w.done:
-			return
-		}
-		var busy, frames, copied int
-		err := w.ckptDB.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
-		if err != nil {
-			w.onErr(fmt.Errorf("checkpoint: %w", mapErr(err)))
-		}
-	}
 }
 
 var errClosed = errors.New("store is closed")
@@ -303,7 +263,6 @@ func (w *writer) close() {
 	w.mu.Unlock()
 	close(w.stop)
 	<-w.done
-	<-w.ckptEnd
 }
 
 func (w *writer) loop() {
@@ -392,17 +351,6 @@ func (w *writer) commit(batch []writeReq) {
 		}
 		committed = true
 		w.commits.Add(1)
-		w.pages += 2
-		for _, req := range batch {
-			w.pages += len(req.fns)
-		}
-		if now := time.Now(); w.pages >= checkpointPages || now.Sub(w.kicked) >= checkpointEvery {
-			w.pages, w.kicked = 0, now
-			select {
-			case w.kick <- struct{}{}:
-			default: // still checkpointing
-			}
-		}
 		return nil
 	}()
 	if err != nil {

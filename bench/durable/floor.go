@@ -20,11 +20,16 @@ type floorResult struct {
 	sqlite    string // SQLite's version
 }
 
-// measureFloor commits n single-row INSERT transactions into a fresh
-// database file in dir, opened as store opens its own (modernc.org/sqlite,
-// WAL, the given synchronous setting, BEGIN IMMEDIATE, one connection),
-// after 50 untimed ones, and times each commit.
-func measureFloor(ctx context.Context, dir, synchronous string, n int) (floorResult, error) {
+// floorDB is a fresh database file opened as store opens its own
+// (modernc.org/sqlite, WAL, the given synchronous setting, BEGIN
+// IMMEDIATE, one connection) with one table, for timing bare commits.
+type floorDB struct {
+	db     *sql.DB
+	row    []byte
+	sqlite string // SQLite's version
+}
+
+func openFloor(ctx context.Context, dir, synchronous string) (*floorDB, error) {
 	q := url.Values{}
 	for _, p := range []string{"journal_mode(WAL)", "synchronous(" + synchronous + ")"} {
 		q.Add("_pragma", p)
@@ -33,55 +38,80 @@ func measureFloor(ctx context.Context, dir, synchronous string, n int) (floorRes
 	path := filepath.Join(dir, "floor-"+synchronous+".db")
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
-		return floorResult{}, fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	defer db.Close()
 	db.SetMaxOpenConns(1)
-
-	var res floorResult
+	// About the size of a journaled event.
+	f := &floorDB{db: db, row: make([]byte, 200)}
 	var sync int
-	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&res.sqlite); err != nil {
-		return floorResult{}, err
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&f.sqlite); err != nil {
+		db.Close()
+		return nil, err
 	}
 	if err := db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
-		return floorResult{}, err
+		db.Close()
+		return nil, err
 	}
 	if want := map[string]int{"NORMAL": 1, "FULL": 2}[synchronous]; sync != want {
-		return floorResult{}, fmt.Errorf("synchronous is %d, want %d (%s)", sync, want, synchronous)
+		db.Close()
+		return nil, fmt.Errorf("synchronous is %d, want %d (%s)", sync, want, synchronous)
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE t (id INTEGER PRIMARY KEY, data BLOB)`); err != nil {
-		return floorResult{}, err
+		db.Close()
+		return nil, err
 	}
-	// About the size of a journaled event.
-	row := make([]byte, 200)
+	if _, err := f.commits(ctx, warmCommits); err != nil { // untimed: see warmCommits
+		db.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *floorDB) Close() error { return f.db.Close() }
+
+// commits makes n single-row INSERT transactions and times each.
+func (f *floorDB) commits(ctx context.Context, n int) ([]time.Duration, error) {
 	commit := func() error {
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := f.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer tx.Rollback()
-		if _, err := tx.ExecContext(ctx, `INSERT INTO t (data) VALUES (?)`, row); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO t (data) VALUES (?)`, f.row); err != nil {
 			return err
 		}
 		return tx.Commit()
 	}
-	for range 50 {
-		if err := commit(); err != nil {
-			return floorResult{}, err
-		}
-	}
 	d := make([]time.Duration, 0, n)
-	var total time.Duration
 	for range n {
 		start := time.Now()
 		if err := commit(); err != nil {
-			return floorResult{}, err
+			return nil, err
 		}
-		t := time.Since(start)
-		d = append(d, t)
-		total += t
+		d = append(d, time.Since(start))
 	}
+	return d, nil
+}
+
+// measure times n commits.
+func (f *floorDB) measure(ctx context.Context, n int) (floorResult, error) {
+	d, err := f.commits(ctx, n)
+	if err != nil {
+		return floorResult{}, err
+	}
+	return floorResult{commits: n, p50: median(d), mean: mean(d), sqlite: f.sqlite}, nil
+}
+
+func median(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
 	slices.Sort(d)
-	res.commits, res.p50, res.mean = n, d[len(d)/2], total/time.Duration(n)
-	return res, nil
+	return d[len(d)/2]
+}
+
+func mean(d []time.Duration) time.Duration {
+	var total time.Duration
+	for _, x := range d {
+		total += x
+	}
+	return total / time.Duration(len(d))
 }

@@ -213,26 +213,50 @@ func runAll(ctx context.Context, b *bed, prefix string, c, n int) (batch, error)
 	return batch{elapsed: elapsed, steps: t.steps.Load(), events: t.events.Load(), commits: b.st.Commits() - commits, ids: ids}, nil
 }
 
-// keelOne is one run's cost per journaled step and per event.
+// keelOne is one run's cost per journaled step and per event, and per
+// commit against the floor measured just before it.
 type keelOne struct {
 	perStep, perEvent time.Duration
 	events            int   // in the run's journal
 	commits           int64 // transactions the run's writes took
+	// Paired with the floor: each repetition times floorPair bare
+	// commits, then one keel run; the medians over the repetitions of
+	// keel's per-commit and per-step cost divided by that floor's mean.
+	commitRatio, stepRatio float64
 }
 
+// floorPair is how many bare commits are timed before each keel run.
+const floorPair = 100
+
+// warmCommits is how many commits make a database warm: past SQLite's
+// first automatic checkpoint (1000 WAL pages), whatever a commit writes.
+const warmCommits = 1200
+
 // measureKeelOne times one run of n steps on a fresh store, after one
-// untimed run: the median of reps runs made one after the other.
-func measureKeelOne(ctx context.Context, dir, synchronous string, n, reps int) (keelOne, error) {
+// untimed run: the median of reps runs made one after the other, each
+// right after floorPair commits of f, so that each run has a floor taken
+// on the disk as it was at that moment (its latency drifts).
+func measureKeelOne(ctx context.Context, dir, synchronous string, n, reps int, f *floorDB) (keelOne, error) {
 	b, err := newBed(ctx, filepath.Join(dir, "keel-one-"+synchronous+".db"), synchronous, chain{n}, n)
 	if err != nil {
 		return keelOne{}, err
 	}
 	defer b.Close()
-	if _, err := runAll(ctx, b, "warm-up", 1, n); err != nil {
-		return keelOne{}, fmt.Errorf("warm-up: %w", err)
+	// Warm up past the first checkpoint, as the floor does: from then on
+	// the WAL is reused rather than grown (growing a file makes an fsync
+	// dearer), as in a daemon that has been running.
+	for i := 0; b.st.Commits() < warmCommits; i++ {
+		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
+			return keelOne{}, fmt.Errorf("warm-up: %w", err)
+		}
 	}
 	bts := make([]batch, reps)
+	commitRatios, stepRatios := make([]float64, reps), make([]float64, reps)
 	for i := range bts {
+		fd, err := f.commits(ctx, floorPair)
+		if err != nil {
+			return keelOne{}, fmt.Errorf("floor: %w", err)
+		}
 		bt, err := runAll(ctx, b, fmt.Sprintf("one-%d", i), 1, n)
 		if err != nil {
 			return keelOne{}, err
@@ -241,14 +265,20 @@ func measureKeelOne(ctx context.Context, dir, synchronous string, n, reps int) (
 			return keelOne{}, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
 		}
 		bts[i] = bt
+		floor := float64(mean(fd))
+		commitRatios[i] = float64(bt.elapsed) / float64(bt.commits) / floor
+		stepRatios[i] = float64(bt.elapsed) / float64(n) / floor
 	}
 	slices.SortFunc(bts, func(a, b batch) int { return cmp.Compare(a.elapsed, b.elapsed) })
+	slices.Sort(commitRatios)
+	slices.Sort(stepRatios)
 	bt := bts[reps/2]
 	evs, err := b.st.Events(ctx, bt.ids[0], 0)
 	if err != nil {
 		return keelOne{}, err
 	}
-	return keelOne{perStep: bt.elapsed / time.Duration(n), perEvent: bt.elapsed / time.Duration(len(evs)), events: len(evs), commits: bt.commits}, nil
+	return keelOne{perStep: bt.elapsed / time.Duration(n), perEvent: bt.elapsed / time.Duration(len(evs)), events: len(evs), commits: bt.commits,
+		commitRatio: commitRatios[reps/2], stepRatio: stepRatios[reps/2]}, nil
 }
 
 // keelMany is the throughput of c runs going together.

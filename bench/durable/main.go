@@ -171,11 +171,16 @@ func measureColumn(ctx context.Context, cfg config, dir, lgDir, sync string) (*c
 	col := &column{sync: sync, keelC: map[int]keelMany{}, lgC: map[int]float64{}, projected: map[string]time.Duration{}}
 	var err error
 	progress("%s: floor, %d commits", sync, cfg.floor)
-	if col.floor, err = measureFloor(ctx, dir, sync, cfg.floor); err != nil {
+	f, err := openFloor(ctx, dir, sync)
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	defer f.Close()
+	if col.floor, err = f.measure(ctx, cfg.floor); err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
 	progress("%s: keel, one run of %d steps", sync, cfg.n)
-	if col.keel, err = measureKeelOne(ctx, dir, sync, cfg.n, 5); err != nil {
+	if col.keel, err = measureKeelOne(ctx, dir, sync, cfg.n, 9, f); err != nil {
 		return nil, fmt.Errorf("keel, one run: %w", err)
 	}
 	// Each side's rate at the previous concurrency projects the next.

@@ -60,6 +60,8 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	row("keel commit / floor mean", func(c *column) string {
 		return ratio(float64(c.keel.perStep)*float64(cfg.n)/float64(c.keel.commits), float64(c.floor.mean))
 	})
+	row("keel step / floor, paired (median of 9)", func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.stepRatio) })
+	row("keel commit / floor, paired (median of 9)", func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.commitRatio) })
 	row("LangGraph.js step / floor mean", lg(func(c *column) string {
 		return ratio(c.lg.Single.MSPerStep*float64(time.Millisecond), float64(c.floor.mean))
 	}))
