@@ -25,6 +25,9 @@ type Store interface {
 	// AppendAll journals events (Type, Time, Data) in one transaction,
 	// all or none, upd applying with the last.
 	AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
+	// CreateRunWith stores a new run and its first events (as AppendAll)
+	// in one transaction.
+	CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
 	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 	StartSpan(ctx context.Context, sp keel.Span) error
 	FinishSpan(ctx context.Context, sp keel.Span) error
@@ -261,21 +264,13 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	e.wg.Add(1)
 	e.mu.Unlock()
 
-	if err := e.cfg.Store.CreateRun(ctx, run); err != nil {
+	if err := e.create(ctx, &run, plan); err != nil {
 		e.finish(run.ID)
 		cancel(nil)
 		if req.IdempotencyKey != "" && errors.Is(err, keel.ErrConflict) {
 			return e.sameRun(ctx, req) // a concurrent Start with the key won
 		}
 		return keel.Run{}, fmt.Errorf("start run: %w", err)
-	}
-	if plan != nil {
-		if run, err = e.journalPlan(ctx, run, *plan); err != nil {
-			e.end(ctx, run.ID, err)
-			e.finish(run.ID)
-			cancel(nil)
-			return keel.Run{}, fmt.Errorf("start run: %w", err)
-		}
 	}
 	go func() {
 		defer cancel(nil)

@@ -221,19 +221,40 @@ func clonePlan(p keel.Plan) keel.Plan {
 	return out
 }
 
-// journalPlan journals the start of a DAG run and its plan (revision 0)
-// right after the run is created, before its goroutine starts, so the
-// plan is durable with the run. It returns the run as stored.
-func (e *Engine) journalPlan(ctx context.Context, run keel.Run, plan keel.Plan) (keel.Run, error) {
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventRunStarted,
-		keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: planTools(plan), MaxSteps: run.MaxSteps},
-		&keel.RunUpdate{Status: keel.RunRunning}); err != nil {
-		return run, fmt.Errorf("journal: %w", err)
+// create stores a new run. A DAG run is stored with its start and its
+// plan (revision 0) in the same transaction, so that no crash can leave
+// it without the plan it must resume from; *run is then as stored.
+func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) error {
+	if plan == nil {
+		return e.cfg.Store.CreateRun(ctx, *run)
 	}
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventPlanProposed, keel.PlanData{Plan: plan}, nil); err != nil {
-		return run, fmt.Errorf("journal: %w", err)
+	var evs []keel.Event
+	for _, ev := range []struct {
+		typ  keel.EventType
+		data any
+	}{
+		{keel.EventRunStarted, keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: planTools(*plan), MaxSteps: run.MaxSteps}},
+		{keel.EventPlanProposed, keel.PlanData{Plan: *plan}},
+	} {
+		raw, err := json.Marshal(ev.data)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", ev.typ, err)
+		}
+		evs = append(evs, keel.Event{Type: ev.typ, Time: e.cfg.Now(), Data: raw})
 	}
-	return e.cfg.Store.GetRun(ctx, run.ID)
+	stored, err := e.cfg.Store.CreateRunWith(ctx, *run, evs, &keel.RunUpdate{Status: keel.RunRunning})
+	if err != nil {
+		return err
+	}
+	for _, ev := range stored {
+		e.publish(ev)
+	}
+	r, err := e.cfg.Store.GetRun(ctx, run.ID)
+	if err != nil {
+		return err
+	}
+	*run = r
+	return nil
 }
 
 // planTools is every tool some step of plan may use, sorted.

@@ -1020,3 +1020,78 @@ func TestDAGCancelPausedParent(t *testing.T) {
 		t.Errorf("long = %s after its parent was cancelled, want cancelled", c.Status)
 	}
 }
+
+// crashAfterFirstWrite is a store that takes one write and then fails
+// every later one, as if the daemon died right after that write.
+type crashAfterFirstWrite struct {
+	*store.Store
+	mu     sync.Mutex
+	writes int
+}
+
+func (c *crashAfterFirstWrite) write() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes++
+	if c.writes > 1 {
+		return errors.New("the daemon died")
+	}
+	return nil
+}
+
+func (c *crashAfterFirstWrite) CreateRun(ctx context.Context, r keel.Run) error {
+	if err := c.write(); err != nil {
+		return err
+	}
+	return c.Store.CreateRun(ctx, r)
+}
+
+func (c *crashAfterFirstWrite) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if err := c.write(); err != nil {
+		return nil, err
+	}
+	return c.Store.CreateRunWith(ctx, r, evs, upd)
+}
+
+func (c *crashAfterFirstWrite) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
+	if err := c.write(); err != nil {
+		return keel.Event{}, err
+	}
+	return c.Store.Append(ctx, id, typ, at, data, upd)
+}
+
+func (c *crashAfterFirstWrite) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if err := c.write(); err != nil {
+		return nil, err
+	}
+	return c.Store.AppendAll(ctx, id, evs, upd)
+}
+
+// TestDAGRunIsStoredWithItsPlan: a DAG run resumes from the plan in its
+// journal, so the run is never stored without it. With the daemon dying
+// right after the first write of Start, the run is either not there or
+// there with its plan.
+func TestDAGRunIsStoredWithItsPlan(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Store: &crashAfterFirstWrite{Store: st}, Model: scripted.New(nil), Tools: newFlowTools()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := eng.Start(ctx, engine.StartRequest{Kind: keel.KindDAG, Goal: "g", Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "a", Goal: "do a"}}}})
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	eng.Close(ctx)
+	evs, err := st.Events(ctx, r.ID, 0)
+	if err != nil {
+		t.Fatalf("the run Start returned is not stored: %v", err)
+	}
+	if len(evs) < 2 || evs[0].Type != keel.EventRunStarted || evs[1].Type != keel.EventPlanProposed {
+		t.Errorf("a DAG run stored by one write has journal %v, want it to begin with run.started and plan.proposed", types(evs))
+	}
+}

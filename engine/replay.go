@@ -231,6 +231,13 @@ func (m *memStore) Append(ctx context.Context, id keel.RunID, typ keel.EventType
 	return evs[0], nil
 }
 
+func (m *memStore) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if err := m.CreateRun(ctx, r); err != nil {
+		return nil, err
+	}
+	return m.AppendAll(ctx, r.ID, evs, upd)
+}
+
 func (m *memStore) AppendAll(_ context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -186,11 +186,47 @@ func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 // CreateRun stores a new run. It fails with keel.ErrConflict if the ID
 // exists.
 func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
+	fn, err := createRunFunc(r)
+	if err != nil {
+		return err
+	}
+	if err := s.wr.write(ctx, fn); err != nil {
+		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
+	}
+	return nil
+}
+
+// CreateRunWith stores a new run and its first events (as AppendAll) in
+// one transaction: after a crash the run is there with its events, or
+// not at all.
+func (s *Store) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	create, err := createRunFunc(r)
+	if err != nil {
+		return nil, err
+	}
+	out, appendOp, err := appendOp(r.ID, evs, upd)
+	if err != nil {
+		return nil, err
+	}
+	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
+		if err := create(ctx, tx); err != nil {
+			return err
+		}
+		return appendOp.fn(ctx, tx)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
+	}
+	return out, nil
+}
+
+// createRunFunc is the write that inserts r.
+func createRunFunc(r keel.Run) (writeFunc, error) {
 	policy := ""
 	if !r.Policy.IsZero() {
 		b, err := json.Marshal(r.Policy)
 		if err != nil {
-			return fmt.Errorf("create run %s: policy: %w", r.ID, err)
+			return nil, fmt.Errorf("create run %s: policy: %w", r.ID, err)
 		}
 		policy = string(b)
 	}
@@ -198,17 +234,13 @@ func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
 	if r.IdempotencyKey != "" {
 		key = r.IdempotencyKey
 	}
-	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
+	return func(ctx context.Context, tx *wtx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)`,
 			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key,
 			string(r.KindOrAgent()), string(r.ParentID), r.ParentStep)
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
-	}
-	return nil
+	}, nil
 }
 
 // Append adds an event to the run's journal with the next sequence number
@@ -227,8 +259,21 @@ func (s *Store) Append(ctx context.Context, id keel.RunID, typ keel.EventType, a
 // not nil changes the run's status with the last of them. Either all are
 // stored or none is. It returns the stored events.
 func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	out, o, err := appendOp(id, evs, upd)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.wr.writeOp(ctx, o); err != nil {
+		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
+	}
+	return out, nil
+}
+
+// appendOp is the write of AppendAll, and the events it stores (filled
+// in when it runs).
+func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, op, error) {
 	if len(evs) == 0 {
-		return nil, fmt.Errorf("append to %s: no events", id)
+		return nil, op{}, fmt.Errorf("append to %s: no events", id)
 	}
 	out := make([]keel.Event, len(evs))
 	// Atomic without a savepoint: each statement either takes effect or
@@ -298,10 +343,7 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 		}
 		return nil
 	}
-	if err := s.wr.writeOp(ctx, o); err != nil {
-		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
-	}
-	return out, nil
+	return out, o, nil
 }
 
 // runCols are a run's columns as scanRun reads them. A run's last_seq and
