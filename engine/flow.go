@@ -562,12 +562,23 @@ func (f *flowRun) drive(ctx context.Context) (result string, stop bool, err erro
 				if f.e.paused(ctx, run.ID) {
 					return "", true, nil
 				}
-				for _, s := range ready[:min(free, len(ready))] {
-					if err := f.startStep(ctx, s); err != nil {
+				batch := ready[:min(free, len(ready))]
+				started := 0
+				for i, s := range batch {
+					// What the parent's budget has left is shared among the
+					// steps starting together.
+					err := f.startStep(ctx, s, len(batch)-i)
+					if errors.Is(err, errBudgetWait) {
+						break // until a running sub-agent ends
+					}
+					if err != nil {
 						return "", false, err
 					}
+					started++
 				}
-				continue
+				if started > 0 {
+					continue
+				}
 			}
 		}
 		select {
@@ -577,14 +588,21 @@ func (f *flowRun) drive(ctx context.Context) (result string, stop bool, err erro
 	}
 }
 
-// startStep journals step.started and starts the sub-agent.
-func (f *flowRun) startStep(ctx context.Context, s keel.PlanStep) error {
+// startStep journals step.started and starts the sub-agent, with a
+// share of 1/share of what the parent's budget has left (see
+// childPolicy). It returns errBudgetWait, having journaled nothing, when
+// the running sub-agents hold all of it.
+func (f *flowRun) startStep(ctx context.Context, s keel.PlanStep, share int) error {
+	policy, err := f.childPolicy(ctx, s, share)
+	if err != nil {
+		return err
+	}
 	attempt := f.st.attempts[s.ID] + 1
 	d := keel.StepData{StepID: s.ID, Run: childRunID(f.run.ID, s.ID, attempt), Attempt: attempt}
 	if err := f.appendEvent(ctx, keel.EventStepStarted, d, nil); err != nil {
 		return err
 	}
-	return f.startChild(ctx, s, d)
+	return f.startChild(ctx, s, d, policy)
 }
 
 // startChild creates and launches the sub-agent d names, unless it
@@ -592,11 +610,7 @@ func (f *flowRun) startStep(ctx context.Context, s keel.PlanStep) error {
 // parent attaches to it: an interrupted child is resumed by Resume like
 // every interrupted run, a waiting or paused one goes on when a person
 // says so.
-func (f *flowRun) startChild(ctx context.Context, s keel.PlanStep, d keel.StepData) error {
-	policy, err := f.childPolicy(ctx, s)
-	if err != nil {
-		return err
-	}
+func (f *flowRun) startChild(ctx context.Context, s keel.PlanStep, d keel.StepData, policy keel.RunPolicy) error {
 	maxSteps := s.MaxSteps
 	if maxSteps == 0 {
 		maxSteps = f.run.MaxSteps
@@ -618,33 +632,77 @@ func (f *flowRun) startChild(ctx context.Context, s keel.PlanStep, d keel.StepDa
 	return nil
 }
 
+// errBudgetWait says a step cannot start yet: the running sub-agents
+// were given all that the parent's budget has left. It starts when one of
+// them ends and gives back what it did not spend.
+var errBudgetWait = errors.New("the running sub-agents hold what is left of the run's budget")
+
 // childPolicy is a sub-agent's policy: the parent's, with the step's tool
-// subset (none when the step names none), and a budget of the step's own,
-// capped by what the parent's budget has left, or what the parent has
-// left when the step has none.
-func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep) (keel.RunPolicy, error) {
+// subset (none when the step names none) and a budget taken from what the
+// parent's budget has left, less what the running sub-agents may still
+// spend: the step's own budget if it names one and it fits, else 1/share
+// of that. So sub-agents running together never hold more than the
+// parent has left. It returns errBudgetWait when nothing is left but
+// running sub-agents hold some.
+func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep, share int) (keel.RunPolicy, error) {
 	p := f.run.Policy
 	p.Tools = append([]string{}, s.Tools...) // non-nil: an empty subset is no tools
 	p.BudgetTokens, p.BudgetUSD = s.BudgetTokens, 0
-	if f.run.Policy.BudgetTokens > 0 || f.run.Policy.BudgetUSD > 0 {
-		tok, usd := f.spent(ctx)
-		if lim := f.run.Policy.BudgetTokens; lim > 0 {
-			left := lim - tok
-			if left <= 0 {
-				return p, fmt.Errorf("the run's token budget (%d) is spent; step %q cannot start", lim, s.ID)
-			}
-			if p.BudgetTokens == 0 || p.BudgetTokens > left {
-				p.BudgetTokens = left
-			}
+	if f.run.Policy.BudgetTokens <= 0 && f.run.Policy.BudgetUSD <= 0 {
+		return p, nil
+	}
+	share = max(share, 1)
+	tok, usd := f.spent(ctx)
+	heldTok, heldUSD, err := f.held(ctx)
+	if err != nil {
+		return p, err
+	}
+	if lim := f.run.Policy.BudgetTokens; lim > 0 {
+		if lim-tok <= 0 {
+			return p, fmt.Errorf("the run's token budget (%d) is spent; step %q cannot start", lim, s.ID)
 		}
-		if lim := f.run.Policy.BudgetUSD; lim > 0 {
-			if usd >= lim {
-				return p, fmt.Errorf("the run's budget of $%g is spent; step %q cannot start", lim, s.ID)
-			}
-			p.BudgetUSD = lim - usd
+		left := lim - tok - heldTok
+		if left <= 0 {
+			return p, errBudgetWait
+		}
+		if s.BudgetTokens > 0 {
+			p.BudgetTokens = min(s.BudgetTokens, left)
+		} else {
+			p.BudgetTokens = max(1, left/int64(share))
 		}
 	}
+	if lim := f.run.Policy.BudgetUSD; lim > 0 {
+		if usd >= lim {
+			return p, fmt.Errorf("the run's budget of $%g is spent; step %q cannot start", lim, s.ID)
+		}
+		left := lim - usd - heldUSD
+		if left <= 0 {
+			return p, errBudgetWait
+		}
+		p.BudgetUSD = left / float64(share)
+	}
 	return p, nil
+}
+
+// held is what the running sub-agents may still spend: each one's budget
+// less what it spent.
+func (f *flowRun) held(ctx context.Context) (tokens int64, usd float64, err error) {
+	for _, d := range f.st.running {
+		child, err := f.e.cfg.Store.GetRun(ctx, d.Run)
+		if errors.Is(err, keel.ErrNotFound) {
+			continue // not created yet: it holds nothing
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		if child.Status.Terminal() {
+			continue
+		}
+		t, u := f.e.spent(ctx, d.Run)
+		tokens += max(0, child.Policy.BudgetTokens-t)
+		usd += max(0, child.Policy.BudgetUSD-u)
+	}
+	return tokens, usd, nil
 }
 
 // spent is what the parent's model calls and all its sub-agents spent.
@@ -696,7 +754,14 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 			if !ok {
 				return fmt.Errorf("step %q of sub-agent %s is not in the plan", id, d.Run)
 			}
-			if err := f.startChild(ctx, s, d); err != nil {
+			policy, err := f.childPolicy(ctx, s, 1)
+			if errors.Is(err, errBudgetWait) {
+				continue // until a running sub-agent ends
+			}
+			if err != nil {
+				return err
+			}
+			if err := f.startChild(ctx, s, d, policy); err != nil {
 				return err
 			}
 			continue

@@ -1095,3 +1095,96 @@ func TestDAGRunIsStoredWithItsPlan(t *testing.T) {
 		t.Errorf("a DAG run stored by one write has journal %v, want it to begin with run.started and plan.proposed", types(evs))
 	}
 }
+
+// TestDAGSubAgentsShareTheBudget: sub-agents running together never hold
+// more than the parent's budget has left. Steps starting together share
+// it equally; a step that finds it all held by a running sibling (one
+// that named a budget as big as the run's) waits until that sibling ends
+// and gives back what it did not spend.
+func TestDAGSubAgentsShareTheBudget(t *testing.T) {
+	const budget = 900
+	for _, tt := range []struct {
+		name    string
+		steps   []keel.PlanStep
+		first   []string // the sub-agents running while the others block
+		budgets map[string]int64
+	}{
+		{"shared", []keel.PlanStep{{ID: "a", Goal: "a"}, {ID: "b", Goal: "b"}, {ID: "c", Goal: "c"}},
+			[]string{"a.1", "b.1", "c.1"}, map[string]int64{"a": 300, "b": 300, "c": 300}},
+		{"held", []keel.PlanStep{{ID: "big", Goal: "big", BudgetTokens: budget}, {ID: "x", Goal: "x"}, {ID: "y", Goal: "y"}},
+			[]string{"big.1"}, map[string]int64{"big": budget}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			m := &fakeModel{step: func(ctx context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
+				if _, first := tt.budgets[step]; first {
+					select { // running until the test has looked
+					case <-release:
+					case <-ctx.Done():
+						return models.ChatResponse{}, ctx.Err()
+					}
+				}
+				return text("result of " + step), nil
+			}}
+			h := newFlowHarness(t, m.provider(), engine.Config{MaxParallelSteps: 4})
+			ctx := context.Background()
+			r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Policy: keel.RunPolicy{BudgetTokens: budget}, Plan: &keel.Plan{Steps: tt.steps}})
+			for deadline := time.Now().Add(10 * time.Second); len(childIDs(t, h.st, r.ID)) < len(tt.first); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("sub-agents started: %v, want %v", childIDs(t, h.st, r.ID), tt.first)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // room for a wrong start
+			if got := childIDs(t, h.st, r.ID); fmt.Sprint(got) != fmt.Sprint(tt.first) {
+				t.Fatalf("sub-agents running = %v, want %v", got, tt.first)
+			}
+			kids, err := h.st.ChildRuns(ctx, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range kids {
+				if want := tt.budgets[k.ParentStep]; k.Policy.BudgetTokens != want {
+					t.Errorf("sub-agent %s has a budget of %d tokens, want %d", k.ID, k.Policy.BudgetTokens, want)
+				}
+			}
+			close(release)
+			r = waitRun(t, h.eng, h.st, r.ID)
+			if r.Status != keel.RunSucceeded {
+				t.Fatalf("run = %s %q", r.Status, r.Error)
+			}
+			kids, err = h.st.ChildRuns(ctx, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(kids) != len(tt.steps) {
+				t.Fatalf("%d sub-agents ran, want %d", len(kids), len(tt.steps))
+			}
+			if tt.name == "held" {
+				// x and y start together once big has ended, and share
+				// what it did not spend.
+				left := budget - spentTokens(t, h.st, keel.RunID(string(r.ID)+".big.1"))
+				want := map[string]int64{"big": budget, "x": left / 2, "y": left - left/2}
+				for _, k := range kids {
+					if k.Policy.BudgetTokens != want[k.ParentStep] {
+						t.Errorf("%s has %d tokens, want %d (of %d left when big ended)", k.ID, k.Policy.BudgetTokens, want[k.ParentStep], left)
+					}
+				}
+			}
+		})
+	}
+}
+
+func spentTokens(t *testing.T, st *store.Store, id keel.RunID) int64 {
+	t.Helper()
+	spans, err := st.Spans(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok int64
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanModelCall {
+			tok += int64(sp.PromptTokens + sp.CompletionTokens)
+		}
+	}
+	return tok
+}
