@@ -12,10 +12,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
-	"github.com/keel-runtime/keel/models/scripted"
 )
 
 // TestBadFramesKeepDaemonAndData: malformed JSON, invalid params and an
@@ -24,15 +22,8 @@ import (
 // two, the daemon survives all three, and the run already stored in
 // SQLite is untouched (no run is added by the refused requests).
 func TestBadFramesKeepDaemonAndData(t *testing.T) {
-	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, scripted.Answer("ok"))})
-	c := dial(t, d.dir)
+	d, _, run := startWithEndedRun(t)
 	ctx := context.Background()
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "first"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	follow(t, c, run.ID)
-
 	info, err := client.ReadDaemonInfo(d.dir)
 	if err != nil {
 		t.Fatal(err)

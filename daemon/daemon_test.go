@@ -411,18 +411,27 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 	}
 }
 
-// TestBadInputKeepsDaemonAndData sends invalid tool arguments, an unknown
-// tool and a run for a missing model through the daemon; each gets its
-// documented code, and earlier runs stay intact.
-func TestBadInputKeepsDaemonAndData(t *testing.T) {
+// startWithEndedRun starts a daemon whose model answers "ok", and one
+// run that has ended, succeeded, with three events: the data that bad
+// input must leave intact.
+func startWithEndedRun(t *testing.T) (*started, *client.Client, keel.Run) {
+	t.Helper()
 	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, scripted.Answer("ok"))})
 	c := dial(t, d.dir)
-	ctx := context.Background()
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "first"})
+	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "first"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	follow(t, c, run.ID)
+	return d, c, run
+}
+
+// TestBadInputKeepsDaemonAndData sends invalid tool arguments, an unknown
+// tool and a run for a missing model through the daemon; each gets its
+// documented code, and earlier runs stay intact.
+func TestBadInputKeepsDaemonAndData(t *testing.T) {
+	_, c, run := startWithEndedRun(t)
+	ctx := context.Background()
 	cases := []struct {
 		name   string
 		method string

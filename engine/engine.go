@@ -167,15 +167,17 @@ func (e *Engine) Subscribe(fn func(keel.Event)) (cancel func()) {
 	}
 }
 
-func (e *Engine) publish(ev keel.Event) {
+func (e *Engine) publish(evs ...keel.Event) {
 	e.mu.Lock()
 	fns := make([]func(keel.Event), 0, len(e.subs))
 	for _, fn := range e.subs {
 		fns = append(fns, fn)
 	}
 	e.mu.Unlock()
-	for _, fn := range fns {
-		fn(ev)
+	for _, ev := range evs {
+		for _, fn := range fns {
+			fn(ev)
+		}
 	}
 }
 
@@ -458,9 +460,7 @@ func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventT
 	if err != nil {
 		return keel.Event{}, err
 	}
-	for _, ev := range stored {
-		e.publish(ev)
-	}
+	e.publish(stored...)
 	return stored[len(stored)-1], nil
 }
 
@@ -497,7 +497,5 @@ func (e *Engine) flushHeld(ctx context.Context, id keel.RunID) {
 		e.log.Error("journal held events", "run", id, "err", err)
 		return
 	}
-	for _, ev := range stored {
-		e.publish(ev)
-	}
+	e.publish(stored...)
 }

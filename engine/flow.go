@@ -246,9 +246,7 @@ func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) err
 	if err != nil {
 		return err
 	}
-	for _, ev := range stored {
-		e.publish(ev)
-	}
+	e.publish(stored...)
 	r, err := e.cfg.Store.GetRun(ctx, run.ID)
 	if err != nil {
 		return err
