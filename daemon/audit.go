@@ -64,7 +64,14 @@ func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMess
 		}
 		rec.Error = err.Error()
 	}
-	if _, aerr := a.st.RecordToolCall(context.WithoutCancel(ctx), rec); aerr != nil {
+	var aerr error
+	if rec.RunID != "" {
+		// Committed with the run's tool result, which the engine journals next.
+		aerr = a.st.QueueToolCall(rec)
+	} else {
+		_, aerr = a.st.RecordToolCall(context.WithoutCancel(ctx), rec)
+	}
+	if aerr != nil {
 		// The call happened; losing its audit line is logged, not hidden.
 		a.log.Error("record tool audit", "tool", name, "run", rec.RunID, "err", aerr)
 	}

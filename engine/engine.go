@@ -466,12 +466,18 @@ func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventT
 
 // hold keeps an event to be journaled in one transaction with the run's
 // next event, whoever appends it, instead of in a transaction (an fsync)
-// of its own. The agent loop holds a model result: it is on disk before
-// anything acts on it, because what acts on it journals first (a tool
-// call's intent, the run's end, a wait for a person). A crash before
-// then loses the result and the resumed run asks the model again, as
-// after a crash during the call. flushHeld journals what is still held
-// when the loop stops.
+// of its own. The agent loop holds a model result until what acts on it
+// journals (a tool call's intent, the run's end, a wait for a person),
+// and the intent of a call that is safe to repeat (a read-only or
+// idempotent tool) until its result: such a step is one commit. Nothing
+// leaves the engine before it is on disk: held events are published
+// with the commit, a side effect that may not be repeated journals its
+// intent first, and the model is only asked again once the results it
+// reads are committed. A crash before the commit loses the whole step:
+// the resumed run asks the model again (no recorded result is requested
+// again) and may repeat the read-only or idempotent calls, which their
+// manifests allow. flushHeld journals what is still held when the loop
+// stops.
 func (e *Engine) hold(id keel.RunID, typ keel.EventType, data any) error {
 	raw, err := json.Marshal(data)
 	if err != nil {

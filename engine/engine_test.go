@@ -486,46 +486,57 @@ func (o *onDisk) Call(ctx context.Context, name string, input json.RawMessage) (
 }
 
 // TestResultsAreOnDiskBeforeUse: the engine holds a model result to
-// commit it with the next event, but never acts on it before it is
-// committed: when the tool runs, the model result that asked for it and
-// the call's intent are on disk; when the model is asked again, the
-// tool's result is.
+// commit it with the next event, but never lets it out before it is
+// committed. A tool that must not run twice starts only once the model
+// result that asked for it and the call's intent are on disk. A
+// read-only tool may run first: the step (model result, intent, tool
+// result) is then one commit, which a crash loses whole. Either way,
+// when the model is asked again, all of the step is on disk.
 func TestResultsAreOnDiskBeforeUse(t *testing.T) {
-	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	tools := &onDisk{st: st}
-	var atSecond []keel.EventType
-	p := scripted.New(nil,
-		scripted.CallTool("write", `{"n":1}`),
-		scripted.Answer("done"))
-	eng, err := engine.New(engine.Config{Store: st, Model: &peek{Model: p, st: st, seen: &atSecond}, Tools: tools, DefaultMaxSteps: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close(ctx)
-	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write once"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := eng.Wait(wctx, r.ID); err != nil {
-		t.Fatal(err)
-	}
-	if got := journal(t, st, r.ID); got[len(got)-1].Type != keel.EventRunSucceeded {
-		t.Fatalf("journal = %v, want a succeeded run", types(got))
-	}
-	want := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall}
-	if len(tools.seen) != 1 || !eqTypes(tools.seen[0], want) {
-		t.Errorf("when the tool ran, the journal on disk was %v, want %v", tools.seen, want)
-	}
-	want = append(want, keel.EventToolResult)
-	if !eqTypes(atSecond, want) {
-		t.Errorf("when the model was asked again, the journal on disk was %v, want %v", atSecond, want)
+	all := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall, keel.EventToolResult}
+	for _, tc := range []struct {
+		tool          string
+		whenToolStart []keel.EventType
+	}{
+		{"write", all[:3]}, // not idempotent
+		{"echo", all[:1]},  // read-only
+	} {
+		t.Run(tc.tool, func(t *testing.T) {
+			ctx := context.Background()
+			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			tools := &onDisk{st: st}
+			var atSecond []keel.EventType
+			p := scripted.New(nil,
+				scripted.CallTool(tc.tool, `{"text":"once"}`),
+				scripted.Answer("done"))
+			eng, err := engine.New(engine.Config{Store: st, Model: &peek{Model: p, st: st, seen: &atSecond}, Tools: tools, DefaultMaxSteps: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close(ctx)
+			r, err := eng.Start(ctx, engine.StartRequest{Goal: "call once"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := eng.Wait(wctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			if got := journal(t, st, r.ID); got[len(got)-1].Type != keel.EventRunSucceeded {
+				t.Fatalf("journal = %v, want a succeeded run", types(got))
+			}
+			if len(tools.seen) != 1 || !eqTypes(tools.seen[0], tc.whenToolStart) {
+				t.Errorf("when the tool ran, the journal on disk was %v, want %v", tools.seen, tc.whenToolStart)
+			}
+			if !eqTypes(atSecond, all) {
+				t.Errorf("when the model was asked again, the journal on disk was %v, want %v", atSecond, all)
+			}
+		})
 	}
 }
 
@@ -552,4 +563,49 @@ func (p *peek) Chat(ctx context.Context, req models.ChatRequest, onDelta func(mo
 		*p.seen = types(evs)
 	}
 	return p.Model.Chat(ctx, req, onDelta)
+}
+
+// TestReadOnlyStepIsOneCommit: a step that calls a read-only tool costs
+// one commit (an fsync), one that calls a tool that must not run twice
+// two: its intent is on disk before the tool starts.
+func TestReadOnlyStepIsOneCommit(t *testing.T) {
+	const steps = 6
+	for _, tc := range []struct {
+		tool    string
+		perStep int64
+	}{{"echo", 1}, {"write", 2}} {
+		t.Run(tc.tool, func(t *testing.T) {
+			ctx := context.Background()
+			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			script := make([]scripted.Step, 0, steps+1)
+			for range steps {
+				script = append(script, scripted.CallTool(tc.tool, `{"text":"x"}`))
+			}
+			eng, err := engine.New(engine.Config{Store: st, Model: scripted.New(nil, append(script, scripted.Answer("done"))...), Tools: &echoTools{}, DefaultMaxSteps: steps + 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close(ctx)
+			before := st.Commits()
+			r, err := eng.Start(ctx, engine.StartRequest{Goal: "count commits"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := eng.Wait(wctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			// The run's creation and start, a commit per step, the answer
+			// with the run's end; a lazy span flush may add one or two.
+			got := st.Commits() - before
+			if lo, hi := steps*tc.perStep+2, steps*tc.perStep+5; got < lo || got > hi {
+				t.Errorf("%d steps calling %s took %d commits, want %d to %d", steps, tc.tool, got, lo, hi)
+			}
+		})
+	}
 }

@@ -237,7 +237,8 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 
 // toolStep runs one tool call: intent journaled first (unless it already
 // is, for a call repeated on resume), then the call as a span, then the
-// result. A tool failure is not a run failure: the classified error goes
+// result. The intent of a read-only or idempotent tool is held instead
+// and journaled with the result, in one commit. A tool failure is not a run failure: the classified error goes
 // back to the model, which may correct itself. It returns the journaled
 // result.
 func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall, intentJournaled bool) (keel.ToolResultData, error) {
@@ -251,7 +252,15 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		return res, nil
 	}
 	if !intentJournaled {
-		if _, err := e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil); err != nil {
+		// The intent of a call that may run twice rides with its result
+		// (see hold); any other is on disk before the tool starts.
+		var err error
+		if e.rerunnable(call.Name) {
+			err = e.hold(run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call})
+		} else {
+			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil)
+		}
+		if err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -10,20 +11,15 @@ import (
 )
 
 // RecordToolCall appends one record to the tool audit trail and returns
-// its ID.
+// its ID once it is on disk.
 func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, error) {
-	grants, err := json.Marshal(a.Grants)
+	ins, err := auditInsert(a)
 	if err != nil {
 		return 0, err
 	}
-	if a.Grants == nil {
-		grants = []byte("[]")
-	}
 	var id int64
 	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))
+		res, err := ins(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -34,6 +30,41 @@ func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, er
 		return 0, fmt.Errorf("record tool call %s: %w", a.Tool, mapErr(err))
 	}
 	return id, nil
+}
+
+// QueueToolCall appends one record to the tool audit trail lazily, like
+// a trace span: it is committed with the next durable write. The engine
+// journals a run's tool result right after the call, so a run's call and
+// its audit record reach the disk in the same transaction, without an
+// fsync of their own. An error committing it goes to
+// Options.OnLazyError.
+func (s *Store) QueueToolCall(a keel.ToolAudit) error {
+	ins, err := auditInsert(a)
+	if err != nil {
+		return err
+	}
+	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
+		if _, err := ins(ctx, tx); err != nil {
+			return fmt.Errorf("record tool call %s: %w", a.Tool, mapErr(err))
+		}
+		return nil
+	})
+	return nil
+}
+
+// auditInsert returns the statement that inserts a.
+func auditInsert(a keel.ToolAudit) (func(context.Context, *wtx) (sql.Result, error), error) {
+	grants, err := json.Marshal(a.Grants)
+	if err != nil {
+		return nil, err
+	}
+	if a.Grants == nil {
+		grants = []byte("[]")
+	}
+	return func(ctx context.Context, tx *wtx) (sql.Result, error) {
+		return tx.ExecContext(ctx, qInsertAudit,
+			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))
+	}, nil
 }
 
 // ToolCalls returns up to limit audit records, newest first; tool, when

@@ -56,9 +56,11 @@ const (
 		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`
+	qInsertAudit = `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 )
 
-var hotStatements = []string{qRunHead, qInsertEvent, qInsertEvents2, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan}
+var hotStatements = []string{qRunHead, qInsertEvent, qInsertEvents2, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan, qInsertAudit}
 
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.

@@ -231,6 +231,13 @@ func (w *writer) queueLazy(fn writeFunc) bool {
 	return true
 }
 
+// writeLazy queues fn, which must be atomic, as a lazy write.
+func (w *writer) writeLazy(fn writeFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.queueLazy(fn)
+}
+
 // flushLazy commits the lazy writes that no durable write carried.
 func (w *writer) flushLazy() {
 	w.mu.Lock()
