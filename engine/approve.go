@@ -48,7 +48,7 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 		}
 		return call, nil, false, nil
 	}
-	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanHuman, Name: "approve " + call.Name, Step: step, Start: e.cfg.Now()}
+	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanHuman, Name: "approve " + call.Name, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return call, nil, false, fmt.Errorf("journal: %w", err)
 	}

@@ -91,7 +91,7 @@ func (e *Engine) fitContext(ctx context.Context, run keel.Run, step, limit int, 
 		}
 		text.WriteString("\n\n")
 	}
-	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanSummarize, Name: run.Model, Step: step, Start: e.cfg.Now()}
+	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanSummarize, Name: run.Model, Step: step, Start: e.cfg.Now()}
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	start := time.Now()
 	sum, err := models.Summarize(ctx, e.cfg.Model, models.SummarizeRequest{

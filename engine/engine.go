@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -112,6 +114,8 @@ type Engine struct {
 	// (replaySummaries, by step) without asking the model.
 	replaying       bool
 	replaySummaries map[int]keel.ContextSummaryData
+
+	lastSpan atomic.Int64 // the time in the last span ID (see spanID)
 }
 
 // New returns an Engine. Call Recover once before serving, and Close to
@@ -149,6 +153,28 @@ func randomID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// spanID returns a new span ID that sorts after every span ID this engine
+// made before: "span_", the time in nanoseconds (made to increase), and
+// four random hex digits in case the clock was set back. The store keeps
+// a run's spans in one B-tree ordered by ID, so a new span is appended
+// at the run's end instead of splitting a page in its middle.
+func (e *Engine) spanID() string {
+	now := time.Now().UnixNano()
+	for {
+		last := e.lastSpan.Load()
+		if now <= last {
+			now = last + 1
+		}
+		if e.lastSpan.CompareAndSwap(last, now) {
+			break
+		}
+	}
+	var b [10]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now))
+	rand.Read(b[8:])
+	return "span_" + hex.EncodeToString(b[:])
 }
 
 // Subscribe calls fn for every event of every run: journaled events after

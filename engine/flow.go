@@ -994,7 +994,7 @@ type spanChatter struct {
 
 func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(models.Delta)) (models.ChatResponse, error) {
 	e, run := c.f.e, c.f.run
-	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: c.step, Start: e.cfg.Now()}
+	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: c.step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}

@@ -177,7 +177,7 @@ func noteSuffix(note string) string {
 // modelStep makes one model call as a span and journals its result, or
 // holds it to be journaled with the run's next event (see hold).
 func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64, holdResult bool) (models.ChatResponse, error) {
-	sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
+	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
@@ -281,7 +281,7 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 // the call did not complete).
 func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall) (keel.ToolResultData, error) {
 	for attempt := 1; ; attempt++ {
-		sp := keel.Span{ID: "span_" + e.cfg.NewID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
+		sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
 		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}

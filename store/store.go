@@ -265,7 +265,10 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	if err != nil {
 		return nil, err
 	}
-	if err := s.wr.writeOp(ctx, o); err != nil {
+	// A status change (a run waiting or ending) carries the trace spans
+	// and audit records queued so far: whoever looks at the run then
+	// finds its trace complete.
+	if err := s.wr.writeOp(ctx, o, upd != nil); err != nil {
 		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
 	}
 	return out, nil
@@ -456,7 +459,8 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 
 // StartSpan records an open span (status running). Span writes are
 // lazy: StartSpan returns at once and the span is committed with the
-// next journal write, or within flushDelay; its errors go to
+// next status change of a run or Sync, or within lazyDelay (see the
+// writer); its errors go to
 // Options.OnLazyError. FinishSpan closes it, also lazily; a span finished
 // before its start was committed is written once, finished.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
@@ -505,7 +509,7 @@ func (s *Store) Commits() int64 { return s.wr.commits.Load() }
 // Sync commits every lazy write queued so far and returns once they are
 // on disk.
 func (s *Store) Sync(ctx context.Context) error {
-	return s.wr.write(ctx, func(context.Context, *wtx) error { return nil })
+	return s.wr.writeOp(ctx, op{fn: func(context.Context, *wtx) error { return nil }, atomic: true}, true)
 }
 
 // Spans returns the run's spans in start order.

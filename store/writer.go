@@ -22,10 +22,14 @@ import (
 // one fsync per batch instead of paying one each, and a write still
 // returns only once its transaction is on disk.
 //
-// Trace spans are written lazily (see queueLazy): they wait for the next
-// durable write, or flushDelay at most, and commit with it. A model
-// call's span is finished just before its result is journaled, so both
-// land in the same transaction: a step costs one fsync, not three.
+// Trace spans and the audit records of runs' tool calls are written
+// lazily (see queueLazy): they wait, lazyDelay at most, for a write that
+// changes a run's status (a run waiting or ending) or for Sync, and
+// commit with it, or on their own when the wait is over. So a run's
+// spans reach the disk a few steps at a time, filling a page, instead of
+// rewriting the run's last span page at every step; a crash can lose
+// the spans of the last lazyDelay, never a journaled event. A span that
+// starts and finishes while it waits is written once.
 
 // The writer's transaction statements (see wtx).
 const (
@@ -37,9 +41,12 @@ const (
 // maxBatch bounds how many writes one transaction carries.
 const maxBatch = 512
 
-// flushDelay bounds how long a lazy write waits for a durable one to
-// carry it before it is committed on its own.
-const flushDelay = 20 * time.Millisecond
+// lazyDelay bounds how long a lazy write waits for a write that carries
+// it before it is committed on its own.
+const lazyDelay = 100 * time.Millisecond
+
+// lazyMax is how many lazy writes the next write carries in any case.
+const lazyMax = 256
 
 // writeFunc is one write, run inside the writer's transaction.
 type writeFunc func(ctx context.Context, tx *wtx) error
@@ -159,23 +166,28 @@ func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error))
 
 var errClosed = errors.New("store is closed")
 
-// write runs fn in the next transaction, with any lazy writes queued
-// before it, and returns fn's outcome once the transaction is committed.
+// write runs fn in the next transaction and returns fn's outcome once
+// the transaction is committed.
 func (w *writer) write(ctx context.Context, fn writeFunc) error {
-	return w.writeOp(ctx, op{fn: fn})
+	return w.writeOp(ctx, op{fn: fn}, false)
 }
 
-// writeOp is write for an op, which may be atomic.
-func (w *writer) writeOp(ctx context.Context, o op) error {
+// writeOp is write for an op, which may be atomic. With carry, or when
+// lazyMax of them are waiting, the lazy writes queued before it commit
+// with it.
+func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 	done := make(chan error, 1)
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return errClosed
 	}
-	fns := append(w.lazy, o)
-	w.lazy = nil
-	clear(w.open)
+	fns := []op{o}
+	if carry || len(w.lazy) >= lazyMax {
+		fns = append(w.lazy, o)
+		w.lazy = nil
+		clear(w.open)
+	}
 	// Sent under the lock, so that writes reach the queue in the order
 	// their callers made them.
 	w.queue <- writeReq{ctx: context.WithoutCancel(ctx), fns: fns, done: done}
@@ -214,9 +226,10 @@ func (w *writer) finishSpan(sp keel.Span, finish func(open *keel.Span), update w
 	w.queueLazy(update)
 }
 
-// queueLazy queues fn, which must be atomic, to be committed with the
-// next write, or within flushDelay; its error, if any, goes to the
-// writer's onErr. It reports whether fn was queued. w.mu must be held.
+// queueLazy queues fn, which must be atomic, to be committed with a
+// write that carries it, or within lazyDelay; its error, if any, goes to
+// the writer's onErr. It reports whether fn was queued. w.mu must be
+// held.
 func (w *writer) queueLazy(fn writeFunc) bool {
 	if w.closed {
 		w.onErr(errClosed)
@@ -224,9 +237,9 @@ func (w *writer) queueLazy(fn writeFunc) bool {
 	}
 	w.lazy = append(w.lazy, op{fn: fn, atomic: true})
 	if w.timer == nil {
-		w.timer = time.AfterFunc(flushDelay, w.flushLazy)
+		w.timer = time.AfterFunc(lazyDelay, w.flushLazy)
 	} else if len(w.lazy) == 1 {
-		w.timer.Reset(flushDelay)
+		w.timer.Reset(lazyDelay)
 	}
 	return true
 }

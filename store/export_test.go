@@ -1,0 +1,4 @@
+package store
+
+// LazyDelay is the writer's lazyDelay, for the tests.
+const LazyDelay = lazyDelay
