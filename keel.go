@@ -381,7 +381,9 @@ type ModelResultData struct {
 	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
 	PromptTokens     int        `json:"prompt_tokens"`
 	CompletionTokens int        `json:"completion_tokens"`
-	DurationMS       int64      `json:"duration_ms"`
+	// CostUSD is what the call cost (cloud providers; 0 for local ones).
+	CostUSD    float64 `json:"cost_usd,omitempty"`
+	DurationMS int64   `json:"duration_ms"`
 	// HumanSeqs are the human.message events the model read before this
 	// step, by sequence number.
 	HumanSeqs []int64 `json:"human_seqs,omitempty"`

@@ -33,6 +33,10 @@ type Store interface {
 	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 	StartSpan(ctx context.Context, sp keel.Span) error
 	FinishSpan(ctx context.Context, sp keel.Span) error
+	// FinishSpanWithNext is FinishSpan for a span that records what no
+	// event does (a failed model call's spending): it commits with the
+	// next write of any kind.
+	FinishSpanWithNext(ctx context.Context, sp keel.Span) error
 	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
 	RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error)
 	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)

@@ -1010,7 +1010,9 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 	if resp.Model != "" && resp.Model != sp.Name {
 		sp.Name = resp.Model
 	}
-	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
+	// No event records what a planner call spent: its span does, so it
+	// commits with the next write.
+	if ferr := e.cfg.Store.FinishSpanWithNext(context.WithoutCancel(ctx), sp); ferr != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", ferr)
 	}
 	return resp, err

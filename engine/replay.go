@@ -261,6 +261,9 @@ func (m *memStore) RunsWithStatus(context.Context, ...keel.RunStatus) ([]keel.Ru
 }
 func (m *memStore) StartSpan(context.Context, keel.Span) error  { return nil }
 func (m *memStore) FinishSpan(context.Context, keel.Span) error { return nil }
+func (m *memStore) FinishSpanWithNext(context.Context, keel.Span) error {
+	return nil
+}
 func (m *memStore) Events(context.Context, keel.RunID, int64) ([]keel.Event, error) {
 	return nil, nil // a replay starts from nothing
 }

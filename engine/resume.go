@@ -188,13 +188,48 @@ func toolMessage(run keel.Run, res keel.ToolResultData) models.Message {
 	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private}
 }
 
-// spent sums what the run's model calls already spent, so a resumed run's
-// budget counts what came before the interruption.
+// spent returns what the run's model calls spent so far: the usage
+// journaled with each model result, and the trace spans of the calls that
+// journal none (failed calls, the planner's). A result's span is written
+// lazily and may be lost in a crash; its model.result is not. Events
+// copied into a fork (before its run.forked) were spent by its source.
 func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd float64) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
 		e.log.Warn("read spans for the run's budget", "run", id, "err", err)
 		return 0, 0
+	}
+	evs, err := e.cfg.Store.Events(ctx, id, 0)
+	if err != nil {
+		e.log.Warn("read the journal for the run's budget", "run", id, "err", err)
+		return 0, 0
+	}
+	var results []keel.ModelResultData
+	for _, ev := range evs {
+		switch ev.Type {
+		case keel.EventRunForked:
+			results = results[:0]
+		case keel.EventModelResult:
+			var d keel.ModelResultData
+			if json.Unmarshal(ev.Data, &d) == nil {
+				results = append(results, d)
+			}
+		}
+	}
+	// The successful spans of a step stand for its journaled results.
+	ok := map[int]int{}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanModelCall && sp.Status == keel.SpanOK {
+			ok[sp.Step]++
+		}
+	}
+	for _, d := range results {
+		if ok[d.Step] > 0 {
+			ok[d.Step]--
+			continue
+		}
+		tokens += int64(d.PromptTokens + d.CompletionTokens)
+		usd += d.CostUSD
 	}
 	for _, sp := range spans {
 		if sp.Kind == keel.SpanModelCall {

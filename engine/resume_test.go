@@ -551,3 +551,60 @@ func TestRetryDecisionIsUsedOnce(t *testing.T) {
 		t.Errorf("after done: %s with %d writes", r.Status, tools.writes)
 	}
 }
+
+// TestResumedBudgetCountsJournaledUsage: what a resumed run already spent
+// is read from the journal's model results, not only from trace spans,
+// which are written lazily and may be lost in a crash. A run whose
+// journaled step used its whole budget, with no span left, is refused
+// its next model call on resume.
+func TestResumedBudgetCountsJournaledUsage(t *testing.T) {
+	ctx := context.Background()
+	local := scripted.New(nil, scripted.Answer("too late"))
+	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"local": {Provider: local}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Store: st, Model: r, Tools: &echoTools{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close(ctx)
+	now := time.Now()
+	model := "local/" + scripted.DefaultModel.Name
+	if err := st.CreateRun(ctx, keel.Run{ID: "run_b", Goal: "spend", Model: model, Status: keel.RunQueued, MaxSteps: 4, CreatedAt: now, UpdatedAt: now,
+		Policy: keel.RunPolicy{BudgetTokens: 5000}}); err != nil {
+		t.Fatal(err)
+	}
+	call := keel.ToolCall{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"hi"}`)}
+	for _, ev := range []struct {
+		typ  keel.EventType
+		data any
+		upd  *keel.RunUpdate
+	}{
+		{keel.EventRunStarted, keel.RunStartedData{Goal: "spend", Model: model, MaxSteps: 4}, &keel.RunUpdate{Status: keel.RunRunning}},
+		{keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: []keel.ToolCall{call}, PromptTokens: 4000, CompletionTokens: 1000}, nil},
+		{keel.EventToolCall, keel.ToolCallData{Step: 1, Call: call}, nil},
+		{keel.EventToolResult, keel.ToolResultData{Step: 1, CallID: "c1", Name: "echo", Output: json.RawMessage(`{"text":"hi"}`)}, nil},
+		{keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted}, &keel.RunUpdate{Status: keel.RunInterrupted}},
+	} {
+		raw, _ := json.Marshal(ev.data)
+		if _, err := st.Append(ctx, "run_b", ev.typ, now, raw, ev.upd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := eng.Resume(ctx); err != nil || n != 1 {
+		t.Fatalf("Resume = %d, %v", n, err)
+	}
+	run := waitRun(t, eng, st, "run_b")
+	if run.Status != keel.RunFailed || !strings.Contains(run.Error, "budget") {
+		t.Errorf("resumed run = %s %q, want failed naming the budget its journaled step used up", run.Status, run.Error)
+	}
+	if n := len(local.Requests()); n != 0 {
+		t.Errorf("the model was asked %d times, want none", n)
+	}
+}

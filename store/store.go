@@ -481,10 +481,21 @@ func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 }
 
 // FinishSpan records a span's outcome: duration, status, error and
-// tokens. It is lazy, like StartSpan; the engine finishes a model call's
-// span just before journaling its result, so both commit together.
+// tokens. It is lazy, like StartSpan.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	s.wr.finishSpan(sp, func(open *keel.Span) {
+	return s.finishSpan(sp, false)
+}
+
+// FinishSpanWithNext is FinishSpan for a span that is the only record of
+// something (what a failed model call spent): it commits with the next
+// write of any kind, as the journal's events do, instead of waiting for a
+// status change. A crash loses it only with the events after it.
+func (s *Store) FinishSpanWithNext(ctx context.Context, sp keel.Span) error {
+	return s.finishSpan(sp, true)
+}
+
+func (s *Store) finishSpan(sp keel.Span, withNext bool) error {
+	s.wr.finishSpan(sp, withNext, func(open *keel.Span) {
 		open.Duration, open.Status, open.Error, open.PromptTokens, open.CompletionTokens = sp.Duration, sp.Status, sp.Error, sp.PromptTokens, sp.CompletionTokens
 		open.Provider, open.CostUSD, open.TTFT, open.Retries, open.FinishReason, open.Attrs = sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason, sp.Attrs
 	}, func(ctx context.Context, tx *wtx) error {

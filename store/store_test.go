@@ -306,6 +306,21 @@ func TestLazySpansCommitWithAStatusChange(t *testing.T) {
 			t.Fatal("a lazy write with nothing after it was not committed within 10 s")
 		}
 	}
+	// A span finished with FinishSpanWithNext commits with any next write.
+	s3 := keel.Span{ID: "s3", RunID: "a", Kind: keel.SpanModelCall, Start: time.Now()}
+	if err := s.StartSpan(ctx, s3); err != nil {
+		t.Fatal(err)
+	}
+	s3.Status, s3.Error, s3.PromptTokens = keel.SpanError, "overloaded", 7
+	if err := s.FinishSpanWithNext(ctx, s3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "a", keel.EventStepRetry, time.Now(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if spans, err := other.Spans(ctx, "a"); err != nil || len(spans) != 3 || spans[2].PromptTokens != 7 {
+		t.Fatalf("after the next event, another reader sees spans %+v, %v; want s3 with what it spent", spans, err)
+	}
 }
 
 // TestGroupCommitIsolatesFailures: writes that share a transaction fail

@@ -132,9 +132,12 @@ type writer struct {
 	// open holds the spans started by a lazy write that has not left
 	// for the writer yet, so that finishing one amends that write
 	// instead of adding another; it is emptied whenever lazy is.
-	open   map[spanKey]*keel.Span
-	timer  *time.Timer
-	closed bool
+	open map[spanKey]*keel.Span
+	// carryNext makes the next write carry the lazy writes (see
+	// FinishSpanWithNext).
+	carryNext bool
+	timer     *time.Timer
+	closed    bool
 }
 
 // newWriter starts the writer on db (one connection, idle), preparing
@@ -183,10 +186,11 @@ func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 		return errClosed
 	}
 	fns := []op{o}
-	if carry || len(w.lazy) >= lazyMax {
+	if carry || w.carryNext || len(w.lazy) >= lazyMax {
 		fns = append(w.lazy, o)
 		w.lazy = nil
 		clear(w.open)
+		w.carryNext = false
 	}
 	// Sent under the lock, so that writes reach the queue in the order
 	// their callers made them.
@@ -214,9 +218,10 @@ func (w *writer) startSpan(sp keel.Span, insert func(*keel.Span) writeFunc) {
 // finishSpan records sp's outcome: in its insert, if that has not left
 // for the writer yet (the usual case: a step's span starts and finishes
 // between two journal writes), else by queuing update as a lazy write.
-func (w *writer) finishSpan(sp keel.Span, finish func(open *keel.Span), update writeFunc) {
+func (w *writer) finishSpan(sp keel.Span, withNext bool, finish func(open *keel.Span), update writeFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.carryNext = w.carryNext || withNext
 	k := spanKey{sp.RunID, sp.ID}
 	if p, ok := w.open[k]; ok {
 		finish(p)
@@ -261,6 +266,7 @@ func (w *writer) flushLazy() {
 	w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
 	w.lazy = nil
 	clear(w.open)
+	w.carryNext = false
 }
 
 // close commits what is queued and stops the writer goroutine.
