@@ -1116,13 +1116,19 @@ func TestDAGSubAgentsShareTheBudget(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			release := make(chan struct{})
+			// The sub-agents that start later spend nothing until all of
+			// them have started: what they are given depends on what the
+			// others spent meanwhile.
+			started := make(chan struct{})
 			m := &fakeModel{step: func(ctx context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
+				wait := started
 				if _, first := tt.budgets[step]; first {
-					select { // running until the test has looked
-					case <-release:
-					case <-ctx.Done():
-						return models.ChatResponse{}, ctx.Err()
-					}
+					wait = release // running until the test has looked
+				}
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return models.ChatResponse{}, ctx.Err()
 				}
 				return text("result of " + step), nil
 			}}
@@ -1148,6 +1154,14 @@ func TestDAGSubAgentsShareTheBudget(t *testing.T) {
 				}
 			}
 			close(release)
+			go func() {
+				defer close(started)
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+					if kids, err := h.st.ChildRuns(ctx, r.ID); err != nil || len(kids) == len(tt.steps) {
+						return
+					}
+				}
+			}()
 			r = waitRun(t, h.eng, h.st, r.ID)
 			if r.Status != keel.RunSucceeded {
 				t.Fatalf("run = %s %q", r.Status, r.Error)
