@@ -308,7 +308,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
-		e.loop(runCtx, run)
+		e.loop(runCtx, run, true)
 	}()
 	return run, nil
 }
@@ -334,7 +334,7 @@ func (e *Engine) launch(run keel.Run) error {
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
-		e.loop(runCtx, run)
+		e.loop(runCtx, run, false)
 	}()
 	return nil
 }

@@ -13,11 +13,13 @@ import (
 	"github.com/keel-runtime/keel/models"
 )
 
-// loop drives one run to an end, starting from what its journal holds
-// (nothing for a new run). It returns when the run reached a terminal
-// state, waits for a human, or was interrupted by shutdown; every exit
-// path journals exactly one event that says so.
-func (e *Engine) loop(ctx context.Context, run keel.Run) {
+// loop drives one run to an end, starting from what its journal holds.
+// A run Start just created (created true) has journaled nothing, so
+// there is nothing to read back: not its journal, not what it spent. It
+// returns when the run reached a terminal state, waits for a human, or
+// was interrupted by shutdown; every exit path journals exactly one
+// event that says so.
+func (e *Engine) loop(ctx context.Context, run keel.Run, created bool) {
 	if run.KindOrAgent() != keel.KindAgent {
 		e.flow(ctx, run)
 		return
@@ -25,7 +27,10 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 	log := e.log.With("run", run.ID)
 	ctx, cancelDeadline := withDeadline(ctx, run)
 	defer cancelDeadline()
-	j, err := e.restore(ctx, run)
+	j, err := e.newJournal(run), error(nil)
+	if !created {
+		j, err = e.restore(ctx, run)
+	}
 	if err != nil {
 		log.Error("restore run", "err", err)
 		e.end(ctx, run.ID, err)
@@ -48,7 +53,11 @@ func (e *Engine) loop(ctx context.Context, run keel.Run) {
 		log.Error("journal run start", "err", err)
 		return
 	}
-	tokens, usd := e.spent(ctx, run.ID)
+	var tokens int64
+	var usd float64
+	if !created {
+		tokens, usd = e.spent(ctx, run.ID)
+	}
 	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, tokens, usd)
 	msgs := j.msgs
 	unread := j.unread // read by the next model step

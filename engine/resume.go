@@ -33,13 +33,9 @@ type journal struct {
 	answer    *string                      // the final answer, when the last step gave one
 }
 
-// restore reads run's journal.
-func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
-	evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
-	if err != nil {
-		return journal{}, fmt.Errorf("read journal: %w", err)
-	}
-	j := journal{
+// newJournal is the journal of a run that has journaled nothing.
+func (e *Engine) newJournal(run keel.Run) journal {
+	return journal{
 		fresh:     true,
 		msgs:      initialMessages(e.cfg.SystemPrompt, run),
 		intent:    map[string]bool{},
@@ -48,6 +44,15 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 		askedAt:   map[string]time.Time{},
 		approvals: map[string]keel.ApprovalData{},
 	}
+}
+
+// restore reads run's journal.
+func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
+	evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
+	if err != nil {
+		return journal{}, fmt.Errorf("read journal: %w", err)
+	}
+	j := e.newJournal(run)
 	for _, ev := range evs {
 		j.lastSeq = ev.Seq
 		switch ev.Type {
