@@ -47,10 +47,12 @@ type Options struct {
 
 // The writer's hot statements, prepared once (see newWriter).
 const (
-	qRunHead       = `SELECT status, coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0) FROM runs WHERE id = ?`
-	qInsertEvent   = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)`
-	qInsertEvents2 = `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)`
-	qDeleteEvents  = `DELETE FROM events WHERE run_id = ? AND seq BETWEEN ? AND ?`
+	// An event's key is (run number << 32) | seq (see migration 008).
+	qRunHead = `SELECT status, num, coalesce((SELECT max(key) FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295) & 4294967295, 0)
+		FROM runs WHERE id = ?`
+	qInsertEvent   = `INSERT INTO events (key, type, time, data) VALUES (?, ?, ?, ?)`
+	qInsertEvents2 = `INSERT INTO events (key, type, time, data) VALUES (?, ?, ?, ?), (?, ?, ?, ?)`
+	qDeleteEvents  = `DELETE FROM events WHERE key BETWEEN ? AND ?`
 	qUpdateRun     = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
 	qInsertSpan    = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
 		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
@@ -183,6 +185,13 @@ func mapErr(err error) error {
 
 func nanos(t time.Time) int64 { return t.UTC().UnixNano() }
 
+// maxSeq is the largest sequence number an event key holds.
+const maxSeq = 1<<32 - 1
+
+// eventKey is the key of a run's event: its run's number, then its
+// sequence number (see migration 008).
+func eventKey(num, seq int64) int64 { return num<<32 | seq }
+
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
 // CreateRun stores a new run. It fails with keel.ErrConflict if the ID
@@ -237,8 +246,8 @@ func createRunFunc(r keel.Run) (writeFunc, error) {
 		key = r.IdempotencyKey
 	}
 	return func(ctx context.Context, tx *wtx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)`,
+		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step, num)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, (SELECT coalesce(max(num), 0) + 1 FROM runs))`,
 			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key,
 			string(r.KindOrAgent()), string(r.ParentID), r.ParentStep)
 		return err
@@ -289,7 +298,7 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 		head, cached := tx.heads[id]
 		if !cached {
 			var status string
-			if err := tx.QueryRowContext(ctx, qRunHead, string(id)).Scan(&status, &head.last); err != nil {
+			if err := tx.QueryRowContext(ctx, qRunHead, string(id)).Scan(&status, &head.num, &head.last); err != nil {
 				return mapErr(err)
 			}
 			head.status = keel.RunStatus(status)
@@ -308,7 +317,7 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 			if n == 0 {
 				return err
 			}
-			if _, uerr := tx.ExecContext(ctx, qDeleteEvents, string(id), head.last+1, head.last+int64(n)); uerr != nil {
+			if _, uerr := tx.ExecContext(ctx, qDeleteEvents, eventKey(head.num, head.last+1), eventKey(head.num, head.last+int64(n))); uerr != nil {
 				return fmt.Errorf("%w (and undoing it failed: %w)", err, errAbort)
 			}
 			return err
@@ -316,14 +325,14 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 		// Two at a time: one statement inserts both (a model result and
 		// the intent that acts on it usually come together).
 		for i := 0; i < len(evs); i += 2 {
-			args := make([]any, 0, 10)
+			args := make([]any, 0, 8)
 			for j := i; j < min(i+2, len(evs)); j++ {
 				ev := evs[j]
 				out[j] = keel.Event{RunID: id, Seq: head.last + 1 + int64(j), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
-				args = append(args, string(id), out[j].Seq, string(ev.Type), nanos(ev.Time), []byte(ev.Data))
+				args = append(args, eventKey(head.num, out[j].Seq), string(ev.Type), nanos(ev.Time), []byte(ev.Data))
 			}
 			q := qInsertEvent
-			if len(args) == 10 {
+			if len(args) == 8 {
 				q = qInsertEvents2
 			}
 			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
@@ -355,8 +364,8 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 // updated_at come from its last event: runs is written only when the
 // status changes (see migration 007).
 const runCols = `id, goal, model, status, result, error, max_steps, created_at,
-	coalesce((SELECT time FROM events WHERE run_id = runs.id ORDER BY seq DESC LIMIT 1), updated_at),
-	coalesce((SELECT max(seq) FROM events WHERE run_id = runs.id), 0),
+	coalesce((SELECT time FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295 ORDER BY key DESC LIMIT 1), updated_at),
+	coalesce((SELECT max(key) FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295) & 4294967295, 0),
 	policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
@@ -428,10 +437,15 @@ func (s *Store) queryRuns(ctx context.Context, q string, args ...any) ([]keel.Ru
 // Events returns the run's events with Seq > afterSeq in order. It
 // returns keel.ErrNotFound if the run does not exist.
 func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error) {
-	if _, err := s.GetRun(ctx, id); err != nil {
-		return nil, err
+	var num int64
+	if err := s.r.QueryRowContext(ctx, `SELECT num FROM runs WHERE id = ?`, string(id)).Scan(&num); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("run %s: %w", id, keel.ErrNotFound)
+		}
+		return nil, fmt.Errorf("events of %s: %w", id, mapErr(err))
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT seq, type, time, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq`, string(id), afterSeq)
+	rows, err := s.r.QueryContext(ctx, `SELECT key & 4294967295, type, time, data FROM events WHERE key > ? AND key <= ? ORDER BY key`,
+		eventKey(num, max(afterSeq, 0)), eventKey(num, maxSeq))
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", id, mapErr(err))
 	}

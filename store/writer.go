@@ -83,6 +83,7 @@ type wtx struct {
 // whenever a write fails or a transaction does not commit, since it may
 // then be ahead of the database.
 type runHead struct {
+	num    int64 // the run's number, the first half of its events' keys
 	last   int64
 	status keel.RunStatus
 }

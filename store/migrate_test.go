@@ -1,0 +1,102 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+)
+
+// TestMigrateEventsByNumber: a journal written before migration 008 (events
+// keyed by run ID and sequence number) reads back the same after it, and
+// old runs append where they left off.
+func TestMigrateEventsByNumber(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=foreign_keys(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= 7; n++ {
+		names, _ := migrations.ReadDir("migrations")
+		for _, e := range names {
+			if strings.HasPrefix(e.Name(), fmt.Sprintf("%03d_", n)) {
+				body, _ := migrations.ReadFile("migrations/" + e.Name())
+				if _, err := db.ExecContext(ctx, string(body)); err != nil {
+					t.Fatalf("migration %s: %v", e.Name(), err)
+				}
+			}
+		}
+	}
+	if _, err := db.ExecContext(ctx, "PRAGMA user_version = 7"); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1700000000, 0).UTC()
+	for _, id := range []string{"run_b", "run_a"} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, max_steps, created_at, updated_at) VALUES (?, 'g', 'm', 'running', 4, ?, ?)`, id, nanos(at), nanos(at)); err != nil {
+			t.Fatal(err)
+		}
+		for seq := 1; seq <= 3; seq++ {
+			if _, err := db.ExecContext(ctx, `INSERT INTO events (run_id, seq, type, time, data) VALUES (?, ?, 'human.message', ?, ?)`,
+				id, seq, nanos(at.Add(time.Duration(seq)*time.Second)), fmt.Sprintf(`{"content":"%s %d"}`, id, seq)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, id := range []keel.RunID{"run_a", "run_b"} {
+		evs, err := s.Events(ctx, id, 1)
+		if err != nil || len(evs) != 2 {
+			t.Fatalf("Events(%s, 1) = %d events, %v; want 2", id, len(evs), err)
+		}
+		for i, ev := range evs {
+			want := fmt.Sprintf(`{"content":"%s %d"}`, id, i+2)
+			if ev.Seq != int64(i+2) || ev.RunID != id || string(ev.Data) != want || !ev.Time.Equal(at.Add(time.Duration(i+2)*time.Second)) {
+				t.Errorf("%s event %d = %+v, want seq %d %s", id, i, ev, i+2, want)
+			}
+		}
+		r, err := s.GetRun(ctx, id)
+		if err != nil || r.LastSeq != 3 || !r.UpdatedAt.Equal(at.Add(3*time.Second)) {
+			t.Errorf("GetRun(%s) = last_seq %d, updated %v, %v; want 3 and its last event's time", id, r.LastSeq, r.UpdatedAt, err)
+		}
+		if ev, err := s.Append(ctx, id, keel.EventHumanMessage, at, json.RawMessage(`{}`), nil); err != nil || ev.Seq != 4 {
+			t.Errorf("append to %s after the migration = seq %d, %v; want 4", id, ev.Seq, err)
+		}
+	}
+	// A new run gets the next number: its events follow the old ones.
+	if err := s.CreateRun(ctx, keel.Run{ID: "run_c", Goal: "g", Model: "m", Status: keel.RunQueued, MaxSteps: 4, CreatedAt: at, UpdatedAt: at}); err != nil {
+		t.Fatal(err)
+	}
+	var nums []int64
+	rows, err := s.r.QueryContext(ctx, `SELECT num FROM runs ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n int64
+		rows.Scan(&n)
+		nums = append(nums, n)
+	}
+	rows.Close()
+	if fmt.Sprint(nums) != "[2 1 3]" {
+		t.Errorf("run numbers of run_a, run_b, run_c = %v, want [2 1 3] (in order of creation)", nums)
+	}
+	if evs, err := s.Events(ctx, "run_c", 0); err != nil || len(evs) != 0 {
+		t.Errorf("Events(run_c) = %v, %v; want none", evs, err)
+	}
+	if _, err := s.Events(ctx, "run_none", 0); err == nil {
+		t.Error("Events of a run that does not exist succeeded")
+	}
+}
