@@ -11,12 +11,14 @@
 //
 //   - the floor: one SQLite commit on this disk (modernc.org/sqlite, a
 //     single-row INSERT per transaction), p50 and mean;
-//   - keel: a real store.Store and engine.Engine over the scripted model
-//     provider, whose script asks for an in-memory tool n-1 times and then
-//     answers, so a run makes n steps (model calls), each journaled with
-//     its tool call before the run goes on. One run: time per step and per
-//     journaled event (the median of 5 runs made one after the other). C
-//     runs started together, for each C in -c: steps and events per second. Then the time to resume -resume interrupted
+//   - keel: a real store.Store and engine.Engine over a deterministic
+//     model (chain) that asks for an in-memory read-only tool n-1 times
+//     and then answers, so a run makes n steps (model calls), each
+//     journaled with its tool call and result before the run goes on. One
+//     run: time per step and per journaled event, each run paired with
+//     floor commits taken just before it (the median of 9). C runs
+//     started together, for each C in -c: steps and events per second.
+//     Then the time to resume -resume interrupted
 //     runs (engine.New and Resume until every one has succeeded), and, at
 //     FULL only, the Go heap and goroutines per run waiting for an
 //     approval (-waiting runs);

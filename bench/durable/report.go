@@ -103,8 +103,9 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	fmt.Println()
 	fmt.Printf("keel, %d runs waiting for approval (FULL): %.0f bytes of live Go heap and %.2f goroutines per waiting run\n",
 		wait.runs, wait.heapPerRun, wait.goroutinesPer)
-	fmt.Println("a keel step is a model call and a tool call, journaled as model.result, tool.call and tool.result")
-	fmt.Println("in two commits: {model.result, tool.call} before the tool runs, {tool.result} before the model sees it;")
+	fmt.Println("a keel step is a model call and a call of a read-only tool, journaled as model.result, tool.call and")
+	fmt.Println("tool.result in one commit after the tool ran and before the model sees its result (a tool that must not")
+	fmt.Println("run twice costs two: its intent is committed before it starts);")
 	fmt.Println("a LangGraph.js step is one node, checkpointed (its writes, then the checkpoint) before the next starts.")
 }
 
