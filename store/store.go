@@ -50,8 +50,6 @@ const (
 	// An event's key is (run number << 32) | seq (see migration 008).
 	qRunHead = `SELECT status, num, coalesce((SELECT max(key) FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295) & 4294967295, 0)
 		FROM runs WHERE id = ?`
-	qInsertEvent   = `INSERT INTO events (key, type, time, data) VALUES (?, ?, ?, ?)`
-	qInsertEvents2 = `INSERT INTO events (key, type, time, data) VALUES (?, ?, ?, ?), (?, ?, ?, ?)`
 	qDeleteEvents  = `DELETE FROM events WHERE key BETWEEN ? AND ?`
 	qUpdateRun     = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
 	qInsertSpan    = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
@@ -62,7 +60,16 @@ const (
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 )
 
-var hotStatements = []string{qRunHead, qInsertEvent, qInsertEvents2, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan, qInsertAudit}
+// insertEvents[n-1] inserts n events in one statement; an append inserts
+// up to len(insertEvents) at a time (an agent step journals three).
+var insertEvents = func() (qs [4]string) {
+	for i := range qs {
+		qs[i] = `INSERT INTO events (key, type, time, data) VALUES (?, ?, ?, ?)` + strings.Repeat(`, (?, ?, ?, ?)`, i)
+	}
+	return qs
+}()
+
+var hotStatements = append([]string{qRunHead, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan, qInsertAudit}, insertEvents[:]...)
 
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.
@@ -322,20 +329,17 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 			}
 			return err
 		}
-		// Two at a time: one statement inserts both (a model result and
-		// the intent that acts on it usually come together).
-		for i := 0; i < len(evs); i += 2 {
-			args := make([]any, 0, 8)
-			for j := i; j < min(i+2, len(evs)); j++ {
+		// Several at a time: one statement inserts a step's events.
+		const per = len(insertEvents)
+		for i := 0; i < len(evs); i += per {
+			n := min(per, len(evs)-i)
+			args := make([]any, 0, 4*n)
+			for j := i; j < i+n; j++ {
 				ev := evs[j]
 				out[j] = keel.Event{RunID: id, Seq: head.last + 1 + int64(j), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
 				args = append(args, eventKey(head.num, out[j].Seq), string(ev.Type), nanos(ev.Time), []byte(ev.Data))
 			}
-			q := qInsertEvent
-			if len(args) == 8 {
-				q = qInsertEvents2
-			}
-			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			if _, err := tx.ExecContext(ctx, insertEvents[n-1], args...); err != nil {
 				return undo(err, i)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -98,5 +99,65 @@ func TestMigrateEventsByNumber(t *testing.T) {
 	}
 	if _, err := s.Events(ctx, "run_none", 0); err == nil {
 		t.Error("Events of a run that does not exist succeeded")
+	}
+}
+
+// TestAppendAllUndoesItsInserts: an append whose later insert fails (here
+// a key another handle took, which keel never does) removes the events
+// its earlier inserts stored, so none of them is kept.
+func TestAppendAllUndoesItsInserts(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	at := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateRun(ctx, keel.Run{ID: "r", Goal: "g", Model: "m", Status: keel.RunQueued, MaxSteps: 4, CreatedAt: at, UpdatedAt: at}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "r", keel.EventRunStarted, at, nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The append below stores seq 2 to 7; seq 6 is in its second insert.
+	taken := eventKey(1, 6)
+	if _, err := db.ExecContext(ctx, `INSERT INTO events (key, type, time, data) VALUES (?, 'human.message', 0, NULL)`, taken); err != nil {
+		t.Fatal(err)
+	}
+	// A span that commits with the append: the transaction holds more
+	// than the failing write, so it commits without the append's events.
+	sp := keel.Span{ID: "s", RunID: "r", Kind: keel.SpanModelCall, Start: at, Status: keel.SpanError}
+	if err := s.StartSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishSpanWithNext(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]keel.Event, 6)
+	for i := range evs {
+		evs[i] = keel.Event{Type: keel.EventHumanMessage, Time: at}
+	}
+	if _, err := s.AppendAll(ctx, "r", evs, nil); !errors.Is(err, keel.ErrConflict) {
+		t.Fatalf("AppendAll over a taken key = %v, want ErrConflict", err)
+	}
+	if spans, err := s.Spans(ctx, "r"); err != nil || len(spans) != 1 {
+		t.Fatalf("spans = %+v, %v; want the one committed with the failed append", spans, err)
+	}
+	var seqs []int64
+	got, err := s.Events(ctx, "r", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range got {
+		seqs = append(seqs, ev.Seq)
+	}
+	if fmt.Sprint(seqs) != "[1 6]" {
+		t.Errorf("after the failed append, events %v are stored, want [1 6]: none of the append's", seqs)
 	}
 }
