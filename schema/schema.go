@@ -32,7 +32,10 @@ type noLoader struct{}
 func (noLoader) Load(string) (any, error) { return nil, errNoLoader }
 
 // Schema is a compiled JSON Schema.
-type Schema struct{ s *jsonschema.Schema }
+type Schema struct {
+	s    *jsonschema.Schema
+	fast *fastSchema // nil unless the schema is of the plain kind (see fast.go)
+}
 
 // Compile compiles raw (draft 2020-12 unless the schema says otherwise),
 // which must be a JSON object. id names the schema in errors and is part
@@ -57,7 +60,7 @@ func Compile(id, field string, raw json.RawMessage) (*Schema, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s does not compile: %w", field, err)
 	}
-	return &Schema{sch}, nil
+	return &Schema{s: sch, fast: compileFast(doc)}, nil
 }
 
 // Violation is the most specific reason a value broke a schema.
@@ -75,6 +78,9 @@ func (s *Schema) Validate(raw []byte) (*Violation, error) {
 	v, err := decode(raw)
 	if err != nil {
 		return nil, err
+	}
+	if s.fast != nil && s.fast.valid(v) {
+		return nil, nil
 	}
 	err = s.s.Validate(v)
 	if err == nil {
@@ -132,8 +138,26 @@ func jsonPointer(tokens []string) string {
 // validator expects (jsonschema.UnmarshalJSON does the same with
 // encoding/json). It uses goccy/go-json's decoder, which takes about half
 // the time: every tool call pays this twice, for its input and output.
-func decode(raw []byte) (any, error) {
-	dec := gojson.NewDecoder(bytes.NewReader(raw))
+// That decoder panics on some malformed input (a long key of invalid
+// UTF-8, found by FuzzFastAgrees); the value then comes from
+// encoding/json, which has the last word on what is JSON.
+func decode(raw []byte) (v any, err error) {
+	defer func() {
+		if recover() != nil {
+			v, err = decodeWith(json.NewDecoder(bytes.NewReader(raw)))
+		}
+	}()
+	return decodeWith(gojson.NewDecoder(bytes.NewReader(raw)))
+}
+
+// decoder is what decode needs of a JSON decoder.
+type decoder interface {
+	UseNumber()
+	Decode(any) error
+	Token() (json.Token, error)
+}
+
+func decodeWith(dec decoder) (any, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {

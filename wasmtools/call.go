@@ -264,6 +264,17 @@ func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) 
 	return out, nil
 }
 
+// unmarshalFast is goccy/go-json's Unmarshal, with a panic of the
+// library's reported as a failure: the bytes come from the tool.
+func unmarshalFast(b []byte, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("goccy/go-json: %v", p)
+		}
+	}()
+	return gojson.Unmarshal(b, v)
+}
+
 // parseResult reads the one JSON object a tool writes to stdout:
 // {"output": value} or {"error": {"message": "...", "code": "..."}}.
 func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
@@ -276,8 +287,10 @@ func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
 	}
 	var fields map[string]json.RawMessage
 	// goccy/go-json decodes this in a third of encoding/json's time, and
-	// every call pays it; encoding/json explains what is wrong.
-	if gojson.Unmarshal(b, &fields) != nil {
+	// every call pays it; when it fails (or panics, as its stream decoder
+	// does on some malformed input), encoding/json decides and explains.
+	if unmarshalFast(b, &fields) != nil {
+		fields = nil
 		dec := json.NewDecoder(bytes.NewReader(b))
 		if err := dec.Decode(&fields); err != nil {
 			return nil, nil, fmt.Errorf("stdout is not JSON: %w", err)
@@ -285,7 +298,6 @@ func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return nil, nil, errors.New("stdout has more than one JSON value")
 		}
-		return nil, nil, errors.New("stdout is not JSON")
 	}
 	if len(fields) == 1 {
 		if out, ok := fields["output"]; ok {

@@ -157,6 +157,14 @@ func TestParseResult(t *testing.T) {
 		{`{"output":1} trailing`, "", "", true},
 		{`{"output":`, "", "", true},
 	}
+	// A long key of invalid UTF-8 makes goccy/go-json's stream decoder
+	// panic; whatever a tool writes, reading it must not.
+	tests = append(tests, struct {
+		stdout  string
+		output  string
+		toolErr string
+		bad     bool
+	}{`{"output":{"k` + strings.Repeat("\xe1", 1500) + `":-1}}`, `{"k` + strings.Repeat("\xe1", 1500) + `":-1}`, "", false})
 	for _, tt := range tests {
 		out, te, err := parseResult([]byte(tt.stdout))
 		switch {
