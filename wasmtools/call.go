@@ -61,7 +61,7 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	}
 	defer r.calls.Done()
 
-	late := fmt.Sprintf("tool did not finish within its time limit of %s", r.cfg.CallTimeout)
+	late := "" // the time limit's message, made only if needed (see failure)
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.cfg.CallTimeout {
 		late = "tool did not finish before the caller's deadline"
 	}
@@ -211,7 +211,7 @@ func sleep(ctx context.Context, ns int64) {
 
 // failure classifies a run that did not end cleanly; nil means the guest
 // exited 0 within its limits. late is the message for a run that ran out
-// of time.
+// of time; "" names the registry's call time limit.
 func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.ToolError {
 	switch {
 	case o.outputExceeded:
@@ -223,6 +223,9 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 	case r.ctx != nil && r.ctx.Err() != nil:
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the tool runtime is closing"}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		if late == "" {
+			late = fmt.Sprintf("tool did not finish within its time limit of %s", r.cfg.CallTimeout)
+		}
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: late}
 	case ctx.Err() != nil:
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the call was cancelled"}
