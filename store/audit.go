@@ -32,8 +32,8 @@ func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, er
 	return id, nil
 }
 
-// QueueToolCall appends one record to the tool audit trail lazily, like
-// a trace span: it is committed with the next durable write. The engine
+// QueueToolCall appends one record to the tool audit trail with the next
+// write of any kind (or within a short delay if none comes). The engine
 // journals a run's tool result right after the call, so a run's call and
 // its audit record reach the disk in the same transaction, without an
 // fsync of their own. An error committing it goes to
@@ -43,7 +43,7 @@ func (s *Store) QueueToolCall(a keel.ToolAudit) error {
 	if err != nil {
 		return err
 	}
-	s.wr.writeLazy(func(ctx context.Context, tx *wtx) error {
+	s.wr.writeNext(func(ctx context.Context, tx *wtx) error {
 		if _, err := ins(ctx, tx); err != nil {
 			return fmt.Errorf("record tool call %s: %w", a.Tool, mapErr(err))
 		}

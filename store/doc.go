@@ -17,12 +17,12 @@
 // writes are atomic alone, other writes run in a savepoint). The writer
 // keeps running runs' heads (last sequence number, status) in memory and
 // drops them when anything fails, so an append reads nothing; AppendAll
-// journals several events of a run in one transaction. Trace spans and
-// the audit records of runs' tool calls are written lazily: they commit
-// with the next write that changes a run's status, with Sync, or on
-// their own after a short delay (FinishSpanWithNext: with the next write
-// of any kind); a span finished before its start was committed is
-// written once. Reads use a separate pool and see committed data only.
+// journals several events of a run in one transaction. Trace spans are
+// written lazily: they commit with the next write that changes a run's
+// status, with Sync, or on their own after a short delay
+// (FinishSpanWithNext: with the next write of any kind); a span finished
+// before its start was committed is written once. The audit records of
+// runs' tool calls commit with the next write of any kind. Reads use a separate pool and see committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;
 // a full disk is reported as ErrDiskFull. A Store is safe for concurrent use.

@@ -50,9 +50,9 @@ const (
 	// An event's key is (run number << 32) | seq (see migration 008).
 	qRunHead = `SELECT status, num, coalesce((SELECT max(key) FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295) & 4294967295, 0)
 		FROM runs WHERE id = ?`
-	qDeleteEvents  = `DELETE FROM events WHERE key BETWEEN ? AND ?`
-	qUpdateRun     = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
-	qInsertSpan    = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
+	qDeleteEvents = `DELETE FROM events WHERE key BETWEEN ? AND ?`
+	qUpdateRun    = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
+	qInsertSpan   = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
 		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`

@@ -22,10 +22,11 @@ import (
 // one fsync per batch instead of paying one each, and a write still
 // returns only once its transaction is on disk.
 //
-// Trace spans and the audit records of runs' tool calls are written
-// lazily (see queueLazy): they wait, lazyDelay at most, for a write that
-// changes a run's status (a run waiting or ending) or for Sync, and
-// commit with it, or on their own when the wait is over. So a run's
+// Trace spans are written lazily (see queueLazy): they wait, lazyDelay
+// at most, for a write that changes a run's status (a run waiting or
+// ending) or for Sync, and commit with it, or on their own when the wait
+// is over. (The audit records of runs' tool calls wait only for the next
+// write of any kind: see writeNext.) So a run's
 // spans reach the disk a few steps at a time, filling a page, instead of
 // rewriting the run's last span page at every step; a crash can lose
 // the spans of the last lazyDelay, never a journaled event. A span that
@@ -137,8 +138,12 @@ type writer struct {
 	// carryNext makes the next write carry the lazy writes (see
 	// FinishSpanWithNext).
 	carryNext bool
-	timer     *time.Timer
-	closed    bool
+	// next holds writes that commit with the next write of any kind, or
+	// within lazyDelay (see QueueToolCall); unlike carryNext, they do
+	// not bring the lazy writes along.
+	next   []op
+	timer  *time.Timer
+	closed bool
 }
 
 // newWriter starts the writer on db (one connection, idle), preparing
@@ -186,13 +191,15 @@ func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 		w.mu.Unlock()
 		return errClosed
 	}
-	fns := []op{o}
+	fns := w.next
+	w.next = nil
 	if carry || w.carryNext || len(w.lazy) >= lazyMax {
-		fns = append(w.lazy, o)
+		fns = append(fns, w.lazy...)
 		w.lazy = nil
 		clear(w.open)
 		w.carryNext = false
 	}
+	fns = append(fns, o)
 	// Sent under the lock, so that writes reach the queue in the order
 	// their callers made them.
 	w.queue <- writeReq{ctx: context.WithoutCancel(ctx), fns: fns, done: done}
@@ -242,32 +249,51 @@ func (w *writer) queueLazy(fn writeFunc) bool {
 		return false
 	}
 	w.lazy = append(w.lazy, op{fn: fn, atomic: true})
-	if w.timer == nil {
-		w.timer = time.AfterFunc(lazyDelay, w.flushLazy)
-	} else if len(w.lazy) == 1 {
-		w.timer.Reset(lazyDelay)
-	}
+	w.arm()
 	return true
 }
 
-// writeLazy queues fn, which must be atomic, as a lazy write.
-func (w *writer) writeLazy(fn writeFunc) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.queueLazy(fn)
+// arm starts the timer that commits what waits (lazy and next writes)
+// within lazyDelay, when the first of them is queued. w.mu must be held.
+func (w *writer) arm() {
+	if w.timer == nil {
+		w.timer = time.AfterFunc(lazyDelay, w.flushLazy)
+	} else if len(w.lazy)+len(w.next) == 1 {
+		w.timer.Reset(lazyDelay)
+	}
 }
 
-// flushLazy commits the lazy writes that no durable write carried.
+// writeNext queues fn, which must be atomic, to commit with the next
+// write of any kind, or within lazyDelay; its error goes to onErr.
+func (w *writer) writeNext(fn writeFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		w.onErr(errClosed)
+		return
+	}
+	w.next = append(w.next, op{fn: fn, atomic: true})
+	w.arm()
+}
+
+// waiting takes the writes waiting for a write to carry them. w.mu
+// must be held.
+func (w *writer) waiting() []op {
+	fns := append(w.next, w.lazy...)
+	w.next, w.lazy = nil, nil
+	clear(w.open)
+	w.carryNext = false
+	return fns
+}
+
+// flushLazy commits the lazy and next writes that no write carried.
 func (w *writer) flushLazy() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.lazy) == 0 || w.closed {
+	if len(w.lazy)+len(w.next) == 0 || w.closed {
 		return
 	}
-	w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
-	w.lazy = nil
-	clear(w.open)
-	w.carryNext = false
+	w.queue <- writeReq{ctx: context.Background(), fns: w.waiting()}
 }
 
 // close commits what is queued and stops the writer goroutine.
@@ -278,10 +304,8 @@ func (w *writer) close() {
 		<-w.done
 		return
 	}
-	if len(w.lazy) > 0 {
-		w.queue <- writeReq{ctx: context.Background(), fns: w.lazy}
-		w.lazy = nil
-		clear(w.open)
+	if len(w.lazy)+len(w.next) > 0 {
+		w.queue <- writeReq{ctx: context.Background(), fns: w.waiting()}
 	}
 	w.closed = true
 	if w.timer != nil {
