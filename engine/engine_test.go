@@ -86,6 +86,18 @@ func newHarness(t *testing.T, p *scripted.Provider) *harness {
 	return h
 }
 
+// openStore opens a store on a new database file, closed when the test
+// ends.
+func openStore(t *testing.T) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 // newHarnessWith runs the engine over any model layer, such as a Router.
 func newHarnessWith(t *testing.T, p engine.Model) *harness {
 	t.Helper()
@@ -503,11 +515,7 @@ func TestResultsAreOnDiskBeforeUse(t *testing.T) {
 	} {
 		t.Run(tc.tool, func(t *testing.T) {
 			ctx := context.Background()
-			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st := openStore(t)
 			tools := &onDisk{st: st}
 			var atSecond []keel.EventType
 			p := scripted.New(nil,
@@ -522,11 +530,7 @@ func TestResultsAreOnDiskBeforeUse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if err := eng.Wait(wctx, r.ID); err != nil {
-				t.Fatal(err)
-			}
+			waitRun(t, eng, st, r.ID)
 			if got := journal(t, st, r.ID); got[len(got)-1].Type != keel.EventRunSucceeded {
 				t.Fatalf("journal = %v, want a succeeded run", types(got))
 			}
@@ -576,11 +580,7 @@ func TestReadOnlyStepIsOneCommit(t *testing.T) {
 	}{{"echo", 1}, {"write", 2}} {
 		t.Run(tc.tool, func(t *testing.T) {
 			ctx := context.Background()
-			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			st := openStore(t)
 			script := make([]scripted.Step, 0, steps+1)
 			for range steps {
 				script = append(script, scripted.CallTool(tc.tool, `{"text":"x"}`))
@@ -595,11 +595,7 @@ func TestReadOnlyStepIsOneCommit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if err := eng.Wait(wctx, r.ID); err != nil {
-				t.Fatal(err)
-			}
+			waitRun(t, eng, st, r.ID)
 			// The run's creation and start, a commit per step, the answer
 			// with the run's end; a lazy span flush may add one or two.
 			got := st.Commits() - before

@@ -564,11 +564,7 @@ func TestResumedBudgetCountsJournaledUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	eng, err := engine.New(engine.Config{Store: st, Model: r, Tools: &echoTools{}})
 	if err != nil {
 		t.Fatal(err)
