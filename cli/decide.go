@@ -83,27 +83,24 @@ func replayCmd() *cobra.Command {
 		Short: "Run a finished run again from its journal, calling no model and no tool, and check the events match",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			res, err := c.ReplayRun(cmd.Context(), keel.RunID(args[0]))
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd, res)
-			}
-			pr := &eventPrinter{w: cmd.OutOrStdout()}
-			for _, ev := range res.Events {
-				pr.print(ev)
-			}
-			if !res.Matches {
-				return &exitError{code: ExitFailure, err: fmt.Errorf("the replay differs from the journal: %s", res.Difference)}
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nreplay matches the journal (%d events; times and durations aside)\n", len(res.Events))
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				res, err := c.ReplayRun(cmd.Context(), keel.RunID(args[0]))
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd, res)
+				}
+				pr := &eventPrinter{w: cmd.OutOrStdout()}
+				for _, ev := range res.Events {
+					pr.print(ev)
+				}
+				if !res.Matches {
+					return &exitError{code: ExitFailure, err: fmt.Errorf("the replay differs from the journal: %s", res.Difference)}
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "\nreplay matches the journal (%d events; times and durations aside)\n", len(res.Events))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -129,33 +126,30 @@ func approvalCmd(approve bool) *cobra.Command {
 			if p.Arguments, err = jsonFlag("edit", edit); err != nil {
 				return err
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if p.ArgsSHA256 == "" {
-				det, err := c.GetRun(cmd.Context(), p.RunID)
+			return withClient(cmd, func(c *client.Client) error {
+				if p.ArgsSHA256 == "" {
+					det, err := c.GetRun(cmd.Context(), p.RunID)
+					if err != nil {
+						return err
+					}
+					for _, ev := range det.Events {
+						var d keel.ApprovalRequestData
+						if ev.Type == keel.EventApprovalAsked && json.Unmarshal(ev.Data, &d) == nil && d.Call.ID == p.CallID {
+							p.ArgsSHA256 = d.ArgsSHA256
+							fmt.Fprintf(cmd.OutOrStdout(), "call %s: %s %s\n", d.Call.ID, d.Call.Name, clip(string(d.Call.Arguments), 2000))
+						}
+					}
+					if p.ArgsSHA256 == "" {
+						return &exitError{code: ExitFailure, err: fmt.Errorf("run %s asked no approval for call %s", p.RunID, p.CallID)}
+					}
+				}
+				r, err := c.ApproveRun(cmd.Context(), p)
 				if err != nil {
 					return err
 				}
-				for _, ev := range det.Events {
-					var d keel.ApprovalRequestData
-					if ev.Type == keel.EventApprovalAsked && json.Unmarshal(ev.Data, &d) == nil && d.Call.ID == p.CallID {
-						p.ArgsSHA256 = d.ArgsSHA256
-						fmt.Fprintf(cmd.OutOrStdout(), "call %s: %s %s\n", d.Call.ID, d.Call.Name, clip(string(d.Call.Arguments), 2000))
-					}
-				}
-				if p.ArgsSHA256 == "" {
-					return &exitError{code: ExitFailure, err: fmt.Errorf("run %s asked no approval for call %s", p.RunID, p.CallID)}
-				}
-			}
-			r, err := c.ApproveRun(cmd.Context(), p)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "run %s: call %s %sd; the run goes on (now %s)\n", r.ID, p.CallID, use, r.Status)
-			return nil
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: call %s %sd; the run goes on (now %s)\n", r.ID, p.CallID, use, r.Status)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&sha, "sha256", "", "the arguments' hash as shown; default: the one the run asked about")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
@@ -174,50 +175,47 @@ func installCmd() *cobra.Command {
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, out, errw := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-			var info protocol.ToolInfo
-			if err := withProgress(errw, "validating and compiling "+filepath.Base(file), func() (err error) {
-				info, err = c.InspectTool(ctx, file)
-				return err
-			}); err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "%s %s (%s): %s\n", info.Name, info.Version, info.SideEffects, info.Description)
-			if info.Requests.Empty() {
-				fmt.Fprintln(out, "requests: nothing beyond its own memory, the clock and randomness")
-			} else {
-				fmt.Fprintln(out, "requests:")
-				describeGrants(out, "  ", info.Requests)
-			}
-			if all {
-				g = g.Add(capabilities.Grants{Network: info.Requests.Network, Env: info.Requests.Env})
-				for _, f := range info.Requests.FS {
-					if !slices.ContainsFunc(g.FS, func(x capabilities.FSGrant) bool { return x.GuestPath == f.GuestPath }) {
-						return &exitError{code: ExitUsage, err: fmt.Errorf("--grant-all cannot choose a host directory for %s: add --grant fs:%s=HOSTDIR", f.GuestPath, f.GuestPath)}
+			return withClient(cmd, func(c *client.Client) error {
+				ctx, out, errw := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+				var info protocol.ToolInfo
+				if err := withProgress(errw, "validating and compiling "+filepath.Base(file), func() (err error) {
+					info, err = c.InspectTool(ctx, file)
+					return err
+				}); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "%s %s (%s): %s\n", info.Name, info.Version, info.SideEffects, info.Description)
+				if info.Requests.Empty() {
+					fmt.Fprintln(out, "requests: nothing beyond its own memory, the clock and randomness")
+				} else {
+					fmt.Fprintln(out, "requests:")
+					describeGrants(out, "  ", info.Requests)
+				}
+				if all {
+					g = g.Add(capabilities.Grants{Network: info.Requests.Network, Env: info.Requests.Env})
+					for _, f := range info.Requests.FS {
+						if !slices.ContainsFunc(g.FS, func(x capabilities.FSGrant) bool { return x.GuestPath == f.GuestPath }) {
+							return &exitError{code: ExitUsage, err: fmt.Errorf("--grant-all cannot choose a host directory for %s: add --grant fs:%s=HOSTDIR", f.GuestPath, f.GuestPath)}
+						}
 					}
 				}
-			}
-			installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "installed %s (sha256 %s)\n", installed.Name, installed.SHA256)
-			if installed.Grants.Empty() {
-				fmt.Fprintln(out, "granted: nothing")
-			} else {
-				fmt.Fprintln(out, "granted:")
-				describeGrants(out, "  ", installed.Grants)
-			}
-			if missing := ungranted(installed.Requests, installed.Grants); !missing.Empty() {
-				fmt.Fprintf(out, "not granted (calls that need these fail with permission_denied; grant later with `keel tools grant %s SPEC`):\n", installed.Name)
-				describeGrants(out, "  ", missing)
-			}
-			return nil
+				installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "installed %s (sha256 %s)\n", installed.Name, installed.SHA256)
+				if installed.Grants.Empty() {
+					fmt.Fprintln(out, "granted: nothing")
+				} else {
+					fmt.Fprintln(out, "granted:")
+					describeGrants(out, "  ", installed.Grants)
+				}
+				if missing := ungranted(installed.Requests, installed.Grants); !missing.Empty() {
+					fmt.Fprintf(out, "not granted (calls that need these fail with permission_denied; grant later with `keel tools grant %s SPEC`):\n", installed.Name)
+					describeGrants(out, "  ", missing)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringArrayVar(&specs, "grant", nil, "grant one capability (repeatable; see --help)")
@@ -232,16 +230,13 @@ func removeCmd() *cobra.Command {
 		Short: "Uninstall a tool and forget its grants",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if err := c.RemoveTool(cmd.Context(), args[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				if err := c.RemoveTool(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
+				return nil
+			})
 		},
 	}
 }
@@ -257,18 +252,15 @@ func grantCmd() *cobra.Command {
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
-			describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
+				describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
+				return nil
+			})
 		},
 	}
 }
@@ -288,22 +280,19 @@ func revokeCmd() *cobra.Command {
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			info, err := c.RevokeTool(cmd.Context(), protocol.ToolsRevokeParams{Name: args[0], Grants: g, All: all})
-			if err != nil {
-				return err
-			}
-			if info.Grants.Empty() {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
+			return withClient(cmd, func(c *client.Client) error {
+				info, err := c.RevokeTool(cmd.Context(), protocol.ToolsRevokeParams{Name: args[0], Grants: g, All: all})
+				if err != nil {
+					return err
+				}
+				if info.Grants.Empty() {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
+					return nil
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
+				describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
 				return nil
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
-			describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
-			return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "revoke every grant")

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
@@ -30,54 +31,51 @@ func modelsListCmd() *cobra.Command {
 Exits 1 when a provider cannot be reached, after saying what to do about it.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			res, err := c.ListModels(cmd.Context())
-			if err != nil {
-				return err
-			}
-			healthy, errw := true, cmd.ErrOrStderr()
-			for _, p := range res.Providers {
-				switch {
-				case !p.Reachable:
-					healthy = false
-					fmt.Fprintf(errw, "provider %s (%s) unreachable: %s\n", p.Name, p.Endpoint, p.Error)
-					if p.Hint != "" {
-						fmt.Fprintf(errw, "  do: %s\n", p.Hint)
-					}
-				case p.Hint != "":
-					fmt.Fprintf(errw, "provider %s: %s\n", p.Name, p.Hint)
-				}
-			}
-			if asJSON {
-				if err := writeJSON(cmd, res); err != nil {
+			return withClient(cmd, func(c *client.Client) error {
+				res, err := c.ListModels(cmd.Context())
+				if err != nil {
 					return err
 				}
-			} else if len(res.Models) > 0 {
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tPROVIDER\tCAPABILITIES\tCONTEXT\tSIZE")
-				for _, m := range res.Models {
-					ctxLen := "-"
-					if m.ContextLength > 0 {
-						ctxLen = strconv.Itoa(m.ContextLength)
+				healthy, errw := true, cmd.ErrOrStderr()
+				for _, p := range res.Providers {
+					switch {
+					case !p.Reachable:
+						healthy = false
+						fmt.Fprintf(errw, "provider %s (%s) unreachable: %s\n", p.Name, p.Endpoint, p.Error)
+						if p.Hint != "" {
+							fmt.Fprintf(errw, "  do: %s\n", p.Hint)
+						}
+					case p.Hint != "":
+						fmt.Fprintf(errw, "provider %s: %s\n", p.Name, p.Hint)
 					}
-					size := "-"
-					if m.Size > 0 {
-						size = formatBytes(m.Size)
+				}
+				if asJSON {
+					if err := writeJSON(cmd, res); err != nil {
+						return err
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Provider, strings.Join(m.Capabilities, ","), ctxLen, size)
+				} else if len(res.Models) > 0 {
+					tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NAME\tPROVIDER\tCAPABILITIES\tCONTEXT\tSIZE")
+					for _, m := range res.Models {
+						ctxLen := "-"
+						if m.ContextLength > 0 {
+							ctxLen = strconv.Itoa(m.ContextLength)
+						}
+						size := "-"
+						if m.Size > 0 {
+							size = formatBytes(m.Size)
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Provider, strings.Join(m.Capabilities, ","), ctxLen, size)
+					}
+					if err := tw.Flush(); err != nil {
+						return err
+					}
 				}
-				if err := tw.Flush(); err != nil {
-					return err
+				if !healthy {
+					return &exitError{code: ExitFailure}
 				}
-			}
-			if !healthy {
-				return &exitError{code: ExitFailure}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

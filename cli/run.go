@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
@@ -28,54 +29,51 @@ func runCmd() *cobra.Command {
 			if timeout > 0 {
 				p.Policy.Deadline = time.Now().Add(timeout)
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx := cmd.Context()
-			if err := waitForTools(cmd, c); err != nil {
-				return err
-			}
-			run, err := c.StartRun(ctx, p)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "run %s (model %s)\n", run.ID, run.Model)
-			if _, err := c.Subscribe(ctx, run.ID, 0); err != nil {
-				return err
-			}
-			pr := &eventPrinter{w: out}
-			interrupted := ctx.Done()
-			var deadline <-chan time.Time
-			for {
-				select {
-				case ev, ok := <-c.Events():
-					if !ok {
-						return &exitError{code: ExitFailure, err: errors.New("connection to the daemon closed before the run ended; see `keel show " + string(run.ID) + "`")}
-					}
-					if ev.RunID != run.ID {
-						continue
-					}
-					pr.print(ev)
-					if code, done := endCode(ev.Type); done {
-						return &exitError{code: code}
-					}
-				case <-interrupted:
-					interrupted = nil
-					fmt.Fprintln(cmd.ErrOrStderr(), "\ncancelling run", run.ID)
-					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-					_, err := c.CancelRun(cctx, run.ID)
-					cancel()
-					if err != nil {
-						return &exitError{code: ExitCancelled, err: fmt.Errorf("cancel %s: %s", run.ID, describe(err))}
-					}
-					deadline = time.After(10 * time.Second)
-				case <-deadline:
-					return &exitError{code: ExitCancelled, err: fmt.Errorf("run %s did not confirm cancellation in time", run.ID)}
+			return withClient(cmd, func(c *client.Client) error {
+				ctx := cmd.Context()
+				if err := waitForTools(cmd, c); err != nil {
+					return err
 				}
-			}
+				run, err := c.StartRun(ctx, p)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				fmt.Fprintf(out, "run %s (model %s)\n", run.ID, run.Model)
+				if _, err := c.Subscribe(ctx, run.ID, 0); err != nil {
+					return err
+				}
+				pr := &eventPrinter{w: out}
+				interrupted := ctx.Done()
+				var deadline <-chan time.Time
+				for {
+					select {
+					case ev, ok := <-c.Events():
+						if !ok {
+							return &exitError{code: ExitFailure, err: errors.New("connection to the daemon closed before the run ended; see `keel show " + string(run.ID) + "`")}
+						}
+						if ev.RunID != run.ID {
+							continue
+						}
+						pr.print(ev)
+						if code, done := endCode(ev.Type); done {
+							return &exitError{code: code}
+						}
+					case <-interrupted:
+						interrupted = nil
+						fmt.Fprintln(cmd.ErrOrStderr(), "\ncancelling run", run.ID)
+						cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+						_, err := c.CancelRun(cctx, run.ID)
+						cancel()
+						if err != nil {
+							return &exitError{code: ExitCancelled, err: fmt.Errorf("cancel %s: %s", run.ID, describe(err))}
+						}
+						deadline = time.After(10 * time.Second)
+					case <-deadline:
+						return &exitError{code: ExitCancelled, err: fmt.Errorf("run %s did not confirm cancellation in time", run.ID)}
+					}
+				}
+			})
 		},
 	}
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")

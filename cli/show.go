@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/spf13/cobra"
 )
 
@@ -18,28 +19,25 @@ func runsCmd() *cobra.Command {
 		Short: "List runs, newest first",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			runs, err := c.ListRuns(cmd.Context(), limit)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd, runs)
-			}
-			if len(runs) == 0 {
-				fmt.Fprintln(cmd.OutOrStdout(), "no runs yet; start one with: keel run \"your goal\"")
-				return nil
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RUN\tKIND\tSTATUS\tMODEL\tSTARTED\tGOAL")
-			for _, r := range runs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kindLabel(r), r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
-			}
-			return tw.Flush()
+			return withClient(cmd, func(c *client.Client) error {
+				runs, err := c.ListRuns(cmd.Context(), limit)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd, runs)
+				}
+				if len(runs) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no runs yet; start one with: keel run \"your goal\"")
+					return nil
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "RUN\tKIND\tSTATUS\tMODEL\tSTARTED\tGOAL")
+				for _, r := range runs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kindLabel(r), r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "most runs to list")
@@ -54,58 +52,55 @@ func showCmd() *cobra.Command {
 		Short: "Show one run: its events and its trace spans with tokens and durations",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			d, err := c.GetRun(cmd.Context(), keel.RunID(args[0]))
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd, d)
-			}
-			out := cmd.OutOrStdout()
-			r := d.Run
-			fmt.Fprintf(out, "run     %s\nstatus  %s\nmodel   %s\ngoal    %s\nstarted %s\n", r.ID, r.Status, r.Model, r.Goal, r.CreatedAt.Local().Format(time.DateTime))
-			if r.Error != "" {
-				fmt.Fprintf(out, "reason  %s\n", r.Error)
-			}
-			printShape(cmd.Context(), c, out, d)
-			fmt.Fprintf(out, "\nevents (%d)\n", len(d.Events))
-			pr := &eventPrinter{w: out}
-			for _, ev := range d.Events {
-				pr.print(ev)
-			}
-			fmt.Fprintf(out, "\ntrace (%d spans)\n", len(d.Spans))
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "STEP\tKIND\tNAME\tSTATUS\tDURATION\tTTFT\tTOKENS IN\tTOKENS OUT\tCOST\tRETRIES\tERROR")
-			var in, outTok, retries int
-			var cost float64
-			var model, tool time.Duration
-			for _, s := range d.Spans {
-				name := s.Name
-				if s.Provider != "" {
-					name = s.Provider + "/" + s.Name
+			return withClient(cmd, func(c *client.Client) error {
+				d, err := c.GetRun(cmd.Context(), keel.RunID(args[0]))
+				if err != nil {
+					return err
 				}
-				ttft := "-"
-				if s.TTFT > 0 {
-					ttft = s.TTFT.Round(time.Millisecond).String()
+				if asJSON {
+					return writeJSON(cmd, d)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", s.Step, s.Kind, name, s.Status, s.Duration.Round(time.Microsecond), ttft,
-					s.PromptTokens, s.CompletionTokens, usd(s.CostUSD), s.Retries, clip(s.Error, 80))
-				in, outTok, cost, retries = in+s.PromptTokens, outTok+s.CompletionTokens, cost+s.CostUSD, retries+s.Retries
-				switch s.Kind {
-				case keel.SpanModelCall:
-					model += s.Duration
-				case keel.SpanToolCall:
-					tool += s.Duration
+				out := cmd.OutOrStdout()
+				r := d.Run
+				fmt.Fprintf(out, "run     %s\nstatus  %s\nmodel   %s\ngoal    %s\nstarted %s\n", r.ID, r.Status, r.Model, r.Goal, r.CreatedAt.Local().Format(time.DateTime))
+				if r.Error != "" {
+					fmt.Fprintf(out, "reason  %s\n", r.Error)
 				}
-			}
-			tw.Flush()
-			fmt.Fprintf(out, "total: %d tokens in, %d out, cost %s, %d retries; model time %s, tool time %s\n", in, outTok, usd(cost), retries, model.Round(time.Millisecond), tool.Round(time.Microsecond))
-			return nil
+				printShape(cmd.Context(), c, out, d)
+				fmt.Fprintf(out, "\nevents (%d)\n", len(d.Events))
+				pr := &eventPrinter{w: out}
+				for _, ev := range d.Events {
+					pr.print(ev)
+				}
+				fmt.Fprintf(out, "\ntrace (%d spans)\n", len(d.Spans))
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "STEP\tKIND\tNAME\tSTATUS\tDURATION\tTTFT\tTOKENS IN\tTOKENS OUT\tCOST\tRETRIES\tERROR")
+				var in, outTok, retries int
+				var cost float64
+				var model, tool time.Duration
+				for _, s := range d.Spans {
+					name := s.Name
+					if s.Provider != "" {
+						name = s.Provider + "/" + s.Name
+					}
+					ttft := "-"
+					if s.TTFT > 0 {
+						ttft = s.TTFT.Round(time.Millisecond).String()
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", s.Step, s.Kind, name, s.Status, s.Duration.Round(time.Microsecond), ttft,
+						s.PromptTokens, s.CompletionTokens, usd(s.CostUSD), s.Retries, clip(s.Error, 80))
+					in, outTok, cost, retries = in+s.PromptTokens, outTok+s.CompletionTokens, cost+s.CostUSD, retries+s.Retries
+					switch s.Kind {
+					case keel.SpanModelCall:
+						model += s.Duration
+					case keel.SpanToolCall:
+						tool += s.Duration
+					}
+				}
+				tw.Flush()
+				fmt.Fprintf(out, "total: %d tokens in, %d out, cost %s, %d retries; model time %s, tool time %s\n", in, outTok, usd(cost), retries, model.Round(time.Millisecond), tool.Round(time.Microsecond))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -20,55 +20,52 @@ func toolsCmd() *cobra.Command {
 		Short: "List installed tools with their schemas and grants",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			res, err := c.ToolsList(cmd.Context())
-			if err != nil {
-				return err
-			}
-			tools := res.Tools
-			if res.Compiling != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "compiling tools: %d of %d done; the list is partial\n", res.Compiling.Loaded, res.Compiling.Total)
-			}
-			if asJSON {
-				return writeJSON(cmd, tools)
-			}
-			out := cmd.OutOrStdout()
-			if len(tools) == 0 {
-				if res.Compiling == nil {
-					fmt.Fprintln(out, "no tools installed")
+			return withClient(cmd, func(c *client.Client) error {
+				res, err := c.ToolsList(cmd.Context())
+				if err != nil {
+					return err
+				}
+				tools := res.Tools
+				if res.Compiling != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "compiling tools: %d of %d done; the list is partial\n", res.Compiling.Loaded, res.Compiling.Total)
+				}
+				if asJSON {
+					return writeJSON(cmd, tools)
+				}
+				out := cmd.OutOrStdout()
+				if len(tools) == 0 {
+					if res.Compiling == nil {
+						fmt.Fprintln(out, "no tools installed")
+					}
+					return nil
+				}
+				for _, t := range tools {
+					fmt.Fprintf(out, "%s %s  (%s)\n  %s\n", t.Name, t.Version, t.SideEffects, t.Description)
+					if t.Grants.Empty() {
+						fmt.Fprintln(out, "  grants: none")
+					}
+					for _, g := range t.Grants.FS {
+						mode := "read-write"
+						if g.ReadOnly {
+							mode = "read-only"
+						}
+						fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, mode)
+					}
+					for _, n := range t.Grants.Network {
+						fmt.Fprintf(out, "  grants: network %s\n", n)
+					}
+					if missing := ungranted(t.Requests, t.Grants); !missing.Empty() {
+						fmt.Fprintln(out, "  requested but not granted (calls needing it fail):")
+						describeGrants(out, "    ", missing)
+					}
+					fmt.Fprintf(out, "  input:  %s\n", compact(t.InputSchema))
+					if len(t.OutputSchema) > 0 {
+						fmt.Fprintf(out, "  output: %s\n", compact(t.OutputSchema))
+					}
+					fmt.Fprintln(out)
 				}
 				return nil
-			}
-			for _, t := range tools {
-				fmt.Fprintf(out, "%s %s  (%s)\n  %s\n", t.Name, t.Version, t.SideEffects, t.Description)
-				if t.Grants.Empty() {
-					fmt.Fprintln(out, "  grants: none")
-				}
-				for _, g := range t.Grants.FS {
-					mode := "read-write"
-					if g.ReadOnly {
-						mode = "read-only"
-					}
-					fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, mode)
-				}
-				for _, n := range t.Grants.Network {
-					fmt.Fprintf(out, "  grants: network %s\n", n)
-				}
-				if missing := ungranted(t.Requests, t.Grants); !missing.Empty() {
-					fmt.Fprintln(out, "  requested but not granted (calls needing it fail):")
-					describeGrants(out, "    ", missing)
-				}
-				fmt.Fprintf(out, "  input:  %s\n", compact(t.InputSchema))
-				if len(t.OutputSchema) > 0 {
-					fmt.Fprintf(out, "  output: %s\n", compact(t.OutputSchema))
-				}
-				fmt.Fprintln(out)
-			}
-			return nil
+			})
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -85,37 +82,34 @@ func auditCmd() *cobra.Command {
 		Short: "Show the audit trail of tool calls: tool, version, hash, caller, arguments hash, grants, outcome, duration",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			recs, err := c.ToolAudit(cmd.Context(), tool, limit)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd, recs)
-			}
-			if len(recs) == 0 {
-				fmt.Fprintln(cmd.OutOrStdout(), "no tool calls recorded")
-				return nil
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TIME\tTOOL\tVERSION\tMODULE\tCALLER\tARGS\tGRANTS\tOUTCOME\tDURATION")
-			for _, r := range recs {
-				caller := "direct"
-				if r.RunID != "" {
-					caller = fmt.Sprintf("%s step %d", r.RunID, r.Step)
+			return withClient(cmd, func(c *client.Client) error {
+				recs, err := c.ToolAudit(cmd.Context(), tool, limit)
+				if err != nil {
+					return err
 				}
-				grants := strings.Join(r.Grants, ",")
-				if grants == "" {
-					grants = "none"
+				if asJSON {
+					return writeJSON(cmd, recs)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.DateTime), r.Tool, r.Version,
-					short(r.SHA256), caller, short(r.ArgsSHA256), grants, r.Outcome, r.Duration.Round(time.Microsecond))
-			}
-			return tw.Flush()
+				if len(recs) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no tool calls recorded")
+					return nil
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TIME\tTOOL\tVERSION\tMODULE\tCALLER\tARGS\tGRANTS\tOUTCOME\tDURATION")
+				for _, r := range recs {
+					caller := "direct"
+					if r.RunID != "" {
+						caller = fmt.Sprintf("%s step %d", r.RunID, r.Step)
+					}
+					grants := strings.Join(r.Grants, ",")
+					if grants == "" {
+						grants = "none"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.DateTime), r.Tool, r.Version,
+						short(r.SHA256), caller, short(r.ArgsSHA256), grants, r.Outcome, r.Duration.Round(time.Microsecond))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().StringVar(&tool, "tool", "", "only this tool's calls")
@@ -151,21 +145,18 @@ func callCmd() *cobra.Command {
 			if run != "" {
 				return runToolFor(cmd, run, args[0], json.RawMessage(args[1]))
 			}
-			c, err := connect(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if err := waitForTools(cmd, c); err != nil {
-				return err
-			}
-			res, err := c.CallTool(cmd.Context(), args[0], json.RawMessage(args[1]))
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), indent(res.Output))
-			fmt.Fprintf(cmd.ErrOrStderr(), "(%s in %dms)\n", args[0], res.DurationMS)
-			return nil
+			return withClient(cmd, func(c *client.Client) error {
+				if err := waitForTools(cmd, c); err != nil {
+					return err
+				}
+				res, err := c.CallTool(cmd.Context(), args[0], json.RawMessage(args[1]))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), indent(res.Output))
+				fmt.Fprintf(cmd.ErrOrStderr(), "(%s in %dms)\n", args[0], res.DurationMS)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&run, "run", "", "run the tool on behalf of this run, which you took over (keel takeover); the model reads the outcome when you hand it back")
