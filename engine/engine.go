@@ -221,6 +221,7 @@ func (e *Engine) Recover(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("recover: %w", err)
 	}
 	for _, r := range runs {
+		e.closeSpans(ctx, r.ID)
 		if _, err := e.appendEvent(ctx, r.ID, keel.EventRunInterrupted,
 			keel.RunEndData{Status: keel.RunInterrupted, Reason: "daemon stopped while the run was in flight"},
 			&keel.RunUpdate{Status: keel.RunInterrupted, Error: "daemon stopped while the run was in flight"}); err != nil {
@@ -228,6 +229,28 @@ func (e *Engine) Recover(ctx context.Context) (int, error) {
 		}
 	}
 	return len(runs), nil
+}
+
+// closeSpans ends the spans a crash left open in a run's trace (a model
+// call or tool call the daemon was in when it was killed) as failed, so
+// the trace shows where the run was cut off instead of a step that
+// never ends. They commit with the run.interrupted that follows.
+func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
+	spans, err := e.cfg.Store.Spans(ctx, id)
+	if err != nil {
+		e.log.Warn("read spans to close", "run", id, "err", err)
+		return
+	}
+	now := e.cfg.Now()
+	for _, sp := range spans {
+		if sp.Status != keel.SpanRunning {
+			continue
+		}
+		sp.Status, sp.Error, sp.Duration = keel.SpanError, "the daemon stopped before this ended", max(0, now.Sub(sp.Start))
+		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {
+			e.log.Warn("close a span", "run", id, "span", sp.ID, "err", err)
+		}
+	}
 }
 
 // StartRequest asks for a new run.

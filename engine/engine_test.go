@@ -373,6 +373,13 @@ func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
 	if _, err := st.Append(ctx, crashed.ID, keel.EventRunStarted, now, json.RawMessage(`{}`), &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
 		t.Fatal(err)
 	}
+	// It was killed during a model call: the call's span is open.
+	if err := st.StartSpan(ctx, keel.Span{ID: "span_cut", RunID: crashed.ID, Kind: keel.SpanModelCall, Name: "scripted", Step: 1, Start: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	eng2, _ := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}})
 	defer eng2.Close(ctx)
 	n, err := eng2.Recover(ctx)
@@ -382,6 +389,10 @@ func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
 	evs := journal(t, st, crashed.ID)
 	if len(evs) != 2 || evs[1].Type != keel.EventRunInterrupted || evs[1].Seq != 2 {
 		t.Errorf("journal after Recover = %v", types(evs))
+	}
+	// The span the crash cut off is closed, as failed, with the interruption.
+	if spans, err := st.Spans(ctx, crashed.ID); err != nil || len(spans) != 1 || spans[0].Status != keel.SpanError || !strings.Contains(spans[0].Error, "daemon stopped") {
+		t.Errorf("spans after Recover = %+v, %v; want the cut-off model call closed as failed", spans, err)
 	}
 	// An interrupted run can be cancelled for good.
 	if c, err := eng2.Cancel(ctx, crashed.ID); err != nil || c.Status != keel.RunCancelled {
