@@ -25,35 +25,48 @@ var methods map[string]methodFunc
 func init() {
 	// Assigned in init because initialize lists the table's own keys.
 	methods = map[string]methodFunc{
-		protocol.MethodInitialize:     handleInitialize,
-		protocol.MethodRunStart:       handleRunStart,
+		protocol.MethodInitialize:     typed(handleInitialize),
+		protocol.MethodRunStart:       typed(handleRunStart),
 		protocol.MethodRunCancel:      handleRunCancel,
-		protocol.MethodRunList:        handleRunList,
+		protocol.MethodRunList:        typed(handleRunList),
 		protocol.MethodRunGet:         handleRunGet,
-		protocol.MethodRunSubscribe:   handleRunSubscribe,
+		protocol.MethodRunSubscribe:   typed(handleRunSubscribe),
 		protocol.MethodRunUnsubscribe: handleRunUnsubscribe,
 		protocol.MethodToolsList:      handleToolsList,
-		protocol.MethodToolsCall:      handleToolsCall,
-		protocol.MethodToolsAudit:     handleToolsAudit,
-		protocol.MethodToolsInspect:   handleToolsInspect,
-		protocol.MethodToolsInstall:   handleToolsInstall,
-		protocol.MethodToolsRemove:    handleToolsRemove,
-		protocol.MethodToolsGrant:     handleToolsGrant,
-		protocol.MethodToolsRevoke:    handleToolsRevoke,
+		protocol.MethodToolsCall:      typed(handleToolsCall),
+		protocol.MethodToolsAudit:     typed(handleToolsAudit),
+		protocol.MethodToolsInspect:   typed(handleToolsInspect),
+		protocol.MethodToolsInstall:   typed(handleToolsInstall),
+		protocol.MethodToolsRemove:    typed(handleToolsRemove),
+		protocol.MethodToolsGrant:     typed(handleToolsGrant),
+		protocol.MethodToolsRevoke:    typed(handleToolsRevoke),
 		protocol.MethodEnvDescribe:    handleEnvDescribe,
 		protocol.MethodModelsList:     handleModelsList,
-		protocol.MethodModelsPull:     handleModelsPull,
-		protocol.MethodModelsChat:     handleModelsChat,
-		protocol.MethodRunDecide:      handleRunDecide,
+		protocol.MethodModelsPull:     typed(handleModelsPull),
+		protocol.MethodModelsChat:     typed(handleModelsChat),
+		protocol.MethodRunDecide:      typed(handleRunDecide),
 		protocol.MethodRunPause:       onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.PauseRun(ctx, id) }),
 		protocol.MethodRunResume:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ResumeRun(ctx, id) }),
 		protocol.MethodRunReplay:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ReplayRun(ctx, id) }),
-		protocol.MethodRunApprove:     handleRunApprove,
-		protocol.MethodRunSay:         handleRunSay,
+		protocol.MethodRunApprove:     typed(handleRunApprove),
+		protocol.MethodRunSay:         typed(handleRunSay),
 		protocol.MethodRunTakeOver:    handleRunControl((RunSteerer).TakeOverRun),
 		protocol.MethodRunHandBack:    handleRunControl((RunSteerer).HandBackRun),
-		protocol.MethodRunTool:        handleRunTool,
-		protocol.MethodRunFork:        handleRunFork,
+		protocol.MethodRunTool:        typed(handleRunTool),
+		protocol.MethodRunFork:        typed(handleRunFork),
+	}
+}
+
+// typed makes a method of a handler that takes its params decoded:
+// params that are not the method's JSON object fail with invalid params
+// before the handler runs.
+func typed[P any](h func(context.Context, *conn, P) (any, error)) methodFunc {
+	return func(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
+		var p P
+		if err := decodeParams(params, &p); err != nil {
+			return nil, err
+		}
+		return h(ctx, c, p)
 	}
 }
 
@@ -88,11 +101,7 @@ func (s *Server) methodNames() []string {
 	return names
 }
 
-func handleInitialize(_ context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.InitializeParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleInitialize(_ context.Context, c *conn, p protocol.InitializeParams) (any, error) {
 	if p.Client != "" {
 		c.log.Debug("ipc: initialize", logKeyClient, p.Client)
 	}
@@ -104,11 +113,7 @@ func handleInitialize(_ context.Context, c *conn, params json.RawMessage) (any, 
 	}, nil
 }
 
-func handleRunStart(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunStartParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunStart(ctx context.Context, c *conn, p protocol.RunStartParams) (any, error) {
 	if strings.TrimSpace(p.Goal) == "" {
 		return nil, paramError("goal", "must not be empty")
 	}
@@ -138,11 +143,7 @@ func handleRunCancel(ctx context.Context, c *conn, params json.RawMessage) (any,
 	return c.s.b.CancelRun(ctx, id)
 }
 
-func handleRunList(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunListParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunList(ctx context.Context, c *conn, p protocol.RunListParams) (any, error) {
 	if p.Limit < 0 || p.Limit > maxListLimit {
 		return nil, paramError("limit", fmt.Sprintf("must be between 0 and %d", maxListLimit))
 	}
@@ -176,11 +177,7 @@ func handleRunGet(ctx context.Context, c *conn, params json.RawMessage) (any, er
 	return protocol.RunDetail{Run: run, Events: nonNil(events), Spans: nonNil(spans)}, nil
 }
 
-func handleRunSubscribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.SubscribeParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunSubscribe(ctx context.Context, c *conn, p protocol.SubscribeParams) (any, error) {
 	if p.RunID == "" {
 		return nil, paramError("run_id", "must not be empty")
 	}
@@ -216,11 +213,7 @@ func handleToolsList(ctx context.Context, c *conn, params json.RawMessage) (any,
 	return res, nil
 }
 
-func handleToolsCall(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsCallParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsCall(ctx context.Context, c *conn, p protocol.ToolsCallParams) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
@@ -235,11 +228,7 @@ func handleToolsCall(ctx context.Context, c *conn, params json.RawMessage) (any,
 	return protocol.ToolsCallResult{Output: out, DurationMS: time.Since(start).Milliseconds()}, nil
 }
 
-func handleToolsAudit(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsAuditParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsAudit(ctx context.Context, c *conn, p protocol.ToolsAuditParams) (any, error) {
 	if p.Limit < 0 || p.Limit > 1000 {
 		return nil, paramError("limit", "must be between 0 and 1000")
 	}
@@ -266,33 +255,21 @@ func checkToolPath(p string) error {
 	return nil
 }
 
-func handleToolsInspect(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsInspectParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsInspect(ctx context.Context, c *conn, p protocol.ToolsInspectParams) (any, error) {
 	if err := checkToolPath(p.Path); err != nil {
 		return nil, err
 	}
 	return c.s.b.InspectTool(ctx, p.Path)
 }
 
-func handleToolsInstall(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsInstallParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsInstall(ctx context.Context, c *conn, p protocol.ToolsInstallParams) (any, error) {
 	if err := checkToolPath(p.Path); err != nil {
 		return nil, err
 	}
 	return c.s.b.InstallTool(ctx, p)
 }
 
-func handleToolsRemove(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolRef
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsRemove(ctx context.Context, c *conn, p protocol.ToolRef) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
@@ -302,11 +279,7 @@ func handleToolsRemove(ctx context.Context, c *conn, params json.RawMessage) (an
 	return struct{}{}, nil
 }
 
-func handleToolsGrant(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsGrantParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsGrant(ctx context.Context, c *conn, p protocol.ToolsGrantParams) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
@@ -316,11 +289,7 @@ func handleToolsGrant(ctx context.Context, c *conn, params json.RawMessage) (any
 	return c.s.b.GrantTool(ctx, p)
 }
 
-func handleToolsRevoke(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ToolsRevokeParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleToolsRevoke(ctx context.Context, c *conn, p protocol.ToolsRevokeParams) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
@@ -361,11 +330,7 @@ func handleModelsList(ctx context.Context, c *conn, params json.RawMessage) (any
 // request's id; they are queued before the response, so they all arrive
 // before it. A models.pull sent as a notification has no id to carry,
 // and pulls without progress.
-func handleModelsPull(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ModelsPullParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleModelsPull(ctx context.Context, c *conn, p protocol.ModelsPullParams) (any, error) {
 	if strings.TrimSpace(p.Name) == "" {
 		return nil, paramError("name", "must not be empty")
 	}
@@ -385,11 +350,7 @@ func handleModelsPull(ctx context.Context, c *conn, params json.RawMessage) (any
 	return protocol.ModelsPullResult{Name: p.Name}, nil
 }
 
-func handleModelsChat(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.ModelsChatParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleModelsChat(ctx context.Context, c *conn, p protocol.ModelsChatParams) (any, error) {
 	if len(p.Messages) == 0 {
 		return nil, paramError("messages", "must not be empty")
 	}
@@ -446,11 +407,7 @@ func (co *coalescer) flush() {
 	}
 }
 
-func handleRunDecide(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunDecideParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunDecide(ctx context.Context, c *conn, p protocol.RunDecideParams) (any, error) {
 	switch {
 	case p.RunID == "":
 		return nil, paramError("run_id", "must not be empty")
@@ -476,11 +433,7 @@ func handleRunControl(f func(RunSteerer, context.Context, protocol.RunControlPar
 	}
 }
 
-func handleRunTool(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunToolParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunTool(ctx context.Context, c *conn, p protocol.RunToolParams) (any, error) {
 	switch {
 	case p.RunID == "":
 		return nil, paramError("run_id", "must not be empty")
@@ -492,11 +445,7 @@ func handleRunTool(ctx context.Context, c *conn, params json.RawMessage) (any, e
 	return c.s.b.(RunSteerer).RunToolFor(ctx, p)
 }
 
-func handleRunFork(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunForkParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunFork(ctx context.Context, c *conn, p protocol.RunForkParams) (any, error) {
 	switch {
 	case p.RunID == "":
 		return nil, paramError("run_id", "must not be empty")
@@ -506,11 +455,7 @@ func handleRunFork(ctx context.Context, c *conn, params json.RawMessage) (any, e
 	return c.s.b.(RunSteerer).ForkRun(ctx, p)
 }
 
-func handleRunSay(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunSayParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunSay(ctx context.Context, c *conn, p protocol.RunSayParams) (any, error) {
 	switch {
 	case p.RunID == "":
 		return nil, paramError("run_id", "must not be empty")
@@ -520,11 +465,7 @@ func handleRunSay(ctx context.Context, c *conn, params json.RawMessage) (any, er
 	return c.s.b.(RunController).SayToRun(ctx, p.RunID, p.Message)
 }
 
-func handleRunApprove(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	var p protocol.RunApproveParams
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
+func handleRunApprove(ctx context.Context, c *conn, p protocol.RunApproveParams) (any, error) {
 	switch {
 	case p.RunID == "":
 		return nil, paramError("run_id", "must not be empty")
