@@ -181,9 +181,9 @@ func (w *writer) write(ctx context.Context, fn writeFunc) error {
 	return w.writeOp(ctx, op{fn: fn}, false)
 }
 
-// writeOp is write for an op, which may be atomic. With carry, or when
-// lazyMax of them are waiting, the lazy writes queued before it commit
-// with it.
+// writeOp is write for an op, which may be atomic. The next writes
+// queued before it commit with it; with carry, or when lazyMax of them
+// are waiting, so do the lazy ones.
 func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 	done := make(chan error, 1)
 	w.mu.Lock()
@@ -191,13 +191,11 @@ func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 		w.mu.Unlock()
 		return errClosed
 	}
-	fns := w.next
-	w.next = nil
+	var fns []op
 	if carry || w.carryNext || len(w.lazy) >= lazyMax {
-		fns = append(fns, w.lazy...)
-		w.lazy = nil
-		clear(w.open)
-		w.carryNext = false
+		fns = w.waiting()
+	} else {
+		fns, w.next = w.next, nil
 	}
 	fns = append(fns, o)
 	// Sent under the lock, so that writes reach the queue in the order
