@@ -16,7 +16,7 @@
 //     and then answers, so a run makes n steps (model calls), each
 //     journaled with its tool call and result before the run goes on. One
 //     run: time per step and per journaled event, each run paired with
-//     floor commits taken just before it (the median of 9). C runs
+//     floor commits taken just before it (the median of -reps). C runs
 //     started together, for each C in -c: steps and events per second.
 //     Then the time to resume -resume interrupted
 //     runs (engine.New and Resume until every one has succeeded), and, at
@@ -35,7 +35,7 @@
 // LangGraph.js step / floor, and keel ÷ LangGraph.js steps per second with
 // C concurrent runs.
 //
-//	go run ./bench/durable [-n 50] [-c 100,1000] [-dir DIR] [-skip-langgraph]
+//	go run ./bench/durable [-n 50] [-c 100,1000] [-reps 15] [-sync FULL,NORMAL] [-dir DIR] [-skip-langgraph]
 package main
 
 import (
@@ -58,20 +58,24 @@ type config struct {
 	conc     []int         // concurrent runs, one measurement each
 	dir      string        // where database files go; "" is a new temporary directory
 	floor    int           // commits timed for the floor
+	reps     int           // single runs timed, each paired with floor commits
 	waiting  int           // runs waiting for approval
 	resume   int           // interrupted runs resumed
 	budget   time.Duration // longest projected concurrent measurement
 	lgDir    string        // the LangGraph.js benchmark
 	skipLang bool
+	syncs    []string // synchronous settings, one column each
 }
 
 func main() {
 	var cfg config
-	var conc string
+	var conc, syncs string
 	flag.IntVar(&cfg.n, "n", 50, "steps per run (keel: model calls, at most engine.MaxStepsLimit; LangGraph.js: nodes)")
 	flag.StringVar(&conc, "c", "100,1000", "comma-separated counts of concurrent runs")
+	flag.StringVar(&syncs, "sync", "FULL,NORMAL", "comma-separated synchronous settings to measure at")
 	flag.StringVar(&cfg.dir, "dir", "", "directory for the database files (default: a new directory in the system's temporary directory)")
 	flag.IntVar(&cfg.floor, "floor", 2000, "commits timed for the floor")
+	flag.IntVar(&cfg.reps, "reps", 15, "single runs timed, each right after its own floor commits (the median is reported)")
 	flag.IntVar(&cfg.waiting, "waiting", 1000, "runs waiting for approval, for the memory per waiting run")
 	flag.IntVar(&cfg.resume, "resume", 100, "interrupted runs to resume")
 	flag.DurationVar(&cfg.budget, "budget", 3*time.Minute, "skip a concurrent measurement projected to take longer")
@@ -97,6 +101,14 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.conc = append(cfg.conc, c)
+	}
+	for _, s := range strings.Split(syncs, ",") {
+		s = strings.ToUpper(strings.TrimSpace(s))
+		if s != "FULL" && s != "NORMAL" {
+			fmt.Fprintf(os.Stderr, "durable: -sync %q: want FULL, NORMAL or both\n", syncs)
+			os.Exit(2)
+		}
+		cfg.syncs = append(cfg.syncs, s)
 	}
 	if err := run(cfg); err != nil {
 		pprof.StopCPUProfile()
@@ -148,7 +160,7 @@ func run(cfg config) error {
 	}
 
 	var cols []*column
-	for _, sync := range []string{"FULL", "NORMAL"} {
+	for _, sync := range cfg.syncs {
 		col, err := measureColumn(ctx, cfg, dir, lgDir, sync)
 		if err != nil {
 			return fmt.Errorf("synchronous=%s: %w", sync, err)
@@ -182,7 +194,7 @@ func measureColumn(ctx context.Context, cfg config, dir, lgDir, sync string) (*c
 		return nil, fmt.Errorf("floor: %w", err)
 	}
 	progress("%s: keel, one run of %d steps", sync, cfg.n)
-	if col.keel, err = measureKeelOne(ctx, dir, sync, cfg.n, 9, f); err != nil {
+	if col.keel, err = measureKeelOne(ctx, dir, sync, cfg.n, cfg.reps, f); err != nil {
 		return nil, fmt.Errorf("keel, one run: %w", err)
 	}
 	// Each side's rate at the previous concurrency projects the next.

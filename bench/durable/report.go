@@ -22,7 +22,7 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	fmt.Println()
 
 	row := func(label string, f func(c *column) string) {
-		fmt.Printf("%-52s", label)
+		fmt.Printf("%-64s", label)
 		for _, c := range cols {
 			fmt.Printf(" %20s", f(c))
 		}
@@ -54,14 +54,14 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 	row("keel, one run: per commit", func(c *column) string {
 		return dur(time.Duration(float64(c.keel.perStep) * float64(cfg.n) / float64(c.keel.commits)))
 	})
-	row("keel step / floor mean (target ≤ 1.2 at FULL)", func(c *column) string {
+	row("keel step / floor mean (unpaired)", func(c *column) string {
 		return ratio(float64(c.keel.perStep), float64(c.floor.mean))
 	})
 	row("keel commit / floor mean", func(c *column) string {
 		return ratio(float64(c.keel.perStep)*float64(cfg.n)/float64(c.keel.commits), float64(c.floor.mean))
 	})
-	row("keel step / floor, paired (median of 9)", func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.stepRatio) })
-	row("keel commit / floor, paired (median of 9)", func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.commitRatio) })
+	row(fmt.Sprintf("keel step / floor, paired, median of %d (target ≤ 1.2 at FULL)", cfg.reps), func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.stepRatio) })
+	row(fmt.Sprintf("keel commit / floor, paired, median of %d", cfg.reps), func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.commitRatio) })
 	row("LangGraph.js step / floor mean", lg(func(c *column) string {
 		return ratio(c.lg.Single.MSPerStep*float64(time.Millisecond), float64(c.floor.mean))
 	}))
