@@ -9,11 +9,12 @@
 // nothing, a power cut may lose the last commits. keel's promise that a
 // journaled tool result is never requested again rests on FULL.)
 //
-// Group commit: every write runs on one writer goroutine that owns the
-// writer connection (SQLite allows one writer at a time; queueing in Go
-// avoids SQLITE_BUSY storms). It commits whatever writes are queued when
-// it becomes free in one transaction, so that concurrent runs share an
-// fsync; one failing write undoes only itself (journal appends and span
+// Group commit: all writes go through one writer connection, one commit
+// at a time (SQLite allows one writer at a time; queueing in Go avoids
+// SQLITE_BUSY storms). A write that finds the writer idle is committed by
+// its caller's goroutine; writes that arrive during a commit are committed
+// together by the writer's goroutine once it ends, so that concurrent runs
+// share an fsync while a lone run pays no goroutine switch; one failing write undoes only itself (journal appends and span
 // writes are atomic alone, other writes run in a savepoint). The writer
 // keeps running runs' heads (last sequence number, status) in memory and
 // drops them when anything fails, so an append reads nothing; AppendAll

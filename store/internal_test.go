@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,5 +161,145 @@ func TestAppendAllUndoesItsInserts(t *testing.T) {
 	}
 	if fmt.Sprint(seqs) != "[1 6]" {
 		t.Errorf("after the failed append, events %v are stored, want [1 6]: none of the append's", seqs)
+	}
+}
+
+// goid is the calling goroutine's ID, from its stack's first line.
+func goid() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	f := strings.Fields(string(buf))
+	return f[1] // "goroutine N [running]:"
+}
+
+// TestWhoCommits: a write that finds the writer idle is committed on its
+// caller's goroutine; writes queued during a commit wait for it to end
+// and are then committed together, on another goroutine, in order; once
+// they are done the writer is idle again; Close commits what is queued.
+func TestWhoCommits(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nop := func(context.Context, *wtx) error { return nil }
+
+	var ran string
+	if err := s.wr.write(ctx, func(context.Context, *wtx) error { ran = goid(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if me := goid(); ran != me {
+		t.Errorf("a lone write ran on goroutine %s, want its caller's (%s)", ran, me)
+	}
+
+	// One write holds the writer; 20 more queue behind it.
+	hold, held := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- s.wr.write(ctx, func(context.Context, *wtx) error { close(held); <-hold; return nil })
+	}()
+	<-held
+	const n = 20
+	var (
+		mu      sync.Mutex
+		order   []int
+		callers = map[string]bool{}
+		runners = map[string]bool{}
+	)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			mu.Lock()
+			callers[goid()] = true
+			mu.Unlock()
+			errs <- s.wr.write(ctx, func(context.Context, *wtx) error {
+				mu.Lock()
+				defer mu.Unlock()
+				order = append(order, i)
+				runners[goid()] = true
+				return nil
+			})
+		}()
+		// Queue them one at a time, so their order is known.
+		for {
+			s.wr.mu.Lock()
+			queued := len(s.wr.pending)
+			s.wr.mu.Unlock()
+			if queued == i+1 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	mu.Lock()
+	if len(order) != 0 {
+		t.Errorf("%d writes ran while another write's commit was under way", len(order))
+	}
+	mu.Unlock()
+	before := s.Commits()
+	close(hold)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Commits() - before; got != 2 {
+		t.Errorf("the held write and the %d queued behind it took %d commits, want 2", n, got)
+	}
+	if fmt.Sprint(order) != fmt.Sprint([]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}) {
+		t.Errorf("queued writes ran in order %v, want the order they were queued in", order)
+	}
+	for g := range runners {
+		if callers[g] {
+			t.Errorf("a queued write ran on a caller's goroutine (%s), want the writer's", g)
+		}
+	}
+
+	if err := s.wr.write(ctx, func(context.Context, *wtx) error { ran = goid(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if me := goid(); ran != me {
+		t.Errorf("after the queue drained, a lone write ran on goroutine %s, want its caller's (%s)", ran, me)
+	}
+
+	// Close while a commit is under way and a write is queued: both commit.
+	hold, held = make(chan struct{}), make(chan struct{})
+	go func() {
+		first <- s.wr.write(ctx, func(context.Context, *wtx) error { close(held); <-hold; return nil })
+	}()
+	<-held
+	go func() { errs <- s.wr.write(ctx, nop) }()
+	for {
+		s.wr.mu.Lock()
+		queued := len(s.wr.pending)
+		s.wr.mu.Unlock()
+		if queued == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a commit was under way", err)
+	default:
+	}
+	close(hold)
+	if err := <-first; err != nil {
+		t.Errorf("the write under way at Close: %v", err)
+	}
+	if err := <-errs; err != nil {
+		t.Errorf("the write queued at Close: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.wr.write(ctx, nop); !errors.Is(err, errClosed) {
+		t.Errorf("a write after Close = %v, want errClosed", err)
 	}
 }
