@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,7 +70,17 @@ var insertEvents = func() (qs [4]string) {
 	return qs
 }()
 
-var hotStatements = append([]string{qRunHead, qDeleteEvents, qUpdateRun, qInsertSpan, qFinishSpan, qInsertAudit}, insertEvents[:]...)
+// insertSpans[n-1] inserts n spans in one statement; the writer inserts
+// the spans that wait together (see writer.commit), up to
+// len(insertSpans) at a time.
+var insertSpans = func() (qs [8]string) {
+	for i := range qs {
+		qs[i] = qInsertSpan + strings.Repeat(`, (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, i)
+	}
+	return qs
+}()
+
+var hotStatements = slices.Concat([]string{qRunHead, qDeleteEvents, qUpdateRun, qFinishSpan, qInsertAudit}, insertEvents[:], insertSpans[:])
 
 // Open opens or creates the database at path and applies pending
 // migrations, with the default Options.
@@ -484,17 +495,24 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 	// Only what is known at the start; FinishSpan adds the rest.
 	sp = keel.Span{ID: sp.ID, RunID: sp.RunID, Kind: sp.Kind, Name: sp.Name, Step: sp.Step, Start: sp.Start, Status: keel.SpanRunning}
-	s.wr.startSpan(sp, func(sp *keel.Span) writeFunc {
-		return func(ctx context.Context, tx *wtx) error {
-			_, err := tx.ExecContext(ctx, qInsertSpan,
-				sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), int64(sp.Duration), string(sp.Status), sp.Error,
-				sp.PromptTokens, sp.CompletionTokens, sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs))
-			if err != nil {
-				return fmt.Errorf("start span %s: %w", sp.ID, mapErr(err))
-			}
-			return nil
+	s.wr.startSpan(sp)
+	return nil
+}
+
+// insertSpanRows inserts spans, which must be at most len(insertSpans),
+// in one statement: all of them or, if it fails, none.
+func insertSpanRows(ctx context.Context, tx *wtx, spans []*keel.Span) error {
+	args := make([]any, 0, 17*len(spans))
+	for _, sp := range spans {
+		args = append(args, sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), int64(sp.Duration), string(sp.Status), sp.Error,
+			sp.PromptTokens, sp.CompletionTokens, sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs))
+	}
+	if _, err := tx.ExecContext(ctx, insertSpans[len(spans)-1], args...); err != nil {
+		if len(spans) == 1 {
+			return fmt.Errorf("start span %s: %w", spans[0].ID, mapErr(err))
 		}
-	})
+		return fmt.Errorf("start spans %s to %s: %w", spans[0].ID, spans[len(spans)-1].ID, mapErr(err))
+	}
 	return nil
 }
 

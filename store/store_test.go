@@ -691,3 +691,68 @@ func TestWALStaysBounded(t *testing.T) {
 		t.Errorf("after %d MB of events: database file %d MB, WAL %d MB; want most in the database and a WAL reused, not grown", written>>20, db>>20, wal>>20)
 	}
 }
+
+// TestSpansWaitingTogetherFailAlone: spans that wait are inserted several
+// to a statement; one that cannot be stored (its run does not exist)
+// fails alone, its error goes to OnLazyError, and every other span, in
+// the same statement or not, is stored with what it finished with.
+func TestSpansWaitingTogetherFailAlone(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var lazyErrs []error
+	s, err := store.OpenWith(ctx, filepath.Join(t.TempDir(), "keel.db"), store.Options{OnLazyError: func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lazyErrs = append(lazyErrs, err)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateRun(ctx, newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Unix(1700000000, 0).UTC()
+	const n = 21 // more than one statement's worth
+	for i := range n {
+		sp := keel.Span{ID: fmt.Sprintf("s%02d", i), RunID: "a", Kind: keel.SpanToolCall, Name: "t", Step: i, Start: start.Add(time.Duration(i) * time.Second)}
+		if i == 5 {
+			sp.RunID = "nope"
+		}
+		if err := s.StartSpan(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		sp.Status, sp.Duration, sp.PromptTokens = keel.SpanOK, time.Millisecond, i
+		if err := s.FinishSpan(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spans, err := s.Spans(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sp := range spans {
+		if sp.Status != keel.SpanOK || sp.PromptTokens != sp.Step || sp.Duration != time.Millisecond {
+			t.Errorf("span %s stored as %+v, want it finished", sp.ID, sp)
+		}
+		got = append(got, sp.ID)
+	}
+	var want []string
+	for i := range n {
+		if i != 5 {
+			want = append(want, fmt.Sprintf("s%02d", i))
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("spans stored %v, want %v", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lazyErrs) != 1 || !strings.Contains(lazyErrs[0].Error(), "s05") {
+		t.Errorf("lazy errors %v, want one, for span s05", lazyErrs)
+	}
+}

@@ -67,6 +67,9 @@ var errAbort = errors.New("the transaction was rolled back")
 type op struct {
 	fn     writeFunc
 	atomic bool
+	// span is set for a lazy span insert (fn inserts it alone): the
+	// writer inserts consecutive ones several rows to a statement.
+	span *keel.Span
 }
 
 // wtx is the writer's transaction as writes see it. The writer holds its
@@ -280,11 +283,12 @@ type spanKey struct {
 }
 
 // startSpan queues the insert of sp as a lazy write.
-func (w *writer) startSpan(sp keel.Span, insert func(*keel.Span) writeFunc) {
+func (w *writer) startSpan(sp keel.Span) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p := &sp
-	if w.queueLazy(insert(p)) {
+	insert := func(ctx context.Context, tx *wtx) error { return insertSpanRows(ctx, tx, []*keel.Span{p}) }
+	if w.queueLazy(op{fn: insert, atomic: true, span: p}) {
 		w.open[spanKey{sp.RunID, sp.ID}] = p
 	}
 }
@@ -302,19 +306,19 @@ func (w *writer) finishSpan(sp keel.Span, withNext bool, finish func(open *keel.
 		delete(w.open, k)
 		return
 	}
-	w.queueLazy(update)
+	w.queueLazy(op{fn: update, atomic: true})
 }
 
-// queueLazy queues fn, which must be atomic, to be committed with a
+// queueLazy queues o, which must be atomic, to be committed with a
 // write that carries it, or within lazyDelay; its error, if any, goes to
-// the writer's onErr. It reports whether fn was queued. w.mu must be
+// the writer's onErr. It reports whether o was queued. w.mu must be
 // held.
-func (w *writer) queueLazy(fn writeFunc) bool {
+func (w *writer) queueLazy(o op) bool {
 	if w.closed {
 		w.onErr(errClosed)
 		return false
 	}
-	w.lazy = append(w.lazy, op{fn: fn, atomic: true})
+	w.lazy = append(w.lazy, o)
 	w.arm()
 	return true
 }
@@ -413,7 +417,15 @@ func (w *writer) commit(batch []writeReq) {
 		single := len(batch) == 1 && len(batch[0].fns) == 1
 		failed := false
 		for i, req := range batch {
-			for j, o := range req.fns {
+			for j := 0; j < len(req.fns); j++ {
+				if k := spanRun(req.fns[j:]); k > 1 {
+					if spanRows(req.ctx, tx, req.fns[j:j+k]) == nil {
+						j += k - 1
+						continue
+					}
+					// Insert them one by one, so that only the failing ones fail.
+				}
+				o := req.fns[j]
 				if single || o.atomic {
 					errs[i][j] = o.fn(req.ctx, tx)
 				} else {
@@ -460,6 +472,25 @@ func (w *writer) commit(batch []writeReq) {
 			req.done <- nil
 		}
 	}
+}
+
+// spanRun is how many span inserts fns starts with, up to
+// len(insertSpans).
+func spanRun(fns []op) int {
+	k := 0
+	for k < len(fns) && k < len(insertSpans) && fns[k].span != nil {
+		k++
+	}
+	return k
+}
+
+// spanRows inserts the spans of fns, span inserts all, in one statement.
+func spanRows(ctx context.Context, tx *wtx, fns []op) error {
+	spans := make([]*keel.Span, len(fns))
+	for i, o := range fns {
+		spans[i] = o.span
+	}
+	return insertSpanRows(ctx, tx, spans)
 }
 
 // savepoint runs fn inside a savepoint of tx, undone if fn fails.
