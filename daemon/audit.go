@@ -37,6 +37,12 @@ func (a *auditedTools) Specs() []keel.ToolSpec {
 	return a.reg.Specs()
 }
 
+// Loading reports whether Specs would wait for tools still compiling.
+func (a *auditedTools) Loading() bool {
+	_, _, ready := a.reg.Progress()
+	return !ready
+}
+
 func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	sum := sha256.Sum256(input)
 	rec := keel.ToolAudit{Time: time.Now().UTC(), Tool: name, ArgsSHA256: hex.EncodeToString(sum[:])}

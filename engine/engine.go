@@ -50,9 +50,20 @@ type Model interface {
 
 // Tools runs tools. Call validates input against the tool's schema and
 // returns a *keel.ToolError on failure.
+//
+// Specs may wait for tools that are still loading. A Tools that can wait
+// also implements Loading, so that Start never does: Start journals a
+// run's start with its creation, in one commit, when Specs would not
+// wait, and otherwise leaves the run queued for its loop to start.
 type Tools interface {
 	Specs() []keel.ToolSpec
 	Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+}
+
+// Loading is implemented by Tools whose Specs may wait: it reports
+// whether Specs would wait now.
+type Loading interface {
+	Loading() bool
 }
 
 // Config configures an Engine. Store, Model and Tools are required.
@@ -319,7 +330,8 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	e.wg.Add(1)
 	e.mu.Unlock()
 
-	if err := e.create(ctx, &run, plan); err != nil {
+	fresh, err := e.create(ctx, &run, plan)
+	if err != nil {
 		e.finish(run.ID)
 		cancel(nil)
 		if req.IdempotencyKey != "" && errors.Is(err, keel.ErrConflict) {
@@ -331,7 +343,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
-		e.loop(runCtx, run, true)
+		e.loop(runCtx, run, fresh)
 	}()
 	return run, nil
 }
@@ -357,7 +369,7 @@ func (e *Engine) launch(run keel.Run) error {
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
-		e.loop(runCtx, run, false)
+		e.loop(runCtx, run, nil)
 	}()
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -614,5 +615,90 @@ func TestReadOnlyStepIsOneCommit(t *testing.T) {
 				t.Errorf("%d steps calling %s took %d commits, want %d to %d", steps, tc.tool, got, lo, hi)
 			}
 		})
+	}
+}
+
+// loadingTools are echoTools whose Specs wait until loaded is closed, as
+// the daemon's do while tools compile.
+type loadingTools struct {
+	echoTools
+	loaded chan struct{}
+}
+
+func (t *loadingTools) Loading() bool {
+	select {
+	case <-t.loaded:
+		return false
+	default:
+		return true
+	}
+}
+
+func (t *loadingTools) Specs() []keel.ToolSpec {
+	<-t.loaded
+	return t.echoTools.Specs()
+}
+
+// TestStartJournalsTheStartWithTheCreation: when the tools are known
+// without waiting, Start stores the run with its run.started, listing
+// them, in one commit, and returns it running; while they load, Start
+// does not wait for them: the run is returned queued and its loop
+// journals run.started once they are there.
+func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	tools := &loadingTools{loaded: make(chan struct{})}
+	eng, err := engine.New(engine.Config{Store: st, Model: scripted.New(nil, scripted.Repeat(scripted.Answer("done"))), Tools: tools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close(ctx)
+
+	started := make(chan keel.Run, 1)
+	go func() {
+		r, err := eng.Start(ctx, engine.StartRequest{Goal: "while loading"})
+		if err != nil {
+			t.Error(err)
+		}
+		started <- r
+	}()
+	var loading keel.Run
+	select {
+	case loading = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start waited for the tools to load")
+	}
+	if loading.Status != keel.RunQueued || loading.LastSeq != 0 {
+		t.Errorf("run started while tools load: status %s, last seq %d; want queued, 0", loading.Status, loading.LastSeq)
+	}
+	close(tools.loaded)
+	if r := waitRun(t, eng, st, loading.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run started while tools load ended %s (%s)", r.Status, r.Error)
+	}
+
+	before := st.Commits()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "loaded"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Commits() - before; got != 1 {
+		t.Errorf("Start took %d commits, want 1", got)
+	}
+	if r.Status != keel.RunRunning || r.LastSeq != 1 {
+		t.Errorf("run started with tools loaded: status %s, last seq %d; want running, 1", r.Status, r.LastSeq)
+	}
+	waitRun(t, eng, st, r.ID)
+	for _, id := range []keel.RunID{loading.ID, r.ID} {
+		evs, err := st.Events(ctx, id, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var data keel.RunStartedData
+		if evs[0].Type != keel.EventRunStarted || json.Unmarshal(evs[0].Data, &data) != nil || strings.Join(data.Tools, ",") != "echo,slow,write" {
+			t.Errorf("run %s starts with %s %s, want run.started listing echo, slow and write", id, evs[0].Type, evs[0].Data)
+		}
+		if n := slices.IndexFunc(evs[1:], func(ev keel.Event) bool { return ev.Type == keel.EventRunStarted }); n >= 0 {
+			t.Errorf("run %s journals run.started twice", id)
+		}
 	}
 }

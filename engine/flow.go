@@ -223,36 +223,52 @@ func clonePlan(p keel.Plan) keel.Plan {
 
 // create stores a new run. A DAG run is stored with its start and its
 // plan (revision 0) in the same transaction, so that no crash can leave
-// it without the plan it must resume from; *run is then as stored.
-func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) error {
-	if plan == nil {
-		return e.cfg.Store.CreateRun(ctx, *run)
-	}
+// it without the plan it must resume from; an agent run with its start,
+// when its tools are known without waiting (see Loading), which saves
+// the run a commit. *run is then as stored, and the run's loop is told
+// what was journaled.
+func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) (*created, error) {
 	var evs []keel.Event
-	for _, ev := range []struct {
-		typ  keel.EventType
-		data any
-	}{
-		{keel.EventRunStarted, keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: planTools(*plan), MaxSteps: run.MaxSteps}},
-		{keel.EventPlanProposed, keel.PlanData{Plan: *plan}},
-	} {
-		raw, err := json.Marshal(ev.data)
-		if err != nil {
-			return fmt.Errorf("encode %s: %w", ev.typ, err)
+	fresh := &created{}
+	switch {
+	case plan != nil:
+		for _, ev := range []struct {
+			typ  keel.EventType
+			data any
+		}{
+			{keel.EventRunStarted, keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: planTools(*plan), MaxSteps: run.MaxSteps}},
+			{keel.EventPlanProposed, keel.PlanData{Plan: *plan}},
+		} {
+			raw, err := json.Marshal(ev.data)
+			if err != nil {
+				return nil, fmt.Errorf("encode %s: %w", ev.typ, err)
+			}
+			evs = append(evs, keel.Event{Type: ev.typ, Time: e.cfg.Now(), Data: raw})
 		}
-		evs = append(evs, keel.Event{Type: ev.typ, Time: e.cfg.Now(), Data: raw})
+	case run.KindOrAgent() == keel.KindAgent && !e.toolsLoading():
+		fresh.started, fresh.specs = true, toolsFor(*run, e.cfg.Tools.Specs())
+		raw, err := json.Marshal(startedData(*run, fresh.specs))
+		if err != nil {
+			return nil, fmt.Errorf("encode %s: %w", keel.EventRunStarted, err)
+		}
+		evs = append(evs, keel.Event{Type: keel.EventRunStarted, Time: e.cfg.Now(), Data: raw})
+	default:
+		return fresh, e.cfg.Store.CreateRun(ctx, *run)
 	}
 	stored, err := e.cfg.Store.CreateRunWith(ctx, *run, evs, &keel.RunUpdate{Status: keel.RunRunning})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	e.publish(stored...)
-	r, err := e.cfg.Store.GetRun(ctx, run.ID)
-	if err != nil {
-		return err
-	}
-	*run = r
-	return nil
+	last := stored[len(stored)-1]
+	run.Status, run.LastSeq, run.UpdatedAt = keel.RunRunning, last.Seq, last.Time
+	return fresh, nil
+}
+
+// toolsLoading reports whether the engine's Tools.Specs would wait.
+func (e *Engine) toolsLoading() bool {
+	l, ok := e.cfg.Tools.(Loading)
+	return ok && l.Loading()
 }
 
 // planTools is every tool some step of plan may use, sorted.

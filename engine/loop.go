@@ -13,13 +13,20 @@ import (
 	"github.com/keel-runtime/keel/models"
 )
 
-// loop drives one run to an end, starting from what its journal holds.
-// A run Start just created (created true) has journaled nothing, so
-// there is nothing to read back: not its journal, not what it spent. It
+// created is what Start hands the loop of a run it just created: it has
+// journaled nothing, or only its run.started (started), so there is
+// nothing to read back, not its journal, not what it spent.
+type created struct {
+	started bool
+	specs   []keel.ToolSpec // the run's tools, when started
+}
+
+// loop drives one run to an end, starting from what its journal holds,
+// or from nothing for a run Start just created (fresh not nil). It
 // returns when the run reached a terminal state, waits for a human, or
 // was interrupted by shutdown; every exit path journals exactly one
 // event that says so.
-func (e *Engine) loop(ctx context.Context, run keel.Run, created bool) {
+func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	if run.KindOrAgent() != keel.KindAgent {
 		e.flow(ctx, run)
 		return
@@ -28,7 +35,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, created bool) {
 	ctx, cancelDeadline := withDeadline(ctx, run)
 	defer cancelDeadline()
 	j, err := e.newJournal(run), error(nil)
-	if !created {
+	if fresh == nil {
 		j, err = e.restore(ctx, run)
 	}
 	if err != nil {
@@ -36,16 +43,15 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, created bool) {
 		e.end(ctx, run.ID, err)
 		return
 	}
-	specs := toolsFor(run, e.cfg.Tools.Specs())
-	if j.fresh {
-		names := make([]string, len(specs))
-		for i, s := range specs {
-			names[i] = s.Name
-		}
-		_, err = e.appendEvent(ctx, run.ID, keel.EventRunStarted,
-			keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: names, MaxSteps: run.MaxSteps},
-			&keel.RunUpdate{Status: keel.RunRunning})
-	} else {
+	var specs []keel.ToolSpec
+	switch {
+	case fresh != nil && fresh.started:
+		specs = fresh.specs
+	case j.fresh:
+		specs = toolsFor(run, e.cfg.Tools.Specs())
+		_, err = e.appendEvent(ctx, run.ID, keel.EventRunStarted, startedData(run, specs), &keel.RunUpdate{Status: keel.RunRunning})
+	default:
+		specs = toolsFor(run, e.cfg.Tools.Specs())
 		_, err = e.appendEvent(ctx, run.ID, keel.EventRunResumed, keel.RunResumedData{FromSeq: j.lastSeq, Step: j.step},
 			&keel.RunUpdate{Status: keel.RunRunning})
 	}
@@ -55,7 +61,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, created bool) {
 	}
 	var tokens int64
 	var usd float64
-	if !created {
+	if fresh == nil {
 		tokens, usd = e.spent(ctx, run.ID)
 	}
 	budget := models.NewBudget("run", models.Limits{Tokens: run.Policy.BudgetTokens, CostUSD: run.Policy.BudgetUSD}, tokens, usd)
@@ -359,6 +365,15 @@ func (e *Engine) end(ctx context.Context, id keel.RunID, err error, result ...st
 		return
 	}
 	e.log.Info("run ended", "run", id, "status", data.Status)
+}
+
+// startedData is what run.started says of run, which may use specs.
+func startedData(run keel.Run, specs []keel.ToolSpec) keel.RunStartedData {
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	return keel.RunStartedData{Goal: run.Goal, Model: run.Model, Tools: names, MaxSteps: run.MaxSteps}
 }
 
 // toolsFor returns the specs of the tools run may use: all of them, or
