@@ -12,18 +12,21 @@
 // Group commit: all writes go through one writer connection, one commit
 // at a time (SQLite allows one writer at a time; queueing in Go avoids
 // SQLITE_BUSY storms). A write that finds the writer idle is committed by
-// its caller's goroutine; writes that arrive during a commit are committed
-// together by the writer's goroutine once it ends, so that concurrent runs
-// share an fsync while a lone run pays no goroutine switch; one failing write undoes only itself (journal appends and span
+// its caller's goroutine; writes that arrive during a commit are
+// committed together by the writer's goroutine once it ends, so that
+// concurrent runs share an fsync while a lone run pays no goroutine
+// switch. One failing write undoes only itself (journal appends and span
 // writes are atomic alone, other writes run in a savepoint). The writer
 // keeps running runs' heads (last sequence number, status) in memory and
 // drops them when anything fails, so an append reads nothing; AppendAll
 // journals several events of a run in one transaction. Trace spans are
-// written lazily: they commit with the next write that changes a run's
-// status, with Sync, or on their own after a short delay
+// written lazily: they commit right after the next write that changes a
+// run's status (which does not wait for them), with Sync, or on their
+// own after a short delay, and Spans reads those still waiting too
 // (FinishSpanWithNext: with the next write of any kind); a span finished
 // before its start was committed is written once. The audit records of
-// runs' tool calls commit with the next write of any kind. Reads use a separate pool and see committed data only.
+// runs' tool calls commit with the next write of any kind. Reads use a
+// separate pool and see committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;
 // a full disk is reported as ErrDiskFull. A Store is safe for concurrent use.

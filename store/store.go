@@ -292,10 +292,16 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	if err != nil {
 		return nil, err
 	}
-	// A status change (a run waiting or ending) carries the trace spans
-	// and audit records queued so far: whoever looks at the run then
-	// finds its trace complete.
-	if err := s.wr.writeOp(ctx, o, upd != nil); err != nil {
+	// A status change (a run waiting or ending) has the trace spans
+	// queued so far committed right after it, without waiting for them:
+	// the run's end reaches its watchers sooner by the time its trace
+	// takes to write (a millisecond or two for fifty steps), and Spans
+	// waits for them, so whoever reads the trace then finds it complete.
+	c := carryNone
+	if upd != nil {
+		c = carryAfter
+	}
+	if err := s.wr.writeOp(ctx, o, c); err != nil {
 		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
 	}
 	return out, nil
@@ -556,11 +562,17 @@ func (s *Store) Commits() int64 { return s.wr.commits.Load() }
 // Sync commits every lazy write queued so far and returns once they are
 // on disk.
 func (s *Store) Sync(ctx context.Context) error {
-	return s.wr.writeOp(ctx, op{fn: func(context.Context, *wtx) error { return nil }, atomic: true}, true)
+	return s.wr.writeOp(ctx, op{fn: func(context.Context, *wtx) error { return nil }, atomic: true}, carryWith)
 }
 
 // Spans returns the run's spans in start order.
 func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
+	// Spans still waiting to be written, or being written, are read too.
+	if !s.wr.settled() {
+		if err := s.Sync(ctx); err != nil {
+			return nil, fmt.Errorf("spans of %s: %w", id, err)
+		}
+	}
 	rows, err := s.r.QueryContext(ctx, `SELECT id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
 		provider, cost_usd, ttft, retries, finish_reason, attrs
 		FROM spans WHERE run_id = ? ORDER BY start, id`, string(id))

@@ -27,8 +27,8 @@ import (
 //
 // Trace spans are written lazily (see queueLazy): they wait, lazyDelay
 // at most, for a write that changes a run's status (a run waiting or
-// ending) or for Sync, and commit with it, or on their own when the wait
-// is over. (The audit records of runs' tool calls wait only for the next
+// ending), and commit right after it (carryAfter), or with Sync, or on
+// their own when the wait is over. (The audit records of runs' tool calls wait only for the next
 // write of any kind: see writeNext.) So a run's
 // spans reach the disk a few steps at a time, filling a page, instead of
 // rewriting the run's last span page at every step; a crash can lose
@@ -122,6 +122,7 @@ type writeReq struct {
 	fns   []op
 	done  chan error
 	flush bool
+	after bool // queued by carryAfter; counted in flushing
 }
 
 // writer is the state of group commit.
@@ -153,9 +154,13 @@ type writer struct {
 	// next holds writes that commit with the next write of any kind, or
 	// within lazyDelay (see QueueToolCall); unlike carryNext, they do
 	// not bring the lazy writes along.
-	next   []op
-	timer  *time.Timer
-	closed bool
+	next []op
+	// flushing counts the flushes queued by carryAfter and not yet
+	// committed.
+	flushing int
+	delay    time.Duration // lazyDelay, but for tests
+	timer    *time.Timer
+	closed   bool
 }
 
 // newWriter sets up group commit on db (one connection, idle), preparing
@@ -169,7 +174,7 @@ func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error))
 	if err != nil {
 		return nil, fmt.Errorf("writer connection: %w", mapErr(err))
 	}
-	w := &writer{conn: conn, onErr: onErr, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
+	w := &writer{conn: conn, onErr: onErr, delay: lazyDelay, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
 	w.idle = sync.NewCond(&w.mu)
 	w.kick = make(chan struct{}, 1)
 	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w", qBegin, qCommit, qRollback) {
@@ -192,25 +197,44 @@ var errClosed = errors.New("store is closed")
 // write runs fn in the next transaction and returns fn's outcome once
 // the transaction is committed.
 func (w *writer) write(ctx context.Context, fn writeFunc) error {
-	return w.writeOp(ctx, op{fn: fn}, false)
+	return w.writeOp(ctx, op{fn: fn}, carryNone)
 }
 
+// carry says what a write does with the lazy writes waiting (see
+// writeOp).
+type carry int
+
+const (
+	// carryNone leaves them waiting, unless lazyMax of them are.
+	carryNone carry = iota
+	// carryWith commits them in the write's own transaction, before it.
+	carryWith
+	// carryAfter commits them right after the write, in the next
+	// transaction, which its caller does not wait for.
+	carryAfter
+)
+
 // writeOp is write for an op, which may be atomic. The next writes
-// queued before it commit with it; with carry, or when lazyMax of them
-// are waiting, so do the lazy ones.
-func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
+// queued before it commit with it; the lazy ones as c says, and with it
+// when a FinishSpanWithNext asked for that or lazyMax of them wait.
+func (w *writer) writeOp(ctx context.Context, o op, c carry) error {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return errClosed
 	}
 	var fns []op
-	if carry || w.carryNext || len(w.lazy) >= lazyMax {
+	var after *writeReq
+	switch {
+	case c == carryWith || w.carryNext || len(w.lazy) >= lazyMax:
 		fns = w.waiting()
-	} else {
+	case c == carryAfter && len(w.lazy) > 0:
+		fns, w.next = w.next, nil
+		after = &writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}
+	default:
 		fns, w.next = w.next, nil
 	}
-	return w.submit(writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o)})
+	return w.submit(writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o)}, after)
 }
 
 // submit queues req and waits until it is committed, committing it
@@ -219,17 +243,20 @@ func (w *writer) writeOp(ctx context.Context, o op, carry bool) error {
 // here). Writes that arrive while a commit is under way wait for the
 // next one, which the writer's own goroutine (drain) makes, taking every
 // write queued by then: concurrent writes share one commit, and no
-// caller is kept committing for others. w.mu must be held; submit
-// releases it.
-func (w *writer) submit(req writeReq) error {
+// caller is kept committing for others. after, if not nil, is queued
+// behind req, to commit in the next transaction (or in req's, when req
+// had to queue), without its caller waiting for it. w.mu must be held;
+// submit releases it.
+func (w *writer) submit(req writeReq, after *writeReq) error {
 	req.done = make(chan error, 1)
 	w.pending = append(w.pending, req)
+	w.queueAfter(after)
 	if w.leading {
 		w.mu.Unlock()
 		return <-req.done
 	}
 	w.leading = true
-	batch := w.take()
+	batch := w.take(req.done)
 	w.mu.Unlock()
 	w.commit(batch)
 	w.mu.Lock()
@@ -243,11 +270,22 @@ func (w *writer) submit(req writeReq) error {
 	return <-req.done
 }
 
+// queueAfter queues a flush that no caller waits for. w.mu must be held.
+func (w *writer) queueAfter(req *writeReq) {
+	if req == nil {
+		return
+	}
+	req.done, req.after = make(chan error, 1), true
+	w.pending = append(w.pending, *req)
+	w.flushing++
+}
+
 // take removes the next batch from pending: the writes queued first, up
-// to maxBatch of them (at least one). w.mu must be held.
-func (w *writer) take() []writeReq {
+// to maxBatch of them (at least one), ending with the one whose done is
+// last, if not nil. w.mu must be held.
+func (w *writer) take(last chan error) []writeReq {
 	n, k := 0, 0
-	for k < len(w.pending) && (k == 0 || n+len(w.pending[k].fns) <= maxBatch) {
+	for k < len(w.pending) && (k == 0 || n+len(w.pending[k].fns) <= maxBatch) && (k == 0 || w.pending[k-1].done != last) {
 		n += len(w.pending[k].fns)
 		k++
 	}
@@ -269,7 +307,7 @@ func (w *writer) drain() {
 				w.mu.Unlock()
 				break
 			}
-			batch := w.take()
+			batch := w.take(nil)
 			w.mu.Unlock()
 			w.commit(batch)
 		}
@@ -327,9 +365,9 @@ func (w *writer) queueLazy(o op) bool {
 // within lazyDelay, when the first of them is queued. w.mu must be held.
 func (w *writer) arm() {
 	if w.timer == nil {
-		w.timer = time.AfterFunc(lazyDelay, w.flushLazy)
+		w.timer = time.AfterFunc(w.delay, w.flushLazy)
 	} else if len(w.lazy)+len(w.next) == 1 {
-		w.timer.Reset(lazyDelay)
+		w.timer.Reset(w.delay)
 	}
 }
 
@@ -356,6 +394,13 @@ func (w *writer) waiting() []op {
 	return fns
 }
 
+// settled reports whether every lazy write queued so far is committed.
+func (w *writer) settled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lazy)+len(w.next) == 0 && w.flushing == 0
+}
+
 // flushLazy commits the lazy and next writes that no write carried.
 func (w *writer) flushLazy() {
 	w.mu.Lock()
@@ -363,7 +408,7 @@ func (w *writer) flushLazy() {
 		w.mu.Unlock()
 		return
 	}
-	_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true})
+	_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}, nil)
 }
 
 // close commits what is queued and waits for the last commit to end;
@@ -382,7 +427,7 @@ func (w *writer) close() {
 		w.timer.Stop()
 	}
 	if len(w.lazy)+len(w.next) > 0 {
-		_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true})
+		_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}, nil)
 		w.mu.Lock()
 	}
 	for w.leading {
@@ -471,6 +516,17 @@ func (w *writer) commit(batch []writeReq) {
 		if req.flush {
 			req.done <- nil
 		}
+	}
+	afters := 0
+	for _, req := range batch {
+		if req.after {
+			afters++
+		}
+	}
+	if afters > 0 {
+		w.mu.Lock()
+		w.flushing -= afters
+		w.mu.Unlock()
 	}
 }
 

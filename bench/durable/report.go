@@ -61,6 +61,7 @@ func report(cfg config, dir, where string, cols []*column, wait keelWaiting) {
 		return ratio(float64(c.keel.perStep)*float64(cfg.n)/float64(c.keel.commits), float64(c.floor.mean))
 	})
 	row(fmt.Sprintf("keel step / floor, paired, median of %d (target ≤ 1.2 at FULL)", cfg.reps), func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.stepRatio) })
+	row(fmt.Sprintf("same, until the run's trace is on disk too, median of %d", cfg.reps), func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.tracedRatio) })
 	row(fmt.Sprintf("keel commit / floor, paired, median of %d", cfg.reps), func(c *column) string { return fmt.Sprintf("%.2fx", c.keel.commitRatio) })
 	row("LangGraph.js step / floor mean", lg(func(c *column) string {
 		return ratio(c.lg.Single.MSPerStep*float64(time.Millisecond), float64(c.floor.mean))
