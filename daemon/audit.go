@@ -37,6 +37,11 @@ func (a *auditedTools) Specs() []keel.ToolSpec {
 	return a.reg.Specs()
 }
 
+// SideEffects returns a loaded tool's side-effect class.
+func (a *auditedTools) SideEffects(name string) (keel.SideEffect, bool) {
+	return a.reg.SideEffects(name)
+}
+
 // Loading reports whether Specs would wait for tools still compiling.
 func (a *auditedTools) Loading() bool {
 	_, _, ready := a.reg.Progress()

@@ -21,12 +21,8 @@ func argsHash(args json.RawMessage) string {
 // needsApproval reports whether a call of tool name must be approved by a
 // person first (Config.RequireApproval names its side-effect class).
 func (e *Engine) needsApproval(name string) (keel.SideEffect, bool) {
-	for _, s := range e.cfg.Tools.Specs() {
-		if s.Name == name {
-			return s.SideEffects, slices.Contains(e.cfg.RequireApproval, s.SideEffects)
-		}
-	}
-	return "", false
+	class, ok := e.sideEffects(name)
+	return class, ok && slices.Contains(e.cfg.RequireApproval, class)
 }
 
 // gate applies approvals to a call about to run. It returns the call to

@@ -60,6 +60,13 @@ type Tools interface {
 	Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
 }
 
+// SideEffecter is implemented by Tools that can say one tool's
+// side-effect class without listing every spec; the engine asks it at
+// every tool step (whether the call may run twice).
+type SideEffecter interface {
+	SideEffects(name string) (keel.SideEffect, bool)
+}
+
 // Loading is implemented by Tools whose Specs may wait: it reports
 // whether Specs would wait now.
 type Loading interface {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -700,5 +701,60 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 		if n := slices.IndexFunc(evs[1:], func(ev keel.Event) bool { return ev.Type == keel.EventRunStarted }); n >= 0 {
 			t.Errorf("run %s journals run.started twice", id)
 		}
+	}
+}
+
+// classTools are echoTools that also say each tool's side effects on
+// their own, and count how often they list their specs.
+type classTools struct {
+	echoTools
+	specs atomic.Int64
+}
+
+func (t *classTools) Specs() []keel.ToolSpec {
+	t.specs.Add(1)
+	return t.echoTools.Specs()
+}
+
+func (t *classTools) SideEffects(name string) (keel.SideEffect, bool) {
+	for _, s := range t.echoTools.Specs() {
+		if s.Name == name {
+			return s.SideEffects, true
+		}
+	}
+	return "", false
+}
+
+// TestToolStepsAskOneToolsClass: with Tools that say one tool's side
+// effects (SideEffecter), tool steps ask that instead of listing every
+// spec: a run of six read-only calls lists the specs once, at its start,
+// and still commits each step once.
+func TestToolStepsAskOneToolsClass(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	const steps = 6
+	script := make([]scripted.Step, 0, steps+1)
+	for range steps {
+		script = append(script, scripted.CallTool("echo", `{"text":"x"}`))
+	}
+	tools := &classTools{}
+	eng, err := engine.New(engine.Config{Store: st, Model: scripted.New(nil, append(script, scripted.Answer("done"))...), Tools: tools, DefaultMaxSteps: steps + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close(ctx)
+	before := st.Commits()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "ask classes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st, r.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run ended %s (%s)", r.Status, r.Error)
+	}
+	if n := tools.specs.Load(); n != 1 {
+		t.Errorf("a run of %d tool steps listed the specs %d times, want 1", steps, n)
+	}
+	if got := st.Commits() - before; got < steps+2 || got > steps+5 {
+		t.Errorf("%d read-only steps took %d commits, want %d to %d", steps, got, steps+2, steps+5)
 	}
 }

@@ -613,6 +613,16 @@ func (r *Registry) Tool(name string) (Tool, bool) {
 	return t.info.clone(), true
 }
 
+// SideEffects returns the side-effect class of the loaded tool name,
+// and whether there is one. Unlike Tool, it copies nothing.
+func (r *Registry) SideEffects(name string) (keel.SideEffect, bool) {
+	t, ok := r.set.Load().tools[name]
+	if !ok {
+		return "", false
+	}
+	return t.info.Spec.SideEffects, true
+}
+
 // Specs returns the specs of the loaded tools sorted by name.
 func (r *Registry) Specs() []keel.ToolSpec {
 	set := r.set.Load()

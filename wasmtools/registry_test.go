@@ -69,6 +69,9 @@ func TestOpenListsTools(t *testing.T) {
 		if tool.Spec.SideEffects != wantSE {
 			t.Errorf("%s: side effects %q, want %s", tool.Spec.Name, tool.Spec.SideEffects, wantSE)
 		}
+		if se, ok := r.SideEffects(tool.Spec.Name); !ok || se != wantSE {
+			t.Errorf("SideEffects(%s) = %q, %v; want %s, true", tool.Spec.Name, se, ok, wantSE)
+		}
 		if tool.Spec.Description == "" || tool.Spec.Version == "" {
 			t.Errorf("%s: description %q version %q, want both", tool.Spec.Name, tool.Spec.Description, tool.Spec.Version)
 		}
@@ -99,6 +102,9 @@ func TestOpenListsTools(t *testing.T) {
 		t.Errorf("readfile input schema = %s, want an object schema", readfile.Spec.InputSchema)
 	}
 
+	if se, ok := r.SideEffects("nope"); ok {
+		t.Errorf("SideEffects(nope) = %q, true; want false", se)
+	}
 	specs := r.Specs()
 	for i := range tools {
 		if diff := cmp.Diff(tools[i].Spec, specs[i]); diff != "" {
