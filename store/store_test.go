@@ -173,31 +173,46 @@ func TestConcurrentAppendsAreGapless(t *testing.T) {
 	}
 }
 
-func TestSpansAndStatusQueries(t *testing.T) {
-	ctx := context.Background()
+// openCollecting opens a store on a new file whose lazy-write errors are
+// kept; lazyErrs syncs the store and returns (and forgets) those so far.
+func openCollecting(t *testing.T) (s *store.Store, lazyErrs func() []error) {
+	t.Helper()
 	var mu sync.Mutex
-	var lazyErrs []error
-	s, err := store.OpenWith(ctx, filepath.Join(t.TempDir(), "keel.db"), store.Options{OnLazyError: func(err error) {
+	var errs []error
+	s, err := store.OpenWith(context.Background(), filepath.Join(t.TempDir(), "keel.db"), store.Options{OnLazyError: func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
-		lazyErrs = append(lazyErrs, err)
+		errs = append(errs, err)
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	lazyErr := func() error {
+	return s, func() []error {
 		t.Helper()
-		if err := s.Sync(ctx); err != nil {
+		if err := s.Sync(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if len(lazyErrs) == 0 {
+		out := errs
+		errs = nil
+		return out
+	}
+}
+
+func TestSpansAndStatusQueries(t *testing.T) {
+	ctx := context.Background()
+	s, lazyErrs := openCollecting(t)
+	var pending []error
+	lazyErr := func() error {
+		t.Helper()
+		pending = append(pending, lazyErrs()...)
+		if len(pending) == 0 {
 			return nil
 		}
-		err := lazyErrs[0]
-		lazyErrs = lazyErrs[1:]
+		err := pending[0]
+		pending = pending[1:]
 		return err
 	}
 	for _, id := range []string{"a", "b"} {
@@ -709,17 +724,7 @@ func TestWALStaysBounded(t *testing.T) {
 // the same statement or not, is stored with what it finished with.
 func TestSpansWaitingTogetherFailAlone(t *testing.T) {
 	ctx := context.Background()
-	var mu sync.Mutex
-	var lazyErrs []error
-	s, err := store.OpenWith(ctx, filepath.Join(t.TempDir(), "keel.db"), store.Options{OnLazyError: func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		lazyErrs = append(lazyErrs, err)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, lazyErrs := openCollecting(t)
 	if err := s.CreateRun(ctx, newRun("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -761,9 +766,7 @@ func TestSpansWaitingTogetherFailAlone(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("spans stored %v, want %v", got, want)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(lazyErrs) != 1 || !strings.Contains(lazyErrs[0].Error(), "s05") {
-		t.Errorf("lazy errors %v, want one, for span s05", lazyErrs)
+	if errs := lazyErrs(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "s05") {
+		t.Errorf("lazy errors %v, want one, for span s05", errs)
 	}
 }
