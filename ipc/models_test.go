@@ -13,11 +13,12 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
 func TestModelsList(t *testing.T) {
-	ts := startServer(t, newFake(), ipc.Config{})
+	ts := startServer(t, ipctest.New(), ipc.Config{})
 	c := dial(t, ts)
 	var res protocol.ModelsListResult
 	c.callOK(protocol.MethodModelsList, nil, &res)
@@ -57,7 +58,7 @@ var progressSteps = []protocol.ModelsPullProgress{
 // carrying the request's id, to the connection that asked for it, before
 // the response, and to no other connection.
 func TestModelsPullProgress(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	var (
 		mu     sync.Mutex
 		pulled []string
@@ -67,7 +68,7 @@ func TestModelsPullProgress(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(pulled)
 	}
-	f.pullModel = func(_ context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+	f.OnPullModel = func(_ context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
 		mu.Lock()
 		pulled = append(pulled, name)
 		mu.Unlock()
@@ -132,8 +133,8 @@ func TestModelsPullErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFake()
-			f.err["PullModel"] = tt.err
+			f := ipctest.New()
+			f.Err["PullModel"] = tt.err
 			c := dial(t, startServer(t, f, ipc.Config{}))
 			m := c.call(protocol.MethodModelsPull, protocol.ModelsPullParams{Name: "x"})
 			if m.Error == nil || m.Error.Code != tt.wantCode || m.Error.Message != tt.err.Error() {
@@ -149,8 +150,8 @@ func TestModelsPullErrors(t *testing.T) {
 func TestModelsPullSlowClient(t *testing.T) {
 	const n = 400
 	status := fmt.Sprintf("pulling %04000d", 0) // 4 KiB a frame: n of them overflow the socket buffers
-	f := newFake()
-	f.pullModel = func(_ context.Context, _ string, progress func(protocol.ModelsPullProgress)) error {
+	f := ipctest.New()
+	f.OnPullModel = func(_ context.Context, _ string, progress func(protocol.ModelsPullProgress)) error {
 		for i := range n {
 			progress(protocol.ModelsPullProgress{Status: status, Completed: int64(i), Total: n})
 		}
@@ -177,9 +178,9 @@ func TestModelsPullSlowClient(t *testing.T) {
 func TestModelsPullCancelled(t *testing.T) {
 	for _, by := range []string{"disconnect", "shutdown"} {
 		t.Run(by, func(t *testing.T) {
-			f := newFake()
+			f := ipctest.New()
 			started, cancelled := make(chan struct{}), make(chan struct{})
-			f.pullModel = func(ctx context.Context, _ string, progress func(protocol.ModelsPullProgress)) error {
+			f.OnPullModel = func(ctx context.Context, _ string, progress func(protocol.ModelsPullProgress)) error {
 				progress(progressSteps[0])
 				close(started)
 				<-ctx.Done()
@@ -209,7 +210,7 @@ func TestModelsPullCancelled(t *testing.T) {
 // models methods: initialize does not list them and calls to them fail
 // as unknown methods.
 func TestModelsOptional(t *testing.T) {
-	b := struct{ ipc.Backend }{newFake()} // hides the fake's ModelManager methods
+	b := struct{ ipc.Backend }{ipctest.New()} // hides the fake's ModelManager methods
 	c := dial(t, startServer(t, b, ipc.Config{}))
 	var init protocol.InitializeResult
 	c.callOK(protocol.MethodInitialize, nil, &init)

@@ -14,12 +14,13 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
 func TestBadInput(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 
@@ -89,16 +90,15 @@ func TestBadInput(t *testing.T) {
 
 	// The connection survived all of it, and nothing reached the backend.
 	c.callOK(protocol.MethodInitialize, nil, nil)
-	f.mu.Lock()
-	started, status := len(f.started), f.runs["r1"].Status
-	f.mu.Unlock()
+	r1, _ := f.Run("r1")
+	started, status := len(f.Started()), r1.Status
 	if started != 0 || status != keel.RunRunning {
 		t.Errorf("after bad input: %d runs started, r1 %s; want 0 and running", started, status)
 	}
 }
 
 func TestInvalidParamsNamesField(t *testing.T) {
-	ts := startServer(t, newFake(), ipc.Config{})
+	ts := startServer(t, ipctest.New(), ipc.Config{})
 	c := dial(t, ts)
 	m := c.call(protocol.MethodRunStart, map[string]any{"goal": ""})
 	if m.Error == nil {
@@ -111,7 +111,7 @@ func TestInvalidParamsNamesField(t *testing.T) {
 }
 
 func TestNotificationsGetNoResponse(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	c.writeRaw(`{"jsonrpc":"2.0","method":"run.start","params":{"goal":"quiet"}}`)
@@ -122,9 +122,7 @@ func TestNotificationsGetNoResponse(t *testing.T) {
 	// The notification still ran. Handlers run concurrently, so wait.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		f.mu.Lock()
-		n := len(f.started)
-		f.mu.Unlock()
+		n := len(f.Started())
 		if n == 1 {
 			break
 		}
@@ -136,8 +134,8 @@ func TestNotificationsGetNoResponse(t *testing.T) {
 }
 
 func TestOversizedFrame(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	c.callOK(protocol.MethodInitialize, nil, nil)
@@ -160,9 +158,7 @@ func TestOversizedFrame(t *testing.T) {
 	if run.Status != keel.RunCancelled {
 		t.Errorf("run.cancel on a new connection: status %s, want cancelled", run.Status)
 	}
-	f.mu.Lock()
-	started := len(f.started)
-	f.mu.Unlock()
+	started := len(f.Started())
 	if started != 0 {
 		t.Errorf("the oversized run.start reached the backend: %d runs started", started)
 	}
@@ -170,7 +166,7 @@ func TestOversizedFrame(t *testing.T) {
 
 // TestFrameAtLimit checks that a frame of exactly MaxFrameBytes is read.
 func TestFrameAtLimit(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	prefix := `{"jsonrpc":"2.0","id":1,"method":"run.start","params":{"goal":"`
@@ -183,9 +179,9 @@ func TestFrameAtLimit(t *testing.T) {
 }
 
 func TestMethods(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
-	f.emitSeq("r1", 1, 3)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
+	f.EmitSeq("r1", 1, 3)
 	ts := startServer(t, f, ipc.Config{Version: "1.2.3"})
 	c := dial(t, ts)
 
@@ -209,9 +205,7 @@ func TestMethods(t *testing.T) {
 	if run.ID != "run-1" || run.Goal != "count files" || run.Status != keel.RunQueued {
 		t.Errorf("run.start = %+v, want run-1, queued", run)
 	}
-	f.mu.Lock()
-	started := f.started
-	f.mu.Unlock()
+	started := f.Started()
 	if diff := cmp.Diff([]protocol.RunStartParams{{Goal: "count files", Model: "m1", MaxSteps: 3}}, started); diff != "" {
 		t.Errorf("StartRun params (-want +got):\n%s", diff)
 	}
@@ -289,8 +283,8 @@ func TestErrorMapping(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFake()
-			f.err[tt.method] = tt.err
+			f := ipctest.New()
+			f.Err[tt.method] = tt.err
 			ts := startServer(t, f, ipc.Config{})
 			c := dial(t, ts)
 			rpc := call[tt.method]
@@ -318,10 +312,10 @@ func TestErrorMapping(t *testing.T) {
 // TestConcurrentRequests checks that a slow request does not hold up
 // the ones behind it.
 func TestConcurrentRequests(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	release := make(chan struct{})
-	f.callTool = func(ctx context.Context, _ string, input json.RawMessage) (json.RawMessage, error) {
+	f.OnCallTool = func(ctx context.Context, _ string, input json.RawMessage) (json.RawMessage, error) {
 		select {
 		case <-release:
 			return input, nil
@@ -347,10 +341,10 @@ func TestConcurrentRequests(t *testing.T) {
 // TestDisconnectCancelsCalls checks that a call in flight is cancelled
 // when its client goes away, and that the server still shuts down.
 func TestDisconnectCancelsCalls(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	cancelled := make(chan struct{})
 	entered := make(chan struct{})
-	f.callTool = func(ctx context.Context, _ string, _ json.RawMessage) (json.RawMessage, error) {
+	f.OnCallTool = func(ctx context.Context, _ string, _ json.RawMessage) (json.RawMessage, error) {
 		close(entered)
 		<-ctx.Done()
 		close(cancelled)

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -29,7 +30,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := ipc.NewServer(newFake(), tt.cfg); err == nil {
+			if _, err := ipc.NewServer(ipctest.New(), tt.cfg); err == nil {
 				t.Errorf("NewServer(%+v) = nil error, want an error", tt.cfg)
 			}
 		})
@@ -38,7 +39,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 
 func TestHandshakeSecurity(t *testing.T) {
 	const allowed = "http://localhost:5173"
-	ts := startServer(t, newFake(), ipc.Config{AllowedOrigins: []string{allowed}})
+	ts := startServer(t, ipctest.New(), ipc.Config{AllowedOrigins: []string{allowed}})
 	port := strconv.Itoa(ts.port)
 	browser := []string{protocol.Subprotocol, protocol.TokenSubprotocolPrefix + testToken}
 
@@ -93,7 +94,7 @@ func TestHandshakeSecurity(t *testing.T) {
 // TestHandshakeResponses checks the plain HTTP replies: the status, a
 // short text body, and that the token is never echoed.
 func TestHandshakeResponses(t *testing.T) {
-	ts := startServer(t, newFake(), ipc.Config{})
+	ts := startServer(t, ipctest.New(), ipc.Config{})
 	base := "http://127.0.0.1:" + strconv.Itoa(ts.port)
 	tests := []struct {
 		name       string
@@ -141,7 +142,7 @@ func TestHandshakeResponses(t *testing.T) {
 // TestBrowserTokenNotEchoed checks that the server selects keel.v1 and
 // never the token subprotocol.
 func TestBrowserTokenNotEchoed(t *testing.T) {
-	ts := startServer(t, newFake(), ipc.Config{})
+	ts := startServer(t, ipctest.New(), ipc.Config{})
 	// Token first: a server that picked the first offered protocol it
 	// recognises would echo the token.
 	ws, status, err := dialRaw(t, ts.url, dialOpts{subprotocols: []string{protocol.TokenSubprotocolPrefix + testToken, protocol.Subprotocol}})
@@ -155,7 +156,7 @@ func TestBrowserTokenNotEchoed(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	s, err := ipc.NewServer(newFake(), ipc.Config{Token: testToken})
+	s, err := ipc.NewServer(ipctest.New(), ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +174,7 @@ func TestRunTwice(t *testing.T) {
 }
 
 func TestURL(t *testing.T) {
-	s, err := ipc.NewServer(newFake(), ipc.Config{Token: testToken})
+	s, err := ipc.NewServer(ipctest.New(), ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestURL(t *testing.T) {
 }
 
 func TestShutdownClosesClients(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	c.callOK(protocol.MethodInitialize, nil, nil)
@@ -200,7 +201,7 @@ func TestShutdownClosesClients(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Errorf("Run = %v, want nil", err)
 	}
-	if n := f.subscribers(); n != 0 {
+	if n := f.Subscribers(); n != 0 {
 		t.Errorf("after Run returned, backend has %d subscribers, want 0", n)
 	}
 }
@@ -208,7 +209,7 @@ func TestShutdownClosesClients(t *testing.T) {
 // TestShutdownUnresponsiveClient checks that Run returns even when a
 // client never answers the close handshake.
 func TestShutdownUnresponsiveClient(t *testing.T) {
-	ts := startServer(t, newFake(), ipc.Config{})
+	ts := startServer(t, ipctest.New(), ipc.Config{})
 	c := dial(t, ts)
 	c.callOK(protocol.MethodInitialize, nil, nil)
 	// c never reads again, so it never answers the close frame.
@@ -233,10 +234,10 @@ func listen(t *testing.T) net.Listener {
 // TestRunWaitsForCalls checks that Run returns only after the Backend
 // calls in flight have returned.
 func TestRunWaitsForCalls(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	entered := make(chan struct{})
 	var returned atomic.Bool
-	f.callTool = func(ctx context.Context, _ string, _ json.RawMessage) (json.RawMessage, error) {
+	f.OnCallTool = func(ctx context.Context, _ string, _ json.RawMessage) (json.RawMessage, error) {
 		close(entered)
 		<-ctx.Done()
 		time.Sleep(300 * time.Millisecond) // a slow clean-up

@@ -14,6 +14,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -69,23 +70,23 @@ func equalSeqs(a, b []int64) bool {
 // Then the client disconnects, 9 and 10 happen, and a reconnect with
 // after_seq = the last Seq seen gets exactly 9 and 10.
 func TestSubscribeExactlyOnce(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
-	f.emitSeq("r1", 1, 5)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
+	f.EmitSeq("r1", 1, 5)
 	var wg sync.WaitGroup
 	var calls atomic.Int32
-	f.eventsHook = func(before bool) {
+	f.OnEvents = func(before bool) {
 		if calls.Add(1) > 2 { // the first subscribe only
 			return
 		}
 		if before {
-			f.emit(event("r1", 6))
+			f.Emit(ipctest.Event("r1", 6))
 			return
 		}
-		f.emit(event("r1", 7))
+		f.Emit(ipctest.Event("r1", 7))
 		wg.Go(func() {
-			f.emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta, Data: json.RawMessage(`{"step":8,"content":"hi"}`)})
-			f.emit(event("r1", 8))
+			f.Emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta, Data: json.RawMessage(`{"step":8,"content":"hi"}`)})
+			f.Emit(ipctest.Event("r1", 8))
 		})
 	}
 	ts := startServer(t, f, ipc.Config{})
@@ -110,10 +111,10 @@ func TestSubscribeExactlyOnce(t *testing.T) {
 
 	// Reconnect: missed events come from the store, each once.
 	c.ws.Close(websocket.StatusNormalClosure, "")
-	f.emitSeq("r1", 9, 10)
+	f.EmitSeq("r1", 9, 10)
 	c2 := dial(t, ts)
 	c2.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1", AfterSeq: seqs[len(seqs)-1]}, nil)
-	f.emitSeq("r1", 11, 11)
+	f.EmitSeq("r1", 11, 11)
 	seqs2, _ := readSeqs(t, c2, 11)
 	if want := seqRange(9, 11); !equalSeqs(seqs2, want) {
 		t.Errorf("after reconnect with after_seq 8: events %v, want %v", seqs2, want)
@@ -125,18 +126,18 @@ func TestSubscribeExactlyOnce(t *testing.T) {
 func TestSubscribeConcurrentEmits(t *testing.T) {
 	const rounds, last = 20, 60
 	for round := range rounds {
-		f := newFake()
-		f.addRun("r1", keel.RunRunning)
-		f.emitSeq("r1", 1, 5)
+		f := ipctest.New()
+		f.AddRun("r1", keel.RunRunning)
+		f.EmitSeq("r1", 1, 5)
 		ts := startServer(t, f, ipc.Config{})
 		c := dial(t, ts)
 
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for seq := int64(6); seq <= last; seq++ {
-				f.emit(event("r1", seq))
+				f.Emit(ipctest.Event("r1", seq))
 				if seq%7 == 0 {
-					f.emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta})
+					f.Emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta})
 				}
 			}
 		})
@@ -154,31 +155,31 @@ func TestSubscribeConcurrentEmits(t *testing.T) {
 }
 
 func TestSubscribeOnlyThatRun(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
-	f.addRun("r2", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
+	f.AddRun("r2", keel.RunRunning)
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	c.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1"}, nil)
-	f.emit(event("r2", 1))
-	f.emit(event("r1", 1))
+	f.Emit(ipctest.Event("r2", 1))
+	f.Emit(ipctest.Event("r1", 1))
 	if ev := c.readEvent(); ev.RunID != "r1" {
 		t.Errorf("got an event of run %q, want only r1's", ev.RunID)
 	}
 }
 
 func TestUnsubscribe(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 	c.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1"}, nil)
-	f.emit(event("r1", 1))
+	f.Emit(ipctest.Event("r1", 1))
 	if ev := c.readEvent(); ev.Seq != 1 {
 		t.Fatalf("event seq %d, want 1", ev.Seq)
 	}
 	c.callOK(protocol.MethodRunUnsubscribe, protocol.RunRef{RunID: "r1"}, nil)
-	f.emit(event("r1", 2))
+	f.Emit(ipctest.Event("r1", 2))
 	// The next frame must be this response, not event 2.
 	c.callOK(protocol.MethodInitialize, nil, nil)
 	// Unsubscribing again is harmless, and subscribing again works.
@@ -190,8 +191,8 @@ func TestUnsubscribe(t *testing.T) {
 }
 
 func TestSubscribeErrors(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	ts := startServer(t, f, ipc.Config{})
 	c := dial(t, ts)
 
@@ -205,8 +206,8 @@ func TestSubscribeErrors(t *testing.T) {
 		t.Errorf("second subscribe to r1: %+v, want code %d", m.Error, protocol.CodeConflict)
 	}
 	// The failed subscribe left no subscription behind.
-	f.emit(event("nope", 1))
-	f.emit(event("r1", 1))
+	f.Emit(ipctest.Event("nope", 1))
+	f.Emit(ipctest.Event("r1", 1))
 	if ev := c.readEvent(); ev.RunID != "r1" || ev.Seq != 1 {
 		t.Errorf("event %q/%d, want r1/1", ev.RunID, ev.Seq)
 	}
@@ -218,8 +219,8 @@ func TestSubscribeErrors(t *testing.T) {
 // disconnected with 1008, and its listener is unregistered. Another
 // client is unaffected.
 func TestSlowClientDropped(t *testing.T) {
-	f := newFake()
-	f.addRun("r1", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
 	ts := startSmallBufServer(t, f, ipc.Config{QueueSize: 4})
 	slow := dialWith(t, ts, dialOpts{smallReadBuffer: true})
 	slow.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1"}, nil)
@@ -234,7 +235,7 @@ func TestSlowClientDropped(t *testing.T) {
 		var slowest time.Duration
 		for seq := int64(1); seq <= 400; seq++ {
 			t0 := time.Now()
-			f.emit(keel.Event{RunID: "r1", Seq: seq, Type: keel.EventModelResult, Data: data})
+			f.Emit(keel.Event{RunID: "r1", Seq: seq, Type: keel.EventModelResult, Data: data})
 			slowest = max(slowest, time.Since(t0))
 		}
 		emitted <- slowest
@@ -258,9 +259,9 @@ func TestSlowClientDropped(t *testing.T) {
 		t.Errorf("slow client's connection ended with %v, want close status 1008 with reason \"client too slow...\"", err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for f.subscribers() != 1 { // the other client's
+	for f.Subscribers() != 1 { // the other client's
 		if time.Now().After(deadline) {
-			t.Fatalf("backend has %d subscribers, want 1 after the slow client was dropped", f.subscribers())
+			t.Fatalf("backend has %d subscribers, want 1 after the slow client was dropped", f.Subscribers())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -272,19 +273,19 @@ func TestSlowClientDropped(t *testing.T) {
 // when a live event of another subscription arrives while the replay
 // has filled the queue.
 func TestLargeReplayDoesNotDrop(t *testing.T) {
-	f := newFake()
-	f.addRun("big", keel.RunSucceeded)
-	f.addRun("live", keel.RunRunning)
+	f := ipctest.New()
+	f.AddRun("big", keel.RunSucceeded)
+	f.AddRun("live", keel.RunRunning)
 	data, _ := json.Marshal(strings.Repeat("y", 4<<10))
 	for seq := int64(1); seq <= 500; seq++ { // 2 MB: more than the socket buffers hold
-		f.emit(keel.Event{RunID: "big", Seq: seq, Type: keel.EventModelResult, Data: data})
+		f.Emit(keel.Event{RunID: "big", Seq: seq, Type: keel.EventModelResult, Data: data})
 	}
 	ts := startSmallBufServer(t, f, ipc.Config{QueueSize: 4})
 	c := dialWith(t, ts, dialOpts{smallReadBuffer: true})
 	c.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "live"}, nil)
 	id := c.send(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "big"})
 	time.Sleep(200 * time.Millisecond) // not reading: the replay fills the queue
-	f.emit(event("live", 1))
+	f.Emit(ipctest.Event("live", 1))
 	ts.grow()
 	c.grow()
 
@@ -310,11 +311,11 @@ func TestLargeReplayDoesNotDrop(t *testing.T) {
 // TestSubscribeReplayCancelledOnClose checks that a replay blocked on a
 // client that does not read ends when the server stops.
 func TestSubscribeReplayCancelledOnClose(t *testing.T) {
-	f := newFake()
-	f.addRun("big", keel.RunSucceeded)
+	f := ipctest.New()
+	f.AddRun("big", keel.RunSucceeded)
 	data, _ := json.Marshal(strings.Repeat("y", 4<<10))
 	for seq := int64(1); seq <= 500; seq++ {
-		f.emit(keel.Event{RunID: "big", Seq: seq, Type: keel.EventModelResult, Data: data})
+		f.Emit(keel.Event{RunID: "big", Seq: seq, Type: keel.EventModelResult, Data: data})
 	}
 	ts := startSmallBufServer(t, f, ipc.Config{QueueSize: 2})
 	c := dialWith(t, ts, dialOpts{smallReadBuffer: true})

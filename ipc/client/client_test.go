@@ -18,9 +18,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -29,144 +29,6 @@ func TestMain(m *testing.M) {
 }
 
 const testToken = "client-test-token"
-
-// fakeBackend is a small hand-written Backend: runs in a map, events
-// stored then announced, tools that echo or fail.
-type fakeBackend struct {
-	mu     sync.Mutex
-	runs   map[keel.RunID]keel.Run
-	events map[keel.RunID][]keel.Event
-	subs   map[int]func(keel.Event)
-	next   int
-}
-
-func newFake() *fakeBackend {
-	return &fakeBackend{
-		runs:   make(map[keel.RunID]keel.Run),
-		events: make(map[keel.RunID][]keel.Event),
-		subs:   make(map[int]func(keel.Event)),
-	}
-}
-
-func (f *fakeBackend) emit(ev keel.Event) {
-	f.mu.Lock()
-	if ev.Seq > 0 {
-		f.events[ev.RunID] = append(f.events[ev.RunID], ev)
-	}
-	var fns []func(keel.Event)
-	for _, fn := range f.subs {
-		fns = append(fns, fn)
-	}
-	f.mu.Unlock()
-	for _, fn := range fns {
-		fn(ev)
-	}
-}
-
-func (f *fakeBackend) StartRun(_ context.Context, p protocol.RunStartParams) (keel.Run, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id := keel.RunID(fmt.Sprintf("run-%d", len(f.runs)+1))
-	r := keel.Run{ID: id, Goal: p.Goal, Status: keel.RunQueued, MaxSteps: p.MaxSteps}
-	f.runs[id] = r
-	return r, nil
-}
-
-func (f *fakeBackend) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	r, err := f.GetRun(ctx, id)
-	if err != nil {
-		return r, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r.Status = keel.RunCancelled
-	f.runs[id] = r
-	return r, nil
-}
-
-func (f *fakeBackend) ListRuns(context.Context, int) ([]keel.Run, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var runs []keel.Run
-	for _, r := range f.runs {
-		runs = append(runs, r)
-	}
-	return runs, nil
-}
-
-func (f *fakeBackend) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.runs[id]
-	if !ok {
-		return keel.Run{}, fmt.Errorf("run %q: %w", id, keel.ErrNotFound)
-	}
-	return r, nil
-}
-
-func (f *fakeBackend) Events(_ context.Context, id keel.RunID, after int64) ([]keel.Event, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []keel.Event
-	for _, ev := range f.events[id] {
-		if ev.Seq > after {
-			out = append(out, ev)
-		}
-	}
-	return out, nil
-}
-
-func (f *fakeBackend) Spans(context.Context, keel.RunID) ([]keel.Span, error) { return nil, nil }
-
-func (f *fakeBackend) Subscribe(fn func(keel.Event)) func() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.next++
-	n := f.next
-	f.subs[n] = fn
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		delete(f.subs, n)
-	}
-}
-
-func (f *fakeBackend) ListTools(context.Context) ([]protocol.ToolInfo, error) {
-	return []protocol.ToolInfo{{ToolSpec: keel.ToolSpec{Name: "echo"}}}, nil
-}
-
-func (f *fakeBackend) CallTool(_ context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	if name != "echo" {
-		return nil, &keel.ToolError{Code: keel.ToolFailed, Message: "tool " + name + " broke"}
-	}
-	return input, nil
-}
-
-func (f *fakeBackend) InspectTool(_ context.Context, path string) (protocol.ToolInfo, error) {
-	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(path), ".wasm")}}, nil
-}
-
-func (f *fakeBackend) InstallTool(_ context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
-	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(p.Path), ".wasm")}, Grants: p.Grants}, nil
-}
-
-func (f *fakeBackend) RemoveTool(context.Context, string) error { return nil }
-
-func (f *fakeBackend) GrantTool(_ context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
-	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}, Grants: p.Grants}, nil
-}
-
-func (f *fakeBackend) RevokeTool(_ context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
-	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}}, nil
-}
-
-func (f *fakeBackend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
-	return []keel.ToolAudit{{Tool: tool, Step: limit, Outcome: "ok"}}, nil
-}
-
-func (f *fakeBackend) Describe(context.Context) (capabilities.Environment, error) {
-	return capabilities.Environment{Runtime: "keel", Network: "loopback"}, nil
-}
 
 // serve runs a real ipc.Server on loopback and returns its URL.
 func serve(t *testing.T, b ipc.Backend, cfg ipc.Config) string {
@@ -211,7 +73,7 @@ func ctx5s(t *testing.T) context.Context {
 }
 
 func TestTypedHelpers(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	c := dial(t, serve(t, f, ipc.Config{Version: "9.9"}))
 	ctx := ctx5s(t)
 
@@ -250,7 +112,7 @@ func TestTypedHelpers(t *testing.T) {
 }
 
 func TestRPCErrors(t *testing.T) {
-	c := dial(t, serve(t, newFake(), ipc.Config{}))
+	c := dial(t, serve(t, ipctest.New(), ipc.Config{}))
 	ctx := ctx5s(t)
 
 	_, err := c.GetRun(ctx, "nope")
@@ -273,7 +135,7 @@ func TestRPCErrors(t *testing.T) {
 }
 
 func TestConcurrentCalls(t *testing.T) {
-	c := dial(t, serve(t, newFake(), ipc.Config{}))
+	c := dial(t, serve(t, ipctest.New(), ipc.Config{}))
 	ctx := ctx5s(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 50)
@@ -297,7 +159,7 @@ func TestConcurrentCalls(t *testing.T) {
 }
 
 func TestSubscribeEvents(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	url := serve(t, f, ipc.Config{})
 	c := dial(t, url)
 	ctx := ctx5s(t)
@@ -306,12 +168,12 @@ func TestSubscribeEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	for seq := int64(1); seq <= 3; seq++ {
-		f.emit(keel.Event{RunID: run.ID, Seq: seq, Type: keel.EventModelResult})
+		f.Emit(keel.Event{RunID: run.ID, Seq: seq, Type: keel.EventModelResult})
 	}
 	if _, err := c.Subscribe(ctx, run.ID, 1); err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
-	f.emit(keel.Event{RunID: run.ID, Seq: 4, Type: keel.EventRunSucceeded})
+	f.Emit(keel.Event{RunID: run.ID, Seq: 4, Type: keel.EventRunSucceeded})
 	var got []int64
 	for len(got) < 3 {
 		select {
@@ -330,7 +192,7 @@ func TestSubscribeEvents(t *testing.T) {
 }
 
 func TestCloseEndsEverything(t *testing.T) {
-	c := dial(t, serve(t, newFake(), ipc.Config{}))
+	c := dial(t, serve(t, ipctest.New(), ipc.Config{}))
 	if err := c.Close(); err != nil {
 		t.Errorf("Close = %v", err)
 	}
@@ -347,7 +209,7 @@ func TestCloseEndsEverything(t *testing.T) {
 }
 
 func TestServerCloseReported(t *testing.T) {
-	f := newFake()
+	f := ipctest.New()
 	s, err := ipc.NewServer(f, ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
@@ -376,7 +238,7 @@ func TestServerCloseReported(t *testing.T) {
 }
 
 func TestDialWrongToken(t *testing.T) {
-	url := serve(t, newFake(), ipc.Config{})
+	url := serve(t, ipctest.New(), ipc.Config{})
 	_, err := client.Dial(ctx5s(t), url, "wrong")
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("Dial with a wrong token = %v, want an error mentioning 401", err)
@@ -411,7 +273,7 @@ func TestDialDataDirDeadPID(t *testing.T) {
 		t.Fatalf("run a short-lived process: %v", err)
 	}
 	// A server that would answer, so only the pid check can refuse.
-	url := serve(t, newFake(), ipc.Config{})
+	url := serve(t, ipctest.New(), ipc.Config{})
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "token"), []byte(testToken), 0o600); err != nil {
 		t.Fatal(err)
@@ -429,7 +291,7 @@ func TestDialDataDirDeadPID(t *testing.T) {
 }
 
 func TestDialDataDir(t *testing.T) {
-	url := serve(t, newFake(), ipc.Config{})
+	url := serve(t, ipctest.New(), ipc.Config{})
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "token"), []byte(testToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -19,7 +20,7 @@ import (
 // PullModel reports n progress steps for the model named, or fails for
 // "nope".
 type modelsBackend struct {
-	*fakeBackend
+	*ipctest.Backend
 	steps int
 }
 
@@ -41,7 +42,7 @@ func (b modelsBackend) PullModel(_ context.Context, name string, progress func(p
 }
 
 func TestListModels(t *testing.T) {
-	c := dial(t, serve(t, modelsBackend{fakeBackend: newFake()}, ipc.Config{}))
+	c := dial(t, serve(t, modelsBackend{Backend: ipctest.New()}, ipc.Config{}))
 	res, err := c.ListModels(ctx5s(t))
 	want := protocol.ModelsListResult{
 		Models:    []protocol.ModelInfo{{Name: "tiny", Provider: "fake", Capabilities: []string{"completion", "tools"}, ContextLength: 2048, Size: 1 << 20}},
@@ -57,7 +58,7 @@ func TestListModels(t *testing.T) {
 // progress, in order, before PullModel returns.
 func TestPullModelProgress(t *testing.T) {
 	const steps = 300
-	c := dial(t, serve(t, modelsBackend{fakeBackend: newFake(), steps: steps}, ipc.Config{}))
+	c := dial(t, serve(t, modelsBackend{Backend: ipctest.New(), steps: steps}, ipc.Config{}))
 	ctx := ctx5s(t)
 	var wg sync.WaitGroup
 	for _, name := range []string{"a", "b"} {
@@ -97,7 +98,7 @@ func TestPullModelProgress(t *testing.T) {
 // returns: PullModel must still pass every report on before returning.
 func TestPullModelDeliversAllProgress(t *testing.T) {
 	const steps = 10 // fewer than the client buffers
-	c := dial(t, serve(t, modelsBackend{fakeBackend: newFake(), steps: steps}, ipc.Config{}))
+	c := dial(t, serve(t, modelsBackend{Backend: ipctest.New(), steps: steps}, ipc.Config{}))
 	ctx := ctx5s(t)
 	for range 10 {
 		n := 0

@@ -1,0 +1,305 @@
+// Package ipctest provides a hand-written, in-memory ipc.Backend for the
+// tests of the protocol server and of its Go client, which both run it
+// behind a real server on loopback.
+package ipctest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// Backend is a hand-written in-memory ipc.Backend. Events it emits are
+// stored first (if Seq > 0) and then passed to every subscriber, as the
+// engine does. Its tools: "echo" returns its input; any other fails with
+// a tool_error. Set the hooks before a server uses it.
+type Backend struct {
+	mu      sync.Mutex
+	runs    map[keel.RunID]keel.Run
+	events  map[keel.RunID][]keel.Event
+	started []protocol.RunStartParams
+	subs    map[int]func(keel.Event)
+	nextSub int
+
+	// Err, if set for a method name, is what that method returns.
+	Err map[string]error
+	// OnEvents, if set, runs inside Events: before reading the store
+	// with before=true, after with before=false.
+	OnEvents func(before bool)
+	// OnCallTool, if set, implements CallTool.
+	OnCallTool func(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// OnPullModel, if set, implements PullModel; by default a pull
+	// succeeds at once.
+	OnPullModel func(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
+}
+
+// New returns an empty Backend.
+func New() *Backend {
+	return &Backend{
+		runs:   make(map[keel.RunID]keel.Run),
+		events: make(map[keel.RunID][]keel.Event),
+		subs:   make(map[int]func(keel.Event)),
+		Err:    make(map[string]error),
+	}
+}
+
+// AddRun stores a run with id and status.
+func (f *Backend) AddRun(id keel.RunID, status keel.RunStatus) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.runs[id] = keel.Run{ID: id, Goal: "goal of " + string(id), Status: status, MaxSteps: 8}
+}
+
+// Run returns the stored run id, and whether there is one.
+func (f *Backend) Run(id keel.RunID) (keel.Run, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runs[id]
+	return r, ok
+}
+
+// Started returns the parameters of every StartRun so far.
+func (f *Backend) Started() []protocol.RunStartParams {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.started)
+}
+
+func (f *Backend) failWith(method string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Err[method]
+}
+
+// Emit stores ev if it is persisted, then calls every subscriber.
+func (f *Backend) Emit(ev keel.Event) {
+	f.mu.Lock()
+	if ev.Seq > 0 {
+		f.events[ev.RunID] = append(f.events[ev.RunID], ev)
+		r := f.runs[ev.RunID]
+		r.LastSeq = ev.Seq
+		f.runs[ev.RunID] = r
+	}
+	fns := make([]func(keel.Event), 0, len(f.subs))
+	for _, fn := range f.subs {
+		fns = append(fns, fn)
+	}
+	f.mu.Unlock()
+	for _, fn := range fns {
+		fn(ev)
+	}
+}
+
+// EmitSeq emits persisted events from..to of run id.
+func (f *Backend) EmitSeq(id keel.RunID, from, to int64) {
+	for seq := from; seq <= to; seq++ {
+		f.Emit(Event(id, seq))
+	}
+}
+
+// Event is the persisted event seq of run id that EmitSeq emits.
+func Event(id keel.RunID, seq int64) keel.Event {
+	return keel.Event{
+		RunID: id,
+		Seq:   seq,
+		Type:  keel.EventModelResult,
+		Time:  time.Unix(1700000000+seq, 0).UTC(),
+		Data:  json.RawMessage(`{"step":` + strconv.FormatInt(seq, 10) + `}`),
+	}
+}
+
+// Subscribers returns how many subscriptions are open.
+func (f *Backend) Subscribers() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.subs)
+}
+
+func (f *Backend) StartRun(_ context.Context, p protocol.RunStartParams) (keel.Run, error) {
+	if err := f.failWith("StartRun"); err != nil {
+		return keel.Run{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.started = append(f.started, p)
+	id := keel.RunID(fmt.Sprintf("run-%d", len(f.started)))
+	r := keel.Run{ID: id, Goal: p.Goal, Model: p.Model, MaxSteps: p.MaxSteps, Status: keel.RunQueued}
+	f.runs[id] = r
+	return r, nil
+}
+
+func (f *Backend) CancelRun(_ context.Context, id keel.RunID) (keel.Run, error) {
+	if err := f.failWith("CancelRun"); err != nil {
+		return keel.Run{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runs[id]
+	if !ok {
+		return keel.Run{}, fmt.Errorf("run %q: %w", id, keel.ErrNotFound)
+	}
+	if r.Status.Terminal() {
+		return keel.Run{}, fmt.Errorf("run %q already %s: %w", id, r.Status, keel.ErrConflict)
+	}
+	r.Status = keel.RunCancelled
+	f.runs[id] = r
+	return r, nil
+}
+
+func (f *Backend) ListRuns(_ context.Context, limit int) ([]keel.Run, error) {
+	if err := f.failWith("ListRuns"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var runs []keel.Run
+	for _, r := range f.runs {
+		if limit > 0 && len(runs) == limit {
+			break
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+func (f *Backend) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {
+	if err := f.failWith("GetRun"); err != nil {
+		return keel.Run{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runs[id]
+	if !ok {
+		return keel.Run{}, fmt.Errorf("run %q: %w", id, keel.ErrNotFound)
+	}
+	return r, nil
+}
+
+func (f *Backend) Events(_ context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error) {
+	if err := f.failWith("Events"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	hook := f.OnEvents
+	f.mu.Unlock()
+	if hook != nil {
+		hook(true)
+	}
+	f.mu.Lock()
+	var out []keel.Event
+	for _, ev := range f.events[id] {
+		if ev.Seq > afterSeq {
+			out = append(out, ev)
+		}
+	}
+	f.mu.Unlock()
+	if hook != nil {
+		hook(false)
+	}
+	return out, nil
+}
+
+func (f *Backend) Spans(_ context.Context, id keel.RunID) ([]keel.Span, error) {
+	if err := f.failWith("Spans"); err != nil {
+		return nil, err
+	}
+	return []keel.Span{{ID: "span-1", RunID: id, Kind: keel.SpanModelCall, Name: "m", Status: keel.SpanOK}}, nil
+}
+
+func (f *Backend) Subscribe(fn func(keel.Event)) func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextSub++
+	n := f.nextSub
+	f.subs[n] = fn
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.subs, n)
+	}
+}
+
+func (f *Backend) ListTools(context.Context) ([]protocol.ToolInfo, error) {
+	if err := f.failWith("ListTools"); err != nil {
+		return nil, err
+	}
+	return []protocol.ToolInfo{{ToolSpec: keel.ToolSpec{
+		Name: "echo", Description: "echoes its input", InputSchema: json.RawMessage(`{"type":"object"}`),
+		SideEffects: keel.SideEffectReadOnly,
+	}}}, nil
+}
+
+func (f *Backend) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	f.mu.Lock()
+	call := f.OnCallTool
+	f.mu.Unlock()
+	if call != nil {
+		return call(ctx, name, input)
+	}
+	if err := f.failWith("CallTool"); err != nil {
+		return nil, err
+	}
+	if name != "echo" {
+		return nil, &keel.ToolError{Code: keel.ToolFailed, Message: "tool " + name + " broke"}
+	}
+	return input, nil
+}
+
+func (f *Backend) InspectTool(_ context.Context, path string) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(path), ".wasm")}}, nil
+}
+
+func (f *Backend) InstallTool(_ context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(p.Path), ".wasm")}, Grants: p.Grants}, nil
+}
+
+func (f *Backend) RemoveTool(context.Context, string) error { return nil }
+
+func (f *Backend) GrantTool(_ context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}, Grants: p.Grants}, nil
+}
+
+func (f *Backend) RevokeTool(_ context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}}, nil
+}
+
+func (f *Backend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+	return []keel.ToolAudit{{Tool: tool, Step: limit, Outcome: "ok"}}, nil
+}
+
+func (f *Backend) Describe(context.Context) (capabilities.Environment, error) {
+	if err := f.failWith("Describe"); err != nil {
+		return capabilities.Environment{}, err
+	}
+	return capabilities.Environment{Runtime: "keel", Version: "test", Network: "loopback"}, nil
+}
+
+func (f *Backend) ListModels(context.Context) (protocol.ModelsListResult, error) {
+	if err := f.failWith("ListModels"); err != nil {
+		return protocol.ModelsListResult{}, err
+	}
+	return protocol.ModelsListResult{
+		Models:    []protocol.ModelInfo{{Name: "tiny", Provider: "fake", Capabilities: []string{"completion"}, ContextLength: 2048}},
+		Providers: []protocol.ProviderStatus{{Name: "fake", Reachable: true}},
+	}, nil
+}
+
+func (f *Backend) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+	f.mu.Lock()
+	pull := f.OnPullModel
+	f.mu.Unlock()
+	if pull != nil {
+		return pull(ctx, name, progress)
+	}
+	return f.failWith("PullModel")
+}
