@@ -152,15 +152,7 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 	d := startDaemon(t, daemon.Config{Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("model never called")
-		}
-	}
+	run := startWaiting(t, c, p, "count")
 	if out, errOut, code := runCLI(ctx, d.dir, "pause", string(run.ID)); code != 0 || !strings.Contains(out, "pause requested") {
 		t.Fatalf("keel pause = %d: %s%s", code, out, errOut)
 	}

@@ -135,6 +135,22 @@ func dial(t *testing.T, dir string) *client.Client {
 }
 
 // runCLI runs the real command line against the daemon of dir.
+// startWaiting starts a run with goal through c and waits until the
+// model p was asked (the run is then inside its first model step).
+func startWaiting(t *testing.T, c *client.Client, p *scripted.Provider, goal string) keel.Run {
+	t.Helper()
+	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: goal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("model never called")
+		}
+	}
+	return run
+}
+
 func runCLI(ctx context.Context, dir string, args ...string) (stdout, stderr string, code int) {
 	var out, errb bytes.Buffer
 	code = cli.Main(ctx, append(args, "--data-dir", dir), &out, &errb)
@@ -377,15 +393,7 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 	p := scripted.New(nil, scripted.Block())
 	d := startDaemon(t, daemon.Config{Provider: p})
 	c := dial(t, d.dir)
-	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "wait forever"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("model never called")
-		}
-	}
+	run := startWaiting(t, c, p, "wait forever")
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
-	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -36,15 +35,7 @@ func TestTakeOverHandBackForkCLI(t *testing.T) {
 	d := startDaemon(t, daemon.Config{Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("model never called")
-		}
-	}
+	run := startWaiting(t, c, p, "count")
 	id := string(run.ID)
 	if out, errOut, code := runCLI(ctx, d.dir, "takeover", id, "--note", "checking"); code != 0 || !strings.Contains(out, "taken over") {
 		t.Fatalf("keel takeover = %d: %s%s", code, out, errOut)
