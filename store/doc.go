@@ -20,9 +20,10 @@
 // keeps running runs' heads (last sequence number, status) in memory and
 // drops them when anything fails, so an append reads nothing; AppendAll
 // journals several events of a run in one transaction. Trace spans are
-// written lazily: they commit right after the next write that changes a
-// run's status (which does not wait for them), with Sync, or on their
-// own after a short delay, and Spans reads those still waiting too
+// written lazily: they commit with the next write that makes a run wait
+// for a person, right after the next other write that changes a run's
+// status (which does not wait for them), with Sync, or on their own
+// after a short delay, and Spans reads those still waiting too
 // (FinishSpanWithNext: with the next write of any kind); a span finished
 // before its start was committed is written once. The audit records of
 // runs' tool calls commit with the next write of any kind. Reads use a

@@ -292,13 +292,20 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	if err != nil {
 		return nil, err
 	}
-	// A status change (a run waiting or ending) has the trace spans
-	// queued so far committed right after it, without waiting for them:
-	// the run's end reaches its watchers sooner by the time its trace
-	// takes to write (a millisecond or two for fifty steps), and Spans
-	// waits for them, so whoever reads the trace then finds it complete.
+	// A run that starts waiting for a person (or pauses) commits the
+	// trace spans queued so far with that change: the wait's own span
+	// must survive with the wait. Any other status change (a run ending,
+	// above all) has them committed right after it, without waiting for
+	// them: the run's end reaches its watchers sooner by the time its
+	// trace takes to write (a millisecond or two for fifty steps), and
+	// Spans waits for them, so whoever reads the trace then finds it
+	// complete.
 	c := carryNone
-	if upd != nil {
+	switch {
+	case upd == nil:
+	case upd.Status == keel.RunWaiting || upd.Status == keel.RunPaused:
+		c = carryWith
+	default:
 		c = carryAfter
 	}
 	if err := s.wr.writeOp(ctx, o, c); err != nil {

@@ -770,3 +770,31 @@ func TestSpansWaitingTogetherFailAlone(t *testing.T) {
 		t.Errorf("lazy errors %v, want one, for span s05", errs)
 	}
 }
+
+// TestWaitCommitsItsSpans: a run that starts waiting for a person commits
+// the spans queued so far (the wait's own among them) in the same
+// transaction, so they are on disk when the append returns, where a run
+// ending has them committed just after.
+func TestWaitCommitsItsSpans(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	s.SetLazyDelay(time.Hour)
+	if err := s.CreateRun(ctx, newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	other := open(t, path)
+	if _, err := s.Append(ctx, "a", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	wait := keel.Span{ID: "wait", RunID: "a", Kind: keel.SpanHuman, Start: time.Now()}
+	if err := s.StartSpan(ctx, wait); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "a", keel.EventApprovalAsked, time.Now(), nil, &keel.RunUpdate{Status: keel.RunWaiting}); err != nil {
+		t.Fatal(err)
+	}
+	if spans, err := other.Spans(ctx, "a"); err != nil || len(spans) != 1 || spans[0].ID != "wait" || spans[0].Status != keel.SpanRunning {
+		t.Fatalf("when the wait is journaled, another reader sees spans %+v, %v; want the wait, running", spans, err)
+	}
+}

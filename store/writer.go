@@ -26,9 +26,9 @@ import (
 // returns only once its transaction is on disk.
 //
 // Trace spans are written lazily (see queueLazy): they wait, lazyDelay
-// at most, for a write that changes a run's status (a run waiting or
-// ending), and commit right after it (carryAfter), or with Sync, or on
-// their own when the wait is over. (The audit records of runs' tool calls wait only for the next
+// at most, for a write that changes a run's status, and commit with it
+// (a run starting to wait for a person: carryWith) or right after it
+// (carryAfter), or with Sync, or on their own when the wait is over. (The audit records of runs' tool calls wait only for the next
 // write of any kind: see writeNext.) So a run's
 // spans reach the disk a few steps at a time, filling a page, instead of
 // rewriting the run's last span page at every step; a crash can lose
