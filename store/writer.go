@@ -20,20 +20,20 @@ import (
 // writer's goroutine, which takes whatever writes are queued when the
 // commit before ends (see submit). Each write runs inside its own
 // savepoint (or is atomic), so that one write failing (a conflict, say)
-// undoes only itself. With
-// synchronous=FULL a commit costs an fsync; concurrent runs then share
-// one fsync per batch instead of paying one each, and a write still
-// returns only once its transaction is on disk.
+// undoes only itself. With synchronous=FULL a commit costs an fsync;
+// concurrent runs then share one fsync per batch instead of paying one
+// each, and a write still returns only once its transaction is on disk.
 //
 // Trace spans are written lazily (see queueLazy): they wait, lazyDelay
 // at most, for a write that changes a run's status, and commit with it
 // (a run starting to wait for a person: carryWith) or right after it
-// (carryAfter), or with Sync, or on their own when the wait is over. (The audit records of runs' tool calls wait only for the next
-// write of any kind: see writeNext.) So a run's
-// spans reach the disk a few steps at a time, filling a page, instead of
-// rewriting the run's last span page at every step; a crash can lose
-// the spans of the last lazyDelay, never a journaled event. A span that
-// starts and finishes while it waits is written once.
+// (carryAfter), or with Sync, or on their own when the wait is over.
+// (The audit records of runs' tool calls wait only for the next write of
+// any kind: see writeNext.) So a run's spans reach the disk a few steps
+// at a time, filling a page, instead of rewriting the run's last span
+// page at every step; a crash can lose the spans of the last lazyDelay,
+// never a journaled event. A span that starts and finishes while it
+// waits is written once.
 
 // The writer's transaction statements (see wtx).
 const (
@@ -114,8 +114,8 @@ func (t *wtx) QueryRowContext(ctx context.Context, query string, args ...any) *s
 
 // writeReq is a batch of writes from one caller: lazy writes queued
 // before it, then the caller's own write. done receives the outcome of
-// the caller's write once the transaction is committed. For a flush of lazy
-// writes (flush), every error goes to Options.OnLazyError and done
+// the caller's write once the transaction is committed. For a flush of
+// lazy writes (flush), every error goes to Options.OnLazyError and done
 // receives nil.
 type writeReq struct {
 	ctx   context.Context
