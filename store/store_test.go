@@ -267,6 +267,20 @@ func TestSpansAndStatusQueries(t *testing.T) {
 	}
 }
 
+// openLazy opens a store on a new file whose lazy writes wait an hour
+// unless something commits them, with run "a" created, and a second
+// handle on the file, which sees only what is committed.
+func openLazy(t *testing.T) (s, other *store.Store) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s = open(t, path)
+	s.SetLazyDelay(time.Hour)
+	if err := s.CreateRun(context.Background(), newRun("a")); err != nil {
+		t.Fatal(err)
+	}
+	return s, open(t, path)
+}
+
 // TestLazySpansCommitWithAStatusChange: a span waits (here for good: the
 // lazy delay is an hour) through appends that change no status; a
 // status change has it committed right after, with no further write;
@@ -275,14 +289,7 @@ func TestSpansAndStatusQueries(t *testing.T) {
 // FinishSpanWithNext commits with the next append of any kind.
 func TestLazySpansCommitWithAStatusChange(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "keel.db")
-	s := open(t, path)
-	s.SetLazyDelay(time.Hour)
-	if err := s.CreateRun(ctx, newRun("a")); err != nil {
-		t.Fatal(err)
-	}
-	// A second connection sees only what is committed.
-	other := open(t, path)
+	s, other := openLazy(t)
 	visible := func(n int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -777,13 +784,7 @@ func TestSpansWaitingTogetherFailAlone(t *testing.T) {
 // ending has them committed just after.
 func TestWaitCommitsItsSpans(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "keel.db")
-	s := open(t, path)
-	s.SetLazyDelay(time.Hour)
-	if err := s.CreateRun(ctx, newRun("a")); err != nil {
-		t.Fatal(err)
-	}
-	other := open(t, path)
+	s, other := openLazy(t)
 	if _, err := s.Append(ctx, "a", keel.EventRunStarted, time.Now(), nil, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
 		t.Fatal(err)
 	}

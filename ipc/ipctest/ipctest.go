@@ -144,9 +144,9 @@ func (f *Backend) CancelRun(_ context.Context, id keel.RunID) (keel.Run, error) 
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	r, ok := f.runs[id]
-	if !ok {
-		return keel.Run{}, fmt.Errorf("run %q: %w", id, keel.ErrNotFound)
+	r, err := f.run(id)
+	if err != nil {
+		return keel.Run{}, err
 	}
 	if r.Status.Terminal() {
 		return keel.Run{}, fmt.Errorf("run %q already %s: %w", id, r.Status, keel.ErrConflict)
@@ -178,6 +178,11 @@ func (f *Backend) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.run(id)
+}
+
+// run returns the stored run id or ErrNotFound. f.mu must be held.
+func (f *Backend) run(id keel.RunID) (keel.Run, error) {
 	r, ok := f.runs[id]
 	if !ok {
 		return keel.Run{}, fmt.Errorf("run %q: %w", id, keel.ErrNotFound)
