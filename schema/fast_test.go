@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -23,6 +24,8 @@ func FuzzFastAgrees(f *testing.F) {
 		`{"words":1,"lines":2,"chars":3}`, `{"words":-1,"lines":0,"chars":0}`, `{"words":1.0,"lines":0,"chars":0}`, `{"words":1e2,"lines":0,"chars":0}`,
 		`{"path":"abcdefghi","mode":"x","n":10,"tags":[],"flag":null}`, `{"path":"é","mode":"r","n":-2.5,"tags":["a"],"flag":true,"nothing":null}`,
 		`{"k":5}`, `{"k":5.0000000000000000001}`, `{"k":"six"}`, `[{"id":9007199254740993}]`, `[{"id":0}]`, `[{"id":1},{}]`, `null`, `"s"`, `12345678901234567890`,
+		" {\"text\" : \"a\\u00e9\\n\" } ", `{"text":"a"}x`, `{"text":"a"} {}`, "{\"text\":\"\x01\"}", `{"te\u0078t":"a"}`, `{"text":"a","text":1}`,
+		`{"path":"\u00e9","mode":"\u0072"}`, `{"k":-0}`, `{"k":01}`, `{"k":1.}`, `{"k":-}`, `{"k":1e+}`, `[[[[[[[]]]]]]]`, "{\"text\":\"\xff\"}",
 	} {
 		for i := range fastSchemas {
 			f.Add(i, seed)
@@ -44,14 +47,15 @@ func FuzzFastAgrees(f *testing.F) {
 			return
 		}
 		s := compiled[i]
-		v, err := decode([]byte(value))
-		if err != nil {
+		if !s.fast.validRaw([]byte(value)) {
 			return
 		}
-		if s.fast.valid(v) {
-			if err := s.s.Validate(v); err != nil {
-				t.Errorf("schema %d: the fast check accepts %s, which the library refuses: %v", i, value, err)
-			}
+		v, err := decode([]byte(value))
+		if err != nil {
+			t.Fatalf("schema %d: the fast check accepts %q, which is not JSON: %v", i, value, err)
+		}
+		if err := s.s.Validate(v); err != nil {
+			t.Errorf("schema %d: the fast check accepts %s, which the library refuses: %v", i, value, err)
 		}
 	})
 }
@@ -98,17 +102,21 @@ func TestFastCheck(t *testing.T) {
 		{fastSchemas[3], `{"k":"text"}`, true, "-"}, // a bound holds only numbers
 		{fastSchemas[3], `{"k":6}`, false, "/k"},
 		{fastSchemas[4], `[{"id":9007199254740993}]`, false, "/0/id"},
+		{fastSchemas[0], " {\n\t\"text\" : \"tab\\there \\u00e9\" }\r\n", true, "-"}, // whitespace and escapes where only the type matters
+		{fastSchemas[0], `{"te\u0078t":"a"}`, false, "-"},                            // an escaped key: not judged here
+		{fastSchemas[0], `{"text":"a","text":"b"}`, true, "-"},
+		{fastSchemas[2], `{"mode":"\u0072"}`, false, "-"},       // an escaped enum value: not judged here, valid
+		{fastSchemas[2], `{"path":"\u00e9\u00e9"}`, false, "-"}, // an escaped string under a length bound
+		{fastSchemas[2], `{"tags":["a","b","c","d"]}`, false, "/tags"},
+		{fastSchemas[4], `[]`, true, "-"},
+		{fastSchemas[4], `[{"id":1},{"id":2,"x":[{"y":[null,true,false,-0.5e-3]}]}]`, true, "-"},
 	}
 	for _, tt := range tests {
 		s, err := Compile("t", "input_schema", []byte(tt.schema))
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, err := decode([]byte(tt.value))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := s.fast.valid(v); got != tt.fast {
+		if got := s.fast.validRaw([]byte(tt.value)); got != tt.fast {
 			t.Errorf("fast check of %s = %v, want %v", tt.value, got, tt.fast)
 		}
 		viol, err := s.Validate([]byte(tt.value))
@@ -120,5 +128,43 @@ func TestFastCheck(t *testing.T) {
 		case tt.pointer != "-" && (viol == nil || viol.Pointer != tt.pointer || strings.TrimSpace(viol.Message) == ""):
 			t.Errorf("Validate(%s) = %+v, want a violation at %s", tt.value, viol, tt.pointer)
 		}
+	}
+}
+
+// TestValidRefusesWhatIsNotJSON: the one-pass check never takes bytes
+// that are not exactly one JSON value for valid, whatever the schema.
+func TestValidRefusesWhatIsNotJSON(t *testing.T) {
+	for _, raw := range []string{
+		``, ` `, `{"text":"a"}x`, `{"text":"a"} {}`, `{"text":"a",}`, `{"text":"a"`, `{"text" "a"}`, `{text:"a"}`,
+		"{\"text\":\"a\x01\"}", `{"text":"a\x"}`, `{"text":"\u00g0"}`, `{"text":"a`, `{"text":"a\`,
+		`[1,]`, `[01]`, `[1.]`, `[.5]`, `[-]`, `[1e]`, `[1e+]`, `[+1]`, `[tru]`, `[nul]`, `[True]`, `[1 2]`, "[\v1]",
+	} {
+		if IsJSON([]byte(raw)) {
+			t.Errorf("IsJSON(%q) = true", raw)
+		}
+		for i, sch := range append(slices.Clone(fastSchemas), `{}`) {
+			s, err := Compile("t", "input_schema", []byte(sch))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Valid([]byte(raw)) {
+				t.Errorf("schema %d: Valid(%q) = true for what is not JSON", i, raw)
+			}
+			if _, err := s.Validate([]byte(raw)); err == nil {
+				t.Errorf("schema %d: Validate(%q) found no parse error", i, raw)
+			}
+		}
+	}
+}
+
+func TestIsJSON(t *testing.T) {
+	for _, raw := range []string{`0`, `-0.5e+10`, ` "a\"\\\/\b\f\n\r\t\u00e9" `, `[]`, `{}`, `[{"a":[1,{"b":null}]},true,false]`, `{"a":1,"a":2}`} {
+		if !IsJSON([]byte(raw)) {
+			t.Errorf("IsJSON(%s) = false", raw)
+		}
+	}
+	deep := strings.Repeat("[", maxFastDepth+2) + strings.Repeat("]", maxFastDepth+2)
+	if IsJSON([]byte(deep)) {
+		t.Errorf("IsJSON judged a value nested deeper than %d", maxFastDepth)
 	}
 }

@@ -75,12 +75,12 @@ var printer = message.NewPrinter(language.English)
 // is not JSON, a *Violation naming the deepest failing field when raw
 // breaks the schema, and nil, nil when raw is valid.
 func (s *Schema) Validate(raw []byte) (*Violation, error) {
+	if s.Valid(raw) {
+		return nil, nil
+	}
 	v, err := decode(raw)
 	if err != nil {
 		return nil, err
-	}
-	if s.fast != nil && s.fast.valid(v) {
-		return nil, nil
 	}
 	err = s.s.Validate(v)
 	if err == nil {
@@ -105,6 +105,21 @@ func (s *Schema) Validate(raw []byte) (*Violation, error) {
 		}
 	}
 	return &Violation{Pointer: jsonPointer(loc), Message: leaf.ErrorKind.LocalizedString(printer)}, nil
+}
+
+// Valid reports whether raw is certainly one JSON value that meets s,
+// judged in one pass over its bytes for a schema of the plain kind (see
+// fast.go). false means only "not known": Validate tells whether and why
+// raw is invalid.
+func (s *Schema) Valid(raw []byte) bool {
+	return s.fast != nil && s.fast.validRaw(raw)
+}
+
+// IsJSON reports whether raw is certainly one JSON value, in one pass
+// over its bytes. false means only "not known" (it is also false for a
+// string that is not valid UTF-8, or for values nested very deeply).
+func IsJSON(raw []byte) bool {
+	return (*fastSchema)(nil).validRaw(raw)
 }
 
 // deepest returns the leaf error with the longest instance location, the
@@ -142,6 +157,11 @@ func jsonPointer(tokens []string) string {
 // UTF-8, found by FuzzFastAgrees); the value then comes from
 // encoding/json, which has the last word on what is JSON.
 func decode(raw []byte) (v any, err error) {
+	if !json.Valid(raw) {
+		// goccy's decoder also takes some malformed JSON (leading zeros,
+		// raw control characters in strings, bad \u escapes).
+		return decodeWith(json.NewDecoder(bytes.NewReader(raw)))
+	}
 	defer func() {
 		if recover() != nil {
 			v, err = decodeWith(json.NewDecoder(bytes.NewReader(raw)))

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	gojson "github.com/goccy/go-json"
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
@@ -141,7 +141,7 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 		WithStartFunctions() // _start runs below, under the interrupt
 	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, mem), compiled, mc)
 	if err == nil {
-		disarm := armInterrupt(ctx, mod)
+		disarm := armInterrupt(ctx, interruptOf(mod))
 		_, err = mod.ExportedFunction("_start").Call(ctx)
 		disarm()
 		var exit *sys.ExitError
@@ -161,17 +161,22 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 	}
 }
 
-// armInterrupt makes ctx's end stop mod's guest code at its next loop
-// header (see instrument). The returned function disarms it and reports
-// whether the interrupt stayed unfired, that is whether the instance is
-// still fit for another call.
-func armInterrupt(ctx context.Context, mod api.Module) (disarm func() bool) {
+// interruptOf returns mod's interrupt global (see instrument).
+func interruptOf(mod api.Module) api.MutableGlobal {
 	g, ok := mod.ExportedGlobal(interruptGlobal).(api.MutableGlobal)
 	if !ok {
 		// Every module is instrumented before it is compiled; this is
 		// a bug, and the instance must not be trusted with a call.
 		panic("wasmtools: module has no interrupt global")
 	}
+	return g
+}
+
+// armInterrupt makes ctx's end stop the guest code of the module whose
+// interrupt global is g at its next loop header (see instrument). The
+// returned function disarms it and reports whether the interrupt stayed
+// unfired, that is whether the instance is still fit for another call.
+func armInterrupt(ctx context.Context, g api.MutableGlobal) (disarm func() bool) {
 	return context.AfterFunc(ctx, func() { g.Set(1) })
 }
 
@@ -244,6 +249,9 @@ func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) 
 	if f := r.failure(ctx, o, late); f != nil {
 		return nil, f
 	}
+	if out, ok := knownOutput(t, o.stdout); ok {
+		return out, nil
+	}
 	out, toolErr, err := parseResult(o.stdout)
 	switch {
 	case err != nil:
@@ -267,18 +275,30 @@ func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) 
 	return out, nil
 }
 
-// unmarshalFast is goccy/go-json's Unmarshal, with a panic of the
-// library's reported as a failure: the bytes come from the tool.
-func unmarshalFast(b []byte, v any) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("goccy/go-json: %v", p)
-		}
-	}()
-	return gojson.Unmarshal(b, v)
+// knownOutput takes the output out of a result of the form the toolkit
+// writes, {"output":VALUE}, when one pass over VALUE's bytes shows it is
+// one JSON value that meets t's output schema (any value, for a tool
+// without one). Otherwise ok is false, and result parses and checks the
+// result in full, which also explains what is wrong.
+func knownOutput(t *tool, stdout []byte) (_ json.RawMessage, ok bool) {
+	b, ok := bytes.CutPrefix(bytes.TrimSpace(stdout), []byte(`{"output":`))
+	if !ok {
+		return nil, false
+	}
+	if b, ok = bytes.CutSuffix(b, []byte("}")); !ok {
+		return nil, false
+	}
+	if t.output != nil && !t.output.Valid(b) || t.output == nil && !schema.IsJSON(b) {
+		return nil, false
+	}
+	if bytes.ContainsAny(b, " \t\r\n") {
+		b = compact(b)
+	}
+	return b, true
 }
 
-// parseResult reads the one JSON object a tool writes to stdout:
+// parseResult reads the one JSON object a tool writes to stdout (when
+// knownOutput could not):
 // {"output": value} or {"error": {"message": "...", "code": "..."}}.
 func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
 	b := bytes.TrimSpace(stdout)
@@ -289,18 +309,12 @@ func parseResult(stdout []byte) (json.RawMessage, *keel.ToolError, error) {
 		return nil, nil, errors.New("stdout is not a JSON object")
 	}
 	var fields map[string]json.RawMessage
-	// goccy/go-json decodes this in a third of encoding/json's time, and
-	// every call pays it; when it fails (or panics, as its stream decoder
-	// does on some malformed input), encoding/json decides and explains.
-	if unmarshalFast(b, &fields) != nil {
-		fields = nil
-		dec := json.NewDecoder(bytes.NewReader(b))
-		if err := dec.Decode(&fields); err != nil {
-			return nil, nil, fmt.Errorf("stdout is not JSON: %w", err)
-		}
-		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-			return nil, nil, errors.New("stdout has more than one JSON value")
-		}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&fields); err != nil {
+		return nil, nil, fmt.Errorf("stdout is not JSON: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, nil, errors.New("stdout has more than one JSON value")
 	}
 	if len(fields) == 1 {
 		if out, ok := fields["output"]; ok {

@@ -144,6 +144,10 @@ func TestParseResult(t *testing.T) {
 		{`{"output":{"a":1}}`, `{"a":1}`, "", false},
 		{"  {\"output\" : [1, 2]}\n", `[1,2]`, "", false},
 		{`{"output":null}`, `null`, "", false},
+		{`{"output":[1, {"b" :2}]}`, `[1,{"b":2}]`, "", false},
+		{`{"output":{"a":1},"output":{"a":2}}`, `{"a":2}`, "", false}, // the last of a repeated key wins, as in encoding/json
+		{`{"output":1,"x":2}`, "", "", true},
+		{`{"output":01}`, "", "", true},
 		{`{"error":{"message":"nope","code":"not_found"}}`, "", "not_found: nope", false},
 		{`{"error":{"message":"nope"}}`, "", "nope", false},
 		{`{"error":{"message":""}}`, "", "", true},
@@ -165,7 +169,16 @@ func TestParseResult(t *testing.T) {
 		toolErr string
 		bad     bool
 	}{`{"output":{"k` + strings.Repeat("\xe1", 1500) + `":-1}}`, `{"k` + strings.Repeat("\xe1", 1500) + `":-1}`, "", false})
+	known := 0
 	for _, tt := range tests {
+		// The one-pass reading of a result the toolkit wrote must agree
+		// with the full one wherever it answers.
+		if out, ok := knownOutput(&tool{}, []byte(tt.stdout)); ok {
+			known++
+			if tt.bad || tt.toolErr != "" || string(out) != tt.output {
+				t.Errorf("knownOutput(%q) = %s; want it left to parseResult, which gives %q (bad %v, tool error %q)", tt.stdout, out, tt.output, tt.bad, tt.toolErr)
+			}
+		}
 		out, te, err := parseResult([]byte(tt.stdout))
 		switch {
 		case tt.bad:
@@ -181,5 +194,8 @@ func TestParseResult(t *testing.T) {
 				t.Errorf("parseResult(%q) = %s, %v, %v; want %s", tt.stdout, out, te, err, tt.output)
 			}
 		}
+	}
+	if known != 3 {
+		t.Errorf("knownOutput read %d of the results; want the 3 that are in the toolkit's form", known)
 	}
 }

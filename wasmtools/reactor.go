@@ -67,6 +67,7 @@ func isReactor(m wazero.CompiledModule) (bool, error) {
 // one call at a time; the pool hands it from call to call.
 type instance struct {
 	mod    api.Module
+	stop   api.MutableGlobal // the interrupt global
 	alloc  api.Function
 	call   api.Function
 	mem    *memoryCap
@@ -197,7 +198,8 @@ func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModu
 	inst.mod = mod
 	inst.alloc = mod.ExportedFunction(exportAlloc)
 	inst.call = mod.ExportedFunction(exportCall)
-	disarm := armInterrupt(ctx, mod)
+	inst.stop = interruptOf(mod)
+	disarm := armInterrupt(ctx, inst.stop)
 	_, err = mod.ExportedFunction(exportInitialize).Call(ctx)
 	if !disarm() && err == nil {
 		// The context ended just as _initialize returned.
@@ -228,7 +230,7 @@ func (inst *instance) outcome(result []byte, err error, tooBig bool) outcome {
 // but is otherwise dropped.
 func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) outcome {
 	inst.ctx = ctx
-	disarm := armInterrupt(ctx, inst.mod)
+	disarm := armInterrupt(ctx, inst.stop)
 	defer func() { inst.interrupted = inst.interrupted || !disarm() }()
 	inst.stdout.reset()
 	inst.stderr.reset()
@@ -273,7 +275,7 @@ func (r *Registry) reactorManifest(ctx context.Context, name string, compiled wa
 		return nil, fmt.Errorf("start reactor for its manifest: %s", r.failure(ctx, o, late).Message)
 	}
 	defer inst.close(ctx)
-	disarm := armInterrupt(ctx, inst.mod)
+	disarm := armInterrupt(ctx, inst.stop)
 	res, err := inst.mod.ExportedFunction(exportManifest).Call(ctx)
 	disarm()
 	if err != nil {

@@ -147,9 +147,14 @@ func respond(h Handler, input []byte) []byte {
 	if err != nil {
 		return encode(errorResult(err))
 	}
-	return encode(struct {
-		Output any `json:"output"`
-	}{out})
+	b, err := fastjson.Marshal(out)
+	if err != nil {
+		return encode(errorResult(Errorf("internal", "encode result: %v", err)))
+	}
+	r := make([]byte, 0, len(b)+11)
+	r = append(r, `{"output":`...)
+	r = append(r, b...)
+	return append(r, '}')
 }
 
 // registered is the tool a reactor build serves; see Register.
