@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
 
@@ -146,7 +148,7 @@ func callCmd() *cobra.Command {
 				return runToolFor(cmd, run, args[0], json.RawMessage(args[1]))
 			}
 			return withClient(cmd, func(c *client.Client) error {
-				if err := waitForTools(cmd, c); err != nil {
+				if err := noteCompiling(cmd, c, args[0]); err != nil {
 					return err
 				}
 				res, err := c.CallTool(cmd.Context(), args[0], json.RawMessage(args[1]))
@@ -161,6 +163,21 @@ func callCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&run, "run", "", "run the tool on behalf of this run, which you took over (keel takeover); the model reads the outcome when you hand it back")
 	return cmd
+}
+
+// noteCompiling says so when the daemon is still compiling the tools it
+// found at start and name is not among those done: the call then waits
+// for that tool, which the daemon compiles next.
+func noteCompiling(cmd *cobra.Command, c *client.Client, name string) error {
+	res, err := c.ToolsList(cmd.Context())
+	if err != nil {
+		return err
+	}
+	if res.Compiling == nil || slices.ContainsFunc(res.Tools, func(t protocol.ToolInfo) bool { return t.Name == name }) {
+		return nil
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "the daemon is still compiling its tools (%d of %d done); waiting for %s, which it compiles next\n", res.Compiling.Loaded, res.Compiling.Total, name)
+	return nil
 }
 
 // waitForTools shows the daemon's progress while it is still compiling

@@ -21,16 +21,18 @@ import (
 // Call runs the named tool on input and returns its output. A reactor
 // tool runs on an idle pooled instance when there is one (a new one
 // otherwise, and always with fresh isolation); a command tool runs in a
-// fresh instance. Every error is a *keel.ToolError:
+// fresh instance. While the tools found at Open are still loading, a
+// call waits for its own tool only. Every error is a *keel.ToolError:
 //
-//   - not_found: no tool has that name.
+//   - not_found: no tool has that name (or its file failed to load).
 //   - permission_denied: the manifest requests something (a directory,
 //     an environment variable, a network destination) that was not
 //     granted; the tool does not run.
 //   - invalid_input: input is not JSON or breaks the input schema; Path
 //     is the JSON pointer of the failing field. Empty input counts as {}.
-//   - timeout: the call outlived Config.CallTimeout or ctx, or the
-//     registry was closed; the message says which.
+//   - timeout: the call outlived Config.CallTimeout or ctx (also while
+//     waiting for its tool to load), or the registry was closed; the
+//     message says which.
 //   - resource_exhausted: the tool hit the memory limit or wrote more
 //     than Config.MaxOutputBytes.
 //   - crashed: the tool trapped, exited non-zero or wrote something that
@@ -38,11 +40,11 @@ import (
 //   - tool_error: the tool reported its own error, or its output broke
 //     its output schema.
 func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	if err := r.WaitReady(ctx); err != nil {
-		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: "tools are still being compiled: " + err.Error()}
+	t, err := r.lookup(ctx, name)
+	if err != nil {
+		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s is still being compiled: %v", name, err)}
 	}
-	t, ok := r.set.Load().tools[name]
-	if !ok {
+	if t == nil {
 		return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}
 	}
 	if t.missing != "" {

@@ -2,11 +2,13 @@ package wasmtools
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
@@ -61,8 +63,8 @@ func TestGrantsChangeOnReload(t *testing.T) {
 }
 
 // TestBackgroundOpen opens a registry that compiles in the background:
-// Open returns before the tools are loaded, a call waits for them, and
-// Close during the load stops it without leaking its goroutine.
+// Open returns before the tools are loaded, a call waits for its tool,
+// and Close during the load stops it without leaking its goroutine.
 func TestBackgroundOpen(t *testing.T) {
 	r := openRegistry(t, Config{Dir: toolsDir, Background: true})
 	if _, total, _ := r.Progress(); total != 4 {
@@ -72,8 +74,11 @@ func TestBackgroundOpen(t *testing.T) {
 	if m, _ := out.(map[string]any); m["words"] != float64(4) {
 		t.Errorf("wordcount = %v", out)
 	}
+	if err := r.WaitReady(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if loaded, total, ready := r.Progress(); !ready || loaded != total || len(r.Specs()) != 4 {
-		t.Errorf("after a call: Progress = %d/%d ready=%v, %d specs", loaded, total, ready, len(r.Specs()))
+		t.Errorf("after WaitReady: Progress = %d/%d ready=%v, %d specs", loaded, total, ready, len(r.Specs()))
 	}
 
 	// A cold cache makes the load slow; Close must still return promptly.
@@ -90,4 +95,37 @@ func TestBackgroundOpen(t *testing.T) {
 	if _, te := call(t, cold, "wordcount", `{"text":"x"}`); te == nil {
 		t.Error("a call after Close succeeded")
 	}
+}
+
+// TestCallDuringLoadWaitsForItsToolOnly: while the tools found at Open
+// load in the background, a call waits for its own tool, which loads at
+// once even if every worker is busy with others, and a call of a tool
+// that is not there fails at once.
+func TestCallDuringLoadWaitsForItsToolOnly(t *testing.T) {
+	release := make(chan struct{})
+	testHookLoad = func(name string) {
+		if name != "wordcount" {
+			<-release
+		}
+	}
+	t.Cleanup(func() { testHookLoad = nil })
+	r := openRegistry(t, Config{Dir: toolsDir, Background: true})
+	defer close(release) // before the Close that openRegistry's cleanup makes
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := r.Call(ctx, "wordcount", json.RawMessage(`{"text":"not waiting for the others"}`))
+	if err != nil {
+		t.Fatalf("wordcount while the other tools are held: %v", err)
+	}
+	if string(out) != `{"words":5,"lines":1,"chars":26}` {
+		t.Errorf("wordcount = %s", out)
+	}
+	if loaded, total, ready := r.Progress(); ready || loaded != 1 || total != 4 {
+		t.Errorf("Progress = %d/%d ready=%v, want 1/4, not ready", loaded, total, ready)
+	}
+	if specs := r.Specs(); len(specs) != 1 || specs[0].Name != "wordcount" {
+		t.Errorf("Specs while loading = %v, want wordcount alone", specs)
+	}
+	wantCode(t, r, "nosuchtool", `{}`, keel.ToolNotFound)
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -70,8 +71,10 @@ type Config struct {
 	AllowPrivateNetwork bool
 	// Background makes Open return at once and compile the tools in the
 	// background (compiling a Go module takes seconds); Ready reports when
-	// they are loaded, Progress how far it got, and Call waits for them.
-	// Default false: Open returns with every tool loaded.
+	// they are loaded and Progress how far it got. Each tool is listed
+	// and callable as soon as it has loaded; Call of a tool still queued
+	// loads it at once and waits for it alone. Default false: Open
+	// returns with every tool loaded.
 	Background bool
 	// OnChange, when set, is called after every Reload that changed the
 	// tools or their grants (including those Watch makes). It must not
@@ -117,6 +120,9 @@ type Registry struct {
 	// count the tool files of that load, for progress.
 	ready         chan struct{}
 	total, loaded atomic.Int32
+	// first is the queue of that first load while it runs in the
+	// background (Config.Background); see lookup.
+	first atomic.Pointer[loadQueue]
 	// loadMu serializes Reload; retired holds replaced tools, released at
 	// Close because calls begun before a swap may still use them.
 	loadMu  sync.Mutex
@@ -231,15 +237,20 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	if cfg.Background {
 		// Serve an empty set at once; the loader holds loadMu so a Reload
 		// waits for it, and Close waits for it through loadMu too.
+		// Each tool is published as soon as it has loaded, and a call
+		// of a tool still queued loads it at once (see lookup).
 		r.set.Store(&toolSet{tools: map[string]*tool{}})
+		set, q := r.plan(r.ctx, entries, nil)
+		q.publish = r.publish
+		r.first.Store(q)
 		r.loadMu.Lock()
 		go func() {
 			defer r.loadMu.Unlock()
 			defer close(r.ready)
 			start := time.Now()
-			set, err := r.loadDir(r.ctx, entries, nil)
+			set, err := r.loadAll(set, q)
 			if err != nil {
-				log.Error("wasmtools: loading tools stopped", "error", err)
+				log.Info("wasmtools: loading tools stopped: the registry is closing", "error", err)
 				return
 			}
 			r.set.Store(set)
@@ -265,8 +276,14 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 // loadDir builds a tool set from the directory entries. A tool whose file
 // and sidecar are unchanged since prev is reused, not recompiled.
 func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *toolSet) (*toolSet, error) {
+	return r.loadAll(r.plan(ctx, entries, prev))
+}
+
+// plan splits the directory entries into the tools kept from prev and a
+// queue of those to load.
+func (r *Registry) plan(ctx context.Context, entries []os.DirEntry, prev *toolSet) (*toolSet, *loadQueue) {
 	set := &toolSet{tools: map[string]*tool{}}
-	var todo []string
+	q := &loadQueue{ctx: ctx, done: map[string]chan struct{}{}, loaded: map[string]*tool{}}
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".wasm")
 		if !ok || e.IsDir() {
@@ -279,53 +296,165 @@ func (r *Registry) loadDir(ctx context.Context, entries []os.DirEntry, prev *too
 				continue
 			}
 		}
-		todo = append(todo, name)
+		q.todo = append(q.todo, name)
+		q.done[name] = make(chan struct{})
 	}
-	// Load the new and changed tools in parallel, one per core: loading
-	// from the compilation cache is single-threaded per module.
-	var (
-		mu      sync.Mutex
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, runtime.GOMAXPROCS(0))
-		fresh   []*tool
-		stopped error
-	)
-	for _, name := range todo {
-		if err := ctx.Err(); err != nil {
-			stopped = err
-			break
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			file := filepath.Join(r.cfg.Dir, name+".wasm")
-			t, err := r.load(ctx, name, file)
-			r.loaded.Add(1)
-			if err != nil {
-				r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
-				return
+	return set, q
+}
+
+// loadAll loads the tools of q in parallel, one per core (loading from
+// the compilation cache is single-threaded per module), and adds them to
+// set. With q.publish set, each tool is published as soon as it has
+// loaded, and q is the registry's first load until loadAll returns.
+func (r *Registry) loadAll(set *toolSet, q *loadQueue) (*toolSet, error) {
+	// The workers start under q.mu, as await's goroutines do: each
+	// joins q.workers before Wait (see await).
+	q.mu.Lock()
+	for range min(runtime.GOMAXPROCS(0), len(q.todo)) {
+		q.workers.Go(func() {
+			for {
+				name, ok := q.next()
+				if !ok {
+					return
+				}
+				r.loadQueued(q, name)
 			}
-			r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
-			mu.Lock()
-			set.tools[name] = t
-			fresh = append(fresh, t)
-			mu.Unlock()
-		}()
+		})
 	}
-	wg.Wait()
-	if stopped != nil {
-		for _, t := range fresh {
-			t.close(context.WithoutCancel(ctx), true)
+	q.mu.Unlock()
+	q.workers.Wait()
+	publish := q.publish != nil
+	if err := q.ctx.Err(); err != nil {
+		// What was published stays in the set, for Close to release.
+		cur := r.set.Load()
+		for name, t := range q.loaded {
+			if !publish || cur.tools[name] != t {
+				t.close(context.WithoutCancel(q.ctx), true)
+			}
 		}
-		return nil, fmt.Errorf("wasmtools: open: %w", stopped)
+		if publish {
+			r.first.Store(nil)
+		}
+		return nil, fmt.Errorf("wasmtools: open: %w", err)
 	}
-	for name := range set.tools {
-		set.names = append(set.names, name)
+	maps.Copy(set.tools, q.loaded)
+	set.names = slices.Sorted(maps.Keys(set.tools))
+	if publish {
+		// The whole set first, then no queue: a call that misses in the
+		// set and finds no queue reads the set again (see lookup).
+		r.set.Store(set)
+		r.first.Store(nil)
 	}
-	slices.Sort(set.names)
 	return set, nil
+}
+
+// testHookLoad, set by tests before Open, runs before each tool loads.
+var testHookLoad func(name string)
+
+// loadQueue hands the tool files of one load to its workers in order; a
+// call waiting for a tool that no worker has started starts it on a
+// goroutine of its own (see await).
+type loadQueue struct {
+	ctx     context.Context
+	workers sync.WaitGroup // the workers and the goroutines await starts
+	publish func(*tool)    // nil: nothing is visible before the load ends
+
+	mu     sync.Mutex
+	todo   []string                 // not yet started, in order
+	done   map[string]chan struct{} // closed when that tool's load ended
+	loaded map[string]*tool         // the tools that loaded
+}
+
+// next takes the next tool to load, if any is left.
+func (q *loadQueue) next() (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.todo) == 0 {
+		return "", false
+	}
+	name := q.todo[0]
+	q.todo = q.todo[1:]
+	return name, true
+}
+
+// loadQueued loads one tool of q and records the outcome.
+func (r *Registry) loadQueued(q *loadQueue, name string) {
+	if testHookLoad != nil {
+		testHookLoad(name)
+	}
+	var t *tool
+	if q.ctx.Err() == nil {
+		file := filepath.Join(r.cfg.Dir, name+".wasm")
+		var err error
+		if t, err = r.load(q.ctx, name, file); err != nil {
+			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
+		} else {
+			r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+		}
+	}
+	r.loaded.Add(1)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t != nil {
+		q.loaded[name] = t
+		if q.publish != nil && q.ctx.Err() == nil {
+			q.publish(t)
+		}
+	}
+	close(q.done[name])
+}
+
+// await waits until q's load of name has ended, starting it at once if
+// no worker has yet, and returns the tool; nil if name is not part of q
+// or did not load. It fails only when ctx ends first.
+func (r *Registry) await(ctx context.Context, q *loadQueue, name string) (*tool, error) {
+	q.mu.Lock()
+	done, ok := q.done[name]
+	if !ok {
+		q.mu.Unlock()
+		return nil, nil
+	}
+	if i := slices.Index(q.todo, name); i >= 0 {
+		// name is still queued, so either loadAll has not started the
+		// workers or none has run out of work: either way loadAll has
+		// not passed its Wait, and this goroutine joins them.
+		q.todo = slices.Delete(q.todo, i, i+1)
+		q.workers.Go(func() { r.loadQueued(q, name) })
+	}
+	q.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.loaded[name], nil
+}
+
+// publish adds t to the current set (see loadDir).
+func (r *Registry) publish(t *tool) {
+	old := r.set.Load()
+	next := &toolSet{tools: maps.Clone(old.tools)}
+	next.tools[t.info.Spec.Name] = t
+	next.names = slices.Sorted(maps.Keys(next.tools))
+	r.set.Store(next)
+}
+
+// lookup returns the named tool. While the tools found at Open are still
+// loading, it waits for that one tool only, moving it ahead of the
+// others.
+func (r *Registry) lookup(ctx context.Context, name string) (*tool, error) {
+	if t, ok := r.set.Load().tools[name]; ok {
+		return t, nil
+	}
+	q := r.first.Load()
+	if q == nil {
+		// The first load may have ended since the set was read; it
+		// stores the whole set before it clears first.
+		return r.set.Load().tools[name], nil
+	}
+	return r.await(ctx, q, name)
 }
 
 // unchanged reports whether file still has the content t was loaded from
@@ -386,12 +515,16 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
 	switch {
-	case errors.Is(err, fs.ErrNotExist) && reactor:
-		if data, err = r.reactorManifest(ctx, name, compiled); err != nil {
-			return nil, err
-		}
 	case errors.Is(err, fs.ErrNotExist):
-		if data, err = r.printManifest(ctx, name, compiled); err != nil {
+		// What a module says its manifest is depends only on its bytes
+		// and the name it runs under; asking it means starting an
+		// instance, so a restart reads the answer back instead.
+		ask := r.printManifest
+		if reactor {
+			ask = r.reactorManifest
+		}
+		key := fmt.Sprintf("%x-%s-v%s.json", sum, name, manifestCacheVersion)
+		if data, err = r.cached("manifests", key, func() ([]byte, error) { return ask(ctx, name, compiled) }); err != nil {
 			return nil, err
 		}
 	case err != nil:
@@ -438,26 +571,36 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 // the cache; change it whenever the rewrite changes.
 const instrumentVersion = "1"
 
-// instrumented returns bin rewritten by instrument. With a CacheDir the
-// rewrite (tens of milliseconds for a Go module) is kept there, under the
-// original's sha256, so a restart reads it back instead; the cache is
-// as trusted as wazero's compiled code beside it.
+// manifestCacheVersion names the form of the manifests kept in the cache.
+const manifestCacheVersion = "1"
+
+// instrumented returns bin rewritten by instrument. The rewrite (tens of
+// milliseconds for a Go module) is cached under the original's sha256.
 func (r *Registry) instrumented(bin []byte, sum [32]byte) ([]byte, error) {
+	key := fmt.Sprintf("%x-v%s.wasm", sum, instrumentVersion)
+	return r.cached("instrumented", key, func() ([]byte, error) { return instrument(bin) })
+}
+
+// cached returns the file key of the cache's directory sub, or what make
+// returns, which it then keeps there. Without a CacheDir it only calls
+// make. The cache is as trusted as wazero's compiled code beside it; a
+// file that cannot be kept is logged and the result still returned.
+func (r *Registry) cached(sub, key string, make func() ([]byte, error)) ([]byte, error) {
 	if r.cache == nil {
-		return instrument(bin)
+		return make()
 	}
-	file := filepath.Join(r.cfg.CacheDir, "instrumented", fmt.Sprintf("%x-v%s.wasm", sum, instrumentVersion))
+	file := filepath.Join(r.cfg.CacheDir, sub, key)
 	if out, err := os.ReadFile(file); err == nil {
 		return out, nil
 	}
-	out, err := instrument(bin)
+	out, err := make()
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		r.log.Warn("wasmtools: cannot cache an instrumented module", "error", err)
+		r.log.Warn("wasmtools: cannot cache", "file", file, "error", err)
 	} else if err := atomicfile.Write(file, bytes.NewReader(out), 0o600); err != nil {
-		r.log.Warn("wasmtools: cannot cache an instrumented module", "error", err)
+		r.log.Warn("wasmtools: cannot cache", "file", file, "error", err)
 	}
 	return out, nil
 }

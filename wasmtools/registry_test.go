@@ -508,3 +508,39 @@ func TestOpenConfig(t *testing.T) {
 		t.Errorf("Tools() of an empty dir = %v", got)
 	}
 }
+
+// TestModuleManifestIsCached: a manifest a module reports is kept in the
+// cache under the module's hash and its name, and a restart reads it from
+// there instead of starting an instance to ask again.
+func TestModuleManifestIsCached(t *testing.T) {
+	cache := t.TempDir()
+	if err := os.CopyFS(cache, os.DirFS(cacheDir)); err != nil { // the compiled code, so the test compiles nothing
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(cache, "manifests")); err != nil {
+		t.Fatal(err)
+	}
+	r := openRegistry(t, Config{Dir: toolsDir, CacheDir: cache})
+	wc, ok := r.Tool("wordcount")
+	if !ok {
+		t.Fatal("no wordcount")
+	}
+	file := filepath.Join(cache, "manifests", wc.SHA256+"-wordcount-v"+manifestCacheVersion+".json")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("the manifest was not cached: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil || m["description"] != wc.Spec.Description {
+		t.Fatalf("cached manifest = %s (%v), want wordcount's", data, err)
+	}
+	m["description"] = "read back from the cache"
+	data, _ = json.Marshal(m)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := openRegistry(t, Config{Dir: toolsDir, CacheDir: cache})
+	if got, _ := again.Tool("wordcount"); got.Spec.Description != "read back from the cache" {
+		t.Errorf("after a restart the description is %q; the cached manifest was not used", got.Spec.Description)
+	}
+}

@@ -87,7 +87,7 @@ func seed(dir string) error {
 	return nil
 }
 
-type timing struct{ serving, loaded time.Duration }
+type timing struct{ serving, called, loaded time.Duration }
 
 func measure(dir, cache string) (timing, error) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,6 +111,12 @@ func measure(dir, cache string) (timing, error) {
 		return t, err
 	}
 	defer c.Close()
+	// A tool late in loading order: its first call need not wait for the
+	// others (the registry loads a called tool at once).
+	if _, err := c.CallTool(ctx, "wordcount6", json.RawMessage(`{"text":"a b"}`)); err != nil {
+		return t, err
+	}
+	t.called = time.Since(start)
 	for {
 		res, err := c.ToolsList(ctx)
 		if err != nil {
@@ -125,9 +131,6 @@ func measure(dir, cache string) (timing, error) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	t.loaded = time.Since(start)
-	if _, err := c.CallTool(ctx, "wordcount6", json.RawMessage(`{"text":"a b"}`)); err != nil {
-		return t, err
-	}
 	cancel()
 	return t, <-done
 }
@@ -148,8 +151,8 @@ func run() error {
 		if results[i], err = measure(dir, cache); err != nil {
 			return fmt.Errorf("%s: %w", label, err)
 		}
-		fmt.Printf("10 tools, %s cache: accepting connections after %v, all tools callable after %v\n",
-			label, results[i].serving.Round(time.Millisecond), results[i].loaded.Round(time.Millisecond))
+		fmt.Printf("10 tools, %s cache: accepting connections after %v, first call of a tool answered after %v, all tools callable after %v\n",
+			label, results[i].serving.Round(time.Millisecond), results[i].called.Round(time.Millisecond), results[i].loaded.Round(time.Millisecond))
 	}
 	fmt.Printf("all tools callable: cold/warm %.1fx\n", float64(results[0].loaded)/float64(results[1].loaded))
 	return nil
