@@ -335,6 +335,7 @@ func module(sections ...[]byte) []byte {
 
 const (
 	secType, secImport, secFunc, secMemory, secExport, secCode, secData = 1, 2, 3, 5, 7, 10, 11
+	opI32Const, opI64Const, opEnd                                        = 0x41, 0x42, 0x0b
 	exportFunc, exportMemory                                            = 0x00, 0x02
 )
 
@@ -410,4 +411,47 @@ func fixedModule(msg string) []byte {
 			0x0b))),
 		section(secData, vec(append([]byte{0x00, 0x41, 0x00, 0x0b}, append(leb(len(data)), data...)...))),
 	)
+}
+
+// cannedReactor is the least a reactor can be: keel_alloc hands out the
+// buffer at 1024 and keel_call returns result, stored at 2048, whatever
+// the input. A call of it costs the host's part of a warm call alone.
+//
+//	(module (memory (export "memory") 1)
+//	  (data (i32.const 2048) "<result>")
+//	  (func (export "_initialize"))
+//	  (func (export "keel_alloc") (param i32) (result i32) (i32.const 1024))
+//	  (func (export "keel_call") (param i32 i32) (result i64) (i64.const <2048<<32 | len>)))
+func cannedReactor(result string) []byte {
+	i32ToI32 := []byte{0x60, 0x01, 0x7f, 0x01, 0x7f}
+	i32i32ToI64 := []byte{0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7e}
+	packed := sleb(2048<<32 | int64(len(result)))
+	return module(
+		section(secType, vec(voidType, i32ToI32, i32i32ToI64)),
+		section(secFunc, vec([]byte{0}, []byte{1}, []byte{2})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_initialize"), exportFunc, 0),
+			append(str("keel_alloc"), exportFunc, 1),
+			append(str("keel_call"), exportFunc, 2))),
+		section(secCode, vec(
+			body(opEnd),
+			body(append(append([]byte{opI32Const}, sleb(1024)...), opEnd)...),
+			body(append(append([]byte{opI64Const}, packed...), opEnd)...))),
+		section(secData, vec(append(append([]byte{0x00, opI32Const}, sleb(2048)...), append([]byte{opEnd}, append(leb(len(result)), result...)...)...))),
+	)
+}
+
+// sleb encodes v as signed LEB128.
+func sleb(v int64) []byte {
+	var out []byte
+	for {
+		b := byte(v & 0x7f)
+		v >>= 7
+		if v == 0 && b&0x40 == 0 || v == -1 && b&0x40 != 0 {
+			return append(out, b)
+		}
+		out = append(out, b|0x80)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -169,6 +171,38 @@ func BenchmarkCallWarm(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := r.Call(context.Background(), "wordcount", input); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCallHost is BenchmarkCallWarm's input and output schemas on a
+// reactor that does nothing (cannedReactor): the host's part of a warm
+// call, from lookup and validation to the result, without guest code.
+func BenchmarkCallHost(b *testing.B) {
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "canned.wasm"), cannedReactor(`{"output":{"words":9,"lines":2,"chars":44}}`), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	manifest := `{"name":"canned","version":"0.1.0","description":"wordcount's contract, a canned answer","side_effects":"read_only",
+		"input_schema":{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false},
+		"output_schema":{"type":"object","properties":{"words":{"type":"integer","minimum":0},"lines":{"type":"integer","minimum":0},"chars":{"type":"integer","minimum":0}},"required":["words","lines","chars"],"additionalProperties":false}}`
+	if err := os.WriteFile(filepath.Join(dir, "canned.manifest.json"), []byte(manifest), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	r, err := Open(context.Background(), Config{Dir: dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	input := json.RawMessage(`{"text":"the quick brown fox\njumps over the lazy dog\n"}`)
+	out, err := r.Call(context.Background(), "canned", input)
+	if err != nil || string(out) != `{"words":9,"lines":2,"chars":44}` {
+		b.Fatalf("canned = %s, %v", out, err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Call(context.Background(), "canned", input); err != nil {
 			b.Fatal(err)
 		}
 	}

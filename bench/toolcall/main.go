@@ -135,21 +135,32 @@ func run(n, ncold int) error {
 		return nil
 	}
 
-	w, err := measure(n, call(warm))
-	if err != nil {
-		return fmt.Errorf("warm: %w", err)
+	// Warm calls and spawns alternate in rounds, so that both see the
+	// same machine: its speed drifts by tens of percent over seconds.
+	var w, s []time.Duration
+	for round := range rounds {
+		k := n / rounds
+		if round < n%rounds {
+			k++
+		}
+		d, err := measure(k, call(warm))
+		if err != nil {
+			return fmt.Errorf("warm: %w", err)
+		}
+		w = append(w, d...)
+		if d, err = measure(k, spawn); err != nil {
+			return fmt.Errorf("spawn: %w", err)
+		}
+		s = append(s, d...)
+		time.Sleep(settle)
 	}
 	c, err := measure(ncold, call(cold))
 	if err != nil {
 		return fmt.Errorf("cold: %w", err)
 	}
-	s, err := measure(n, spawn)
-	if err != nil {
-		return fmt.Errorf("spawn: %w", err)
-	}
 	ps, _ := warm.PoolStats("wordcount")
 
-	fmt.Printf("wordcount, input %d bytes; warm and spawn n=%d, cold n=%d\n", len(input), n, ncold)
+	fmt.Printf("wordcount, input %d bytes; warm and spawn n=%d each, in %d alternating rounds; cold n=%d\n", len(input), n, rounds, ncold)
 	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "warm call (pooled reactor instance)", pct(w, .50), pct(w, .99))
 	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "cold call (fresh instance, cache warm)", pct(c, .50), pct(c, .99))
 	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "native process spawned per call", pct(s, .50), pct(s, .99))
@@ -162,7 +173,14 @@ func run(n, ncold int) error {
 	return nil
 }
 
-// measure times n calls of f after one untimed call.
+// rounds is how many alternating rounds of warm calls and spawns make up
+// their measurements.
+const rounds = 10
+
+// settle is the pause after each round of spawns: the kernel is still
+// tearing the last processes down for a few milliseconds.
+const settle = 50 * time.Millisecond
+
 // measure times n calls of f, after a few untimed ones (the first fills
 // caches and pools) and a garbage collection.
 func measure(n int, f func() error) ([]time.Duration, error) {
