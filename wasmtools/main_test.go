@@ -335,7 +335,7 @@ func module(sections ...[]byte) []byte {
 
 const (
 	secType, secImport, secFunc, secMemory, secExport, secCode, secData = 1, 2, 3, 5, 7, 10, 11
-	opI32Const, opI64Const, opEnd                                        = 0x41, 0x42, 0x0b
+	opI32Const, opI64Const, opEnd                                       = 0x41, 0x42, 0x0b
 	exportFunc, exportMemory                                            = 0x00, 0x02
 )
 
