@@ -29,7 +29,11 @@ func toolsCmd() *cobra.Command {
 				}
 				tools := res.Tools
 				if res.Compiling != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "compiling tools: %d of %d done; the list is partial\n", res.Compiling.Loaded, res.Compiling.Total)
+					note := "the list is partial"
+					if len(tools) == res.Compiling.Total {
+						note = "a call of one still compiling waits for it"
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "compiling tools: %d of %d done; %s\n", res.Compiling.Loaded, res.Compiling.Total, note)
 				}
 				if asJSON {
 					return writeJSON(cmd, tools)
@@ -42,7 +46,11 @@ func toolsCmd() *cobra.Command {
 					return nil
 				}
 				for _, t := range tools {
-					fmt.Fprintf(out, "%s %s  (%s)\n  %s\n", t.Name, t.Version, t.SideEffects, t.Description)
+					state := ""
+					if t.Compiling {
+						state = ", compiling"
+					}
+					fmt.Fprintf(out, "%s %s  (%s%s)\n  %s\n", t.Name, t.Version, t.SideEffects, state, t.Description)
 					if t.Grants.Empty() {
 						fmt.Fprintln(out, "  grants: none")
 					}
@@ -173,7 +181,7 @@ func noteCompiling(cmd *cobra.Command, c *client.Client, name string) error {
 	if err != nil {
 		return err
 	}
-	if res.Compiling == nil || slices.ContainsFunc(res.Tools, func(t protocol.ToolInfo) bool { return t.Name == name }) {
+	if res.Compiling == nil || slices.ContainsFunc(res.Tools, func(t protocol.ToolInfo) bool { return t.Name == name && !t.Compiling }) {
 		return nil
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "the daemon is still compiling its tools (%d of %d done); waiting for %s, which it compiles next\n", res.Compiling.Loaded, res.Compiling.Total, name)

@@ -25,14 +25,18 @@ type auditedTools struct {
 	log *slog.Logger
 }
 
-// Specs returns the tools a run may use. A run started while the tools
-// found at start are still compiling waits for them (at most a few
-// minutes), so it is offered every tool.
+// Specs returns the tools a run may use. While the tools found at start
+// are still compiling, a run is offered every tool the index lists (a
+// call then waits for its tool); if the index does not know them all,
+// the run waits for the load (at most a few minutes), so it is offered
+// every tool.
 func (a *auditedTools) Specs() []keel.ToolSpec {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := a.reg.WaitReady(ctx); err != nil {
-		a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)
+	if !a.reg.Listed() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := a.reg.WaitReady(ctx); err != nil {
+			a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)
+		}
 	}
 	return a.reg.Specs()
 }
@@ -43,10 +47,7 @@ func (a *auditedTools) SideEffects(name string) (keel.SideEffect, bool) {
 }
 
 // Loading reports whether Specs would wait for tools still compiling.
-func (a *auditedTools) Loading() bool {
-	_, _, ready := a.reg.Progress()
-	return !ready
-}
+func (a *auditedTools) Loading() bool { return !a.reg.Listed() }
 
 func (a *auditedTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	sum := sha256.Sum256(input)

@@ -127,7 +127,7 @@ func (m *toolManager) info(ctx context.Context, name string) (protocol.ToolInfo,
 }
 
 func toolInfo(t wasmtools.Tool) protocol.ToolInfo {
-	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256}
+	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256, Compiling: t.Compiling}
 }
 
 func (m *toolManager) inspect(ctx context.Context, file string) (wasmtools.Tool, error) {

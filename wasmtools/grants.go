@@ -60,6 +60,18 @@ func (r *Registry) WaitReady(ctx context.Context) error {
 	}
 }
 
+// Listed reports whether Tools and Specs list every tool found at Open:
+// their load has ended, or the index listed each of them (see index.go;
+// a listed tool that has not loaded yet is marked Compiling).
+func (r *Registry) Listed() bool {
+	select {
+	case <-r.ready:
+		return true
+	default:
+		return r.listedAll
+	}
+}
+
 // Progress reports how many of the tool files present at Open have been
 // compiled and checked, and whether that first load is finished.
 func (r *Registry) Progress() (loaded, total int, ready bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -124,8 +125,97 @@ func TestCallDuringLoadWaitsForItsToolOnly(t *testing.T) {
 	if loaded, total, ready := r.Progress(); ready || loaded != 1 || total != 4 {
 		t.Errorf("Progress = %d/%d ready=%v, want 1/4, not ready", loaded, total, ready)
 	}
-	if specs := r.Specs(); len(specs) != 1 || specs[0].Name != "wordcount" {
-		t.Errorf("Specs while loading = %v, want wordcount alone", specs)
+	if _, ok := r.Tool("wordcount"); !ok {
+		t.Error("wordcount is not listed after a call loaded it")
+	}
+	for _, tool := range r.Tools() { // the others only as the index lists them
+		if loaded := !tool.Compiling; loaded != (tool.Spec.Name == "wordcount") {
+			t.Errorf("while only wordcount has loaded, %s is listed with Compiling = %v", tool.Spec.Name, tool.Compiling)
+		}
 	}
 	wantCode(t, r, "nosuchtool", `{}`, keel.ToolNotFound)
+}
+
+// TestIndexListsToolsBeforeTheyLoad: a restart lists, from the index the
+// last load wrote, every tool whose file and sidecar are unchanged, before
+// compiling any; each becomes callable as it loads. A changed file or
+// sidecar is not listed until it has loaded.
+func TestIndexListsToolsBeforeTheyLoad(t *testing.T) {
+	dir, cache := t.TempDir(), t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(toolsDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(cache, os.DirFS(cacheDir)); err != nil { // compiled code only: the index is per cache
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(cache, "index-v"+indexVersion)); err != nil {
+		t.Fatal(err)
+	}
+	first := openRegistry(t, Config{Dir: dir, CacheDir: cache})
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	open := func() (*Registry, func()) {
+		release := make(chan struct{})
+		testHookLoad = func(name string) {
+			if name != "wordcount" {
+				<-release
+			}
+		}
+		r := openRegistry(t, Config{Dir: dir, CacheDir: cache, Background: true})
+		return r, func() {
+			close(release)
+			_ = r.WaitReady(context.Background())
+			testHookLoad = nil // no load reads it any more
+		}
+	}
+	r, done := open()
+	if !r.Listed() {
+		t.Error("Listed() = false with every tool in the index")
+	}
+	tools := r.Tools()
+	if len(tools) != 4 {
+		t.Fatalf("Tools() before any load = %d tools, want the 4 indexed", len(tools))
+	}
+	for _, tool := range tools {
+		if !tool.Compiling || tool.SHA256 == "" || len(tool.Spec.InputSchema) == 0 {
+			t.Errorf("listed %s = %+v, want Compiling, with its hash and schema", tool.Spec.Name, tool)
+		}
+	}
+	mustCall(t, r, "wordcount", `{"text":"listed, then loaded"}`)
+	if wc, _ := r.Tool("wordcount"); wc.Compiling {
+		t.Error("wordcount still Compiling after a call loaded it")
+	}
+	if rf, _ := r.Tool("readfile"); !rf.Compiling {
+		t.Error("readfile is not Compiling while its load is held")
+	}
+	done()
+	for _, tool := range r.Tools() {
+		if tool.Compiling {
+			t.Errorf("%s still Compiling after the load", tool.Spec.Name)
+		}
+	}
+
+	// A file whose stamp changed, and a sidecar that appeared, are not
+	// taken from the index.
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, "fetch.wasm"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "writefile.manifest.json"), []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, done = open()
+	defer done()
+	if r.Listed() {
+		t.Error("Listed() = true with two tools changed since the index")
+	}
+	var names []string
+	for _, tool := range r.Tools() {
+		names = append(names, tool.Spec.Name)
+	}
+	if want := []string{"readfile", "wordcount"}; !slices.Equal(names, want) {
+		t.Errorf("listed after changes = %v, want %v", names, want)
+	}
 }

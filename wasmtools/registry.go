@@ -103,6 +103,10 @@ type Tool struct {
 	Grants   capabilities.Grants // what it was given
 	SHA256   string              // hex digest of the .wasm file
 	Path     string              // the .wasm file
+	// Compiling is set for a tool listed, while the tools found at Open
+	// load in the background, from what the last start recorded of its
+	// unchanged file (see index.go): a call waits for it to load.
+	Compiling bool
 }
 
 // Registry holds the tools of one directory, compiled and ready to call.
@@ -121,8 +125,10 @@ type Registry struct {
 	ready         chan struct{}
 	total, loaded atomic.Int32
 	// first is the queue of that first load while it runs in the
-	// background (Config.Background); see lookup.
-	first atomic.Pointer[loadQueue]
+	// background (Config.Background); see lookup. listedAll is set when
+	// the index listed every tool of it.
+	first     atomic.Pointer[loadQueue]
+	listedAll bool
 	// loadMu serializes Reload; retired holds replaced tools, released at
 	// Close because calls begun before a swap may still use them.
 	loadMu  sync.Mutex
@@ -143,9 +149,17 @@ type toolSet struct {
 	names []string // sorted
 }
 
-// tool is a loaded tool. It is not changed after Open.
+// tool is a loaded tool, or one listed from the index while it loads
+// (pending). It is not changed after Open.
 type tool struct {
-	info     Tool
+	info Tool
+	// pending marks a tool listed from the index and not loaded yet: it
+	// has a description and nothing else.
+	pending bool
+	// stamp and manifest are what the index records of the tool.
+	stamp    fileStamp
+	manifest []byte
+
 	compiled wazero.CompiledModule
 	input    *schema.Schema
 	output   *schema.Schema // nil: no output schema
@@ -238,9 +252,18 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		// Serve an empty set at once; the loader holds loadMu so a Reload
 		// waits for it, and Close waits for it through loadMu too.
 		// Each tool is published as soon as it has loaded, and a call
-		// of a tool still queued loads it at once (see lookup).
-		r.set.Store(&toolSet{tools: map[string]*tool{}})
+		// of a tool still queued loads it at once (see lookup). Until
+		// then the index lists what it knows of each (see index.go).
 		set, q := r.plan(r.ctx, entries, nil)
+		listed := &toolSet{tools: map[string]*tool{}}
+		for _, name := range q.todo {
+			if t, ok := r.listed(name); ok {
+				listed.tools[name] = t
+			}
+		}
+		listed.names = slices.Sorted(maps.Keys(listed.tools))
+		r.listedAll = len(listed.names) == len(q.todo)
+		r.set.Store(listed)
 		q.publish = r.publish
 		r.first.Store(q)
 		r.loadMu.Lock()
@@ -310,7 +333,7 @@ func (r *Registry) loadAll(set *toolSet, q *loadQueue) (*toolSet, error) {
 	// The workers start under q.mu, as await's goroutines do: each
 	// joins q.workers before Wait (see await).
 	q.mu.Lock()
-	for range min(runtime.GOMAXPROCS(0), len(q.todo)) {
+	for range min(loadWorkers(), len(q.todo)) {
 		q.workers.Go(func() {
 			for {
 				name, ok := q.next()
@@ -351,6 +374,11 @@ func (r *Registry) loadAll(set *toolSet, q *loadQueue) (*toolSet, error) {
 // testHookLoad, set by tests before Open, runs before each tool loads.
 var testHookLoad func(name string)
 
+// loadWorkers is how many tools load at once: one per core but one, so
+// a load never takes every core from serving, from a call whose tool is
+// loading next (see await) or from a run.
+func loadWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+
 // loadQueue hands the tool files of one load to its workers in order; a
 // call waiting for a tool that no worker has started starts it on a
 // goroutine of its own (see await).
@@ -390,6 +418,7 @@ func (r *Registry) loadQueued(q *loadQueue, name string) {
 			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
 		} else {
 			r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+			r.remember(t)
 		}
 	}
 	r.loaded.Add(1)
@@ -445,7 +474,7 @@ func (r *Registry) publish(t *tool) {
 // loading, it waits for that one tool only, moving it ahead of the
 // others.
 func (r *Registry) lookup(ctx context.Context, name string) (*tool, error) {
-	if t, ok := r.set.Load().tools[name]; ok {
+	if t, ok := r.set.Load().tools[name]; ok && !t.pending {
 		return t, nil
 	}
 	q := r.first.Load()
@@ -486,7 +515,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	if !namePattern.MatchString(name) {
 		return nil, fmt.Errorf("file name %q is not a tool name: it must match %s", name, namePattern)
 	}
-	bin, err := os.ReadFile(file)
+	bin, stamp, err := readTool(file)
 	if err != nil {
 		return nil, err
 	}
@@ -499,7 +528,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	if err != nil {
 		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
 	}
-	t := &tool{compiled: compiled}
+	t := &tool{compiled: compiled, stamp: stamp}
 	defer func() {
 		if err != nil {
 			t.close(ctx, true)
@@ -541,30 +570,35 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	}
 	t.input, t.output = m.input, m.output
 	t.fresh = m.Isolation == isolationFresh
-
-	abs, err := filepath.Abs(file)
-	if err != nil {
-		abs = file
-	}
-	t.info = Tool{
-		Spec: keel.ToolSpec{
-			Name:         m.Name,
-			Version:      m.Version,
-			Description:  m.Description,
-			InputSchema:  m.InputSchema,
-			OutputSchema: m.OutputSchema,
-			SideEffects:  m.SideEffects,
-		},
-		Requests: m.Requests,
-		SHA256:   hex.EncodeToString(sum[:]),
-		Path:     abs,
-	}
+	t.manifest = data
+	t.info = describe(m, hex.EncodeToString(sum[:]), file)
 	t.granted = r.grantsFor(name)
 	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
 	return t, nil
+}
+
+// readTool reads a tool file and stamps it, from the same open file.
+func readTool(file string) ([]byte, fileStamp, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fileStamp{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fileStamp{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fileStamp{}, fmt.Errorf("%s is not a regular file", file)
+	}
+	bin, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fileStamp{}, err
+	}
+	return bin, stampOf(fi), nil
 }
 
 // instrumentVersion names the current form of instrument's rewrite in
@@ -737,7 +771,9 @@ func (t *tool) close(ctx context.Context, compiled bool) {
 	}
 }
 
-// Tools returns the loaded tools sorted by name. The result is a copy.
+// Tools returns the tools sorted by name. While the tools found at Open
+// load in the background, those not loaded yet are listed only if the
+// index knows them, marked Compiling (see Listed). The result is a copy.
 func (r *Registry) Tools() []Tool {
 	set := r.set.Load()
 	out := make([]Tool, 0, len(set.names))
@@ -747,7 +783,8 @@ func (r *Registry) Tools() []Tool {
 	return out
 }
 
-// Tool returns the loaded tool name (a copy), and whether there is one.
+// Tool returns the tool name (a copy, as Tools lists it), and whether
+// there is one.
 func (r *Registry) Tool(name string) (Tool, bool) {
 	t, ok := r.set.Load().tools[name]
 	if !ok {
@@ -756,8 +793,8 @@ func (r *Registry) Tool(name string) (Tool, bool) {
 	return t.info.clone(), true
 }
 
-// SideEffects returns the side-effect class of the loaded tool name,
-// and whether there is one. Unlike Tool, it copies nothing.
+// SideEffects returns the side-effect class of the tool name (as Tools
+// lists it), and whether there is one. Unlike Tool, it copies nothing.
 func (r *Registry) SideEffects(name string) (keel.SideEffect, bool) {
 	t, ok := r.set.Load().tools[name]
 	if !ok {
@@ -766,7 +803,7 @@ func (r *Registry) SideEffects(name string) (keel.SideEffect, bool) {
 	return t.info.Spec.SideEffects, true
 }
 
-// Specs returns the specs of the loaded tools sorted by name.
+// Specs returns the specs of the tools Tools lists, sorted by name.
 func (r *Registry) Specs() []keel.ToolSpec {
 	set := r.set.Load()
 	out := make([]keel.ToolSpec, 0, len(set.names))

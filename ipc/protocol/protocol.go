@@ -203,6 +203,10 @@ type ToolInfo struct {
 	Requests capabilities.Grants `json:"requests"`
 	Grants   capabilities.Grants `json:"grants"`
 	SHA256   string              `json:"sha256,omitempty"`
+	// Compiling is set, while the daemon compiles the tools it found at
+	// start, for a tool listed from what the last start recorded of its
+	// unchanged file: a call of it waits until it has compiled.
+	Compiling bool `json:"compiling,omitempty"`
 }
 
 // ToolsInspectParams names a .wasm file to validate without installing.
@@ -240,7 +244,8 @@ type ToolsRevokeParams struct {
 type ToolsListResult struct {
 	Tools []ToolInfo `json:"tools"`
 	// Compiling is set while the daemon is still compiling the tools it
-	// found at start; Tools then lists only those already loaded.
+	// found at start; Tools then lists those already loaded and those
+	// the last start recorded (marked compiling), which may be fewer.
 	Compiling *ToolsProgress `json:"compiling,omitempty"`
 }
 
