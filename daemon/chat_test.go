@@ -205,7 +205,7 @@ func TestApprovalCLI(t *testing.T) {
 			return models.ChatResponse{Message: models.Message{Content: "tool said " + req.Messages[len(req.Messages)-1].Content}}, nil
 		}),
 	)
-	d := startDaemon(t, daemon.Config{Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})

@@ -75,7 +75,7 @@ type started struct {
 func startDaemon(t *testing.T, cfg daemon.Config) *started {
 	t.Helper()
 	if cfg.DataDir == "" {
-		cfg.DataDir = t.TempDir()
+		cfg.DataDir = noTools(t)
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0"
@@ -123,6 +123,25 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 	})
 	return s
 }
+
+// noTools is a new data dir whose daemon installs no tools. Most tests
+// call none; without them a daemon neither loads the bundled ones nor, at
+// shutdown, waits for a load in progress (under -race each takes seconds,
+// minutes over the package). Tests that call tools start on withTools.
+func noTools(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// withTools is a new data dir whose daemon installs the bundled tools.
+func withTools(t *testing.T) string { return t.TempDir() }
 
 func dial(t *testing.T, dir string) *client.Client {
 	t.Helper()
@@ -239,7 +258,7 @@ func TestRunWithScriptedModel(t *testing.T) {
 			last := req.Messages[len(req.Messages)-1]
 			return models.ChatResponse{Message: models.Message{Content: "tool said " + last.Content}}, nil
 		}))
-	d := startDaemon(t, daemon.Config{Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count the words"})
@@ -424,7 +443,7 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 // input must leave intact.
 func startWithEndedRun(t *testing.T) (*started, *client.Client, keel.Run) {
 	t.Helper()
-	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, scripted.Answer("ok"))})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil, scripted.Answer("ok"))})
 	c := dial(t, d.dir)
 	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "first"})
 	if err != nil {
@@ -472,7 +491,7 @@ func TestBadInputKeepsDaemonAndData(t *testing.T) {
 // TestCLI runs the real command line against a daemon in the process.
 func TestCLI(t *testing.T) {
 	p := scripted.New(nil, scripted.CallTool("wordcount", `{"text":"a b c"}`), scripted.Answer("three words"))
-	d := startDaemon(t, daemon.Config{Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
 	keelCLI := func(args ...string) (string, string, int) { return runCLI(context.Background(), d.dir, args...) }
 	out, errs, code := keelCLI("run", "count", "a b c")
 	if code != cli.ExitOK || !strings.Contains(out, "run succeeded") || !strings.Contains(out, "three words") || !strings.Contains(out, `tool  ← wordcount {"words":3,"lines":1,"chars":5}`) {
@@ -537,7 +556,7 @@ func TestCLI(t *testing.T) {
 // TestToolsHotReload deletes a bundled tool from a running daemon's tool
 // directory and puts it back; tools.list follows without a restart.
 func TestToolsHotReload(t *testing.T) {
-	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	names := func() string {
@@ -628,7 +647,7 @@ func TestToolsHotReload(t *testing.T) {
 // granting and revoking a tool with the real CLI, checking each step
 // takes effect on real calls and that grants survive a restart.
 func TestToolInstallAndGrants(t *testing.T) {
-	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
 	src := t.TempDir()
 	bin, err := os.ReadFile(filepath.Join(d.dir, "tools", "readfile.wasm"))
 	if err != nil {

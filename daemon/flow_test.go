@@ -24,7 +24,7 @@ func TestDAGRunOverProtocol(t *testing.T) {
 		first, _, _ := strings.Cut(scripted.Goal(req), "\n")
 		return models.ChatResponse{Message: models.Message{Content: "did: " + first}}, nil
 	})))
-	d := startDaemon(t, daemon.Config{Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 

@@ -32,7 +32,7 @@ func TestTakeOverHandBackForkCLI(t *testing.T) {
 		}),
 		scripted.Answer("fork done"),
 	)
-	d := startDaemon(t, daemon.Config{Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run := startWaiting(t, c, p, "count")
