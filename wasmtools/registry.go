@@ -325,9 +325,9 @@ func (r *Registry) plan(ctx context.Context, entries []os.DirEntry, prev *toolSe
 	return set, q
 }
 
-// loadAll loads the tools of q in parallel, one per core (loading from
-// the compilation cache is single-threaded per module), and adds them to
-// set. With q.publish set, each tool is published as soon as it has
+// loadAll loads the tools of q in parallel, loadWorkers at a time
+// (loading from the compilation cache is single-threaded per module), and
+// adds them to set. With q.publish set, each tool is published as soon as it has
 // loaded, and q is the registry's first load until loadAll returns.
 func (r *Registry) loadAll(set *toolSet, q *loadQueue) (*toolSet, error) {
 	// The workers start under q.mu, as await's goroutines do: each
