@@ -14,7 +14,6 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
-	"github.com/keel-runtime/keel/internal/atomicfile"
 )
 
 // The tool index.
@@ -78,11 +77,7 @@ func (r *Registry) remember(t *tool) {
 	if old, err := os.ReadFile(file); err == nil && bytes.Equal(old, data) {
 		return
 	}
-	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		r.log.Warn("wasmtools: cannot index a tool", "tool", t.info.Spec.Name, "error", err)
-	} else if err := atomicfile.Write(file, bytes.NewReader(data), 0o600); err != nil {
-		r.log.Warn("wasmtools: cannot index a tool", "tool", t.info.Spec.Name, "error", err)
-	}
+	r.keep(file, data)
 }
 
 // listed returns the tool name as the index knows it, not loaded, if its

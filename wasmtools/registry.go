@@ -631,12 +631,20 @@ func (r *Registry) cached(sub, key string, make func() ([]byte, error)) ([]byte,
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		r.log.Warn("wasmtools: cannot cache", "file", file, "error", err)
-	} else if err := atomicfile.Write(file, bytes.NewReader(out), 0o600); err != nil {
-		r.log.Warn("wasmtools: cannot cache", "file", file, "error", err)
-	}
+	r.keep(file, out)
 	return out, nil
+}
+
+// keep writes data to the cache file file, whole or not at all. A failure
+// is logged, not returned: the cache only saves time.
+func (r *Registry) keep(file string, data []byte) {
+	err := os.MkdirAll(filepath.Dir(file), 0o700)
+	if err == nil {
+		err = atomicfile.Write(file, bytes.NewReader(data), 0o600)
+	}
+	if err != nil {
+		r.log.Warn("wasmtools: cannot write to the cache", "file", file, "error", err)
+	}
 }
 
 // readSidecar reads a sidecar manifest of at most maxManifestBytes.
