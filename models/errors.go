@@ -40,6 +40,7 @@ type Kind string
 const (
 	KindRateLimited    Kind = "rate_limited"     // 429: retry after RetryAfter
 	KindOverloaded     Kind = "overloaded"       // 5xx, 503, 529: retry with backoff
+	KindCrashed        Kind = "model_crashed"    // the server's model process died serving the call
 	KindNetwork        Kind = "network"          // unreachable, reset, stream cut
 	KindTimeout        Kind = "timeout"          // no first token or no end in time
 	KindContextTooLong Kind = "context_too_long" // the prompt does not fit
@@ -54,6 +55,9 @@ const (
 )
 
 // Retryable reports whether the same call may succeed if sent again.
+// KindCrashed is not: the same request usually crashes the model process
+// again (a grammar it cannot handle, a prompt that hits a bug), and each
+// crash costs a model reload.
 func (k Kind) Retryable() bool {
 	switch k {
 	case KindRateLimited, KindOverloaded, KindNetwork, KindTimeout:
@@ -108,7 +112,7 @@ func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrUnavailable:
 		switch e.Kind {
-		case KindRateLimited, KindOverloaded, KindNetwork, KindTimeout, KindAuth, KindUnknown:
+		case KindRateLimited, KindOverloaded, KindCrashed, KindNetwork, KindTimeout, KindAuth, KindUnknown:
 			return true
 		}
 	case ErrModelNotFound:

@@ -19,6 +19,10 @@ type SummarizeRequest struct {
 	MaxTokens int
 	// Focus, when set, says what the summary must keep.
 	Focus string
+	// Ratio is the model's reported-to-estimated token ratio
+	// (Calibration.Ratio), by which chunks are made smaller; below 1
+	// counts as 1.
+	Ratio float64
 }
 
 // Summary is the result of Summarize.
@@ -33,7 +37,9 @@ type Summary struct {
 // summarized in one call; longer text is cut at paragraph or line breaks
 // into chunks that fit, each chunk is summarized, and the joined
 // summaries are summarized again until one call covers them (map-reduce,
-// at most 8 rounds).
+// at most 8 rounds). A chunk the model refuses as too long for its
+// context (KindContextTooLong: the estimate was low) is cut in half and
+// the round starts again, down to chunks of 256 bytes.
 func Summarize(ctx context.Context, c Chatter, req SummarizeRequest) (Summary, error) {
 	if req.MaxTokens <= 0 {
 		req.MaxTokens = 512
@@ -42,7 +48,7 @@ func Summarize(ctx context.Context, c Chatter, req SummarizeRequest) (Summary, e
 		return Summary{}, &Error{Kind: KindInvalidRequest, Msg: "summarize: the model's context length is unknown"}
 	}
 	const overhead = 128 // instruction and template tokens
-	room := (req.ContextLength - req.MaxTokens - overhead) * BytesPerToken
+	room := int(float64((req.ContextLength-req.MaxTokens-overhead)*BytesPerToken) / max(1, req.Ratio))
 	if room < 256 {
 		return Summary{}, &Error{Kind: KindContextTooLong, Msg: "summarize: the context is too small for a summary of that length"}
 	}
@@ -52,10 +58,11 @@ func Summarize(ctx context.Context, c Chatter, req SummarizeRequest) (Summary, e
 	}
 	var sum Summary
 	text := req.Text
-	for round := 1; round <= 8; round++ {
+	for round := 1; round <= 8; {
 		sum.Rounds = round
 		chunks := split(text, room)
 		parts := make([]string, 0, len(chunks))
+		shrunk := false
 		for _, chunk := range chunks {
 			cr := req.Chat
 			cr.MaxTokens = req.MaxTokens
@@ -65,6 +72,10 @@ func Summarize(ctx context.Context, c Chatter, req SummarizeRequest) (Summary, e
 				{Role: RoleUser, Content: chunk, Private: req.Chat.Private},
 			}
 			resp, err := c.Chat(ctx, cr, nil)
+			if err != nil && KindOf(err) == KindContextTooLong && room/2 >= 256 {
+				room, shrunk = room/2, true
+				break
+			}
 			if err != nil {
 				return sum, err
 			}
@@ -73,11 +84,15 @@ func Summarize(ctx context.Context, c Chatter, req SummarizeRequest) (Summary, e
 			sum.Usage.CompletionTokens += resp.Usage.CompletionTokens
 			parts = append(parts, strings.TrimSpace(resp.Message.Content))
 		}
+		if shrunk {
+			continue // the same round in smaller chunks
+		}
 		text = strings.Join(parts, "\n\n")
 		if len(chunks) == 1 {
 			sum.Text = text
 			return sum, nil
 		}
+		round++
 	}
 	return sum, errors.New("summarize: the summaries did not converge in 8 rounds; raise the context or lower MaxTokens")
 }

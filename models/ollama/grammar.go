@@ -1,7 +1,12 @@
 package ollama
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/schema"
 )
 
 // Limits past which a length keyword is dropped from a grammar schema:
@@ -11,6 +16,24 @@ const (
 	maxGrammarLength = 256
 	maxGrammarItems  = 32
 )
+
+// formatSchema returns what to send as Ollama's format for a request's
+// output schema raw: "json" (any JSON string) as is; a JSON Schema, once
+// it compiles, cut down to what Ollama's grammar handles (grammarSchema).
+// The full schema, sent as is, can crash Ollama's model runner: the
+// planner's 8 KiB goal maxLength made llama.cpp log "number of
+// repetitions exceeds sane defaults" and the runner segfault (v0.17.4).
+// A schema that does not compile is an error wrapping
+// models.ErrInvalidRequest, and nothing is sent.
+func formatSchema(raw json.RawMessage) (json.RawMessage, error) {
+	if t := bytes.TrimSpace(raw); len(t) > 0 && t[0] == '"' {
+		return raw, nil
+	}
+	if _, err := schema.Compile("ollama/format", "the output schema", raw); err != nil {
+		return nil, fmt.Errorf("%w: %w", models.ErrInvalidRequest, err)
+	}
+	return grammarSchema(raw), nil
+}
 
 // grammarSchema returns the part of a tool's input schema that Ollama's
 // grammar-constrained decoding handles: types, properties, required,

@@ -89,6 +89,10 @@ type Provider struct {
 	mu      sync.Mutex
 	shows   map[string]showEntry
 	ctxSize map[string]int // num_ctx last sent per model; see numCtx
+
+	// calib corrects the prompt estimate per model with the
+	// prompt_eval_count Ollama reports.
+	calib models.Calibration
 }
 
 type showEntry struct {
@@ -342,9 +346,22 @@ const (
 // which Chat then turns into ToolCalls or into Content (the answer). If
 // that reply cannot be read, typically because it was cut at the token
 // cap, it is returned as Content with Ollama's finish reason ("length").
-// When req.Format is set it is sent as is, and tools are then offered
-// only to models with native tool calling. Tool calls without an ID get
+// When req.Format is set it must be "json" or a JSON Schema that
+// compiles; Ollama gets the part of the schema its grammar handles (see
+// grammarSchema), so the caller validates the reply against the full
+// schema (models.Structured does). Tools are then offered only to models
+// with native tool calling. Tool calls without an ID get
 // a random "call_…" one.
+//
+// Ollama is told never to cut the prompt (truncate and shift false): a
+// prompt longer than num_ctx fails with models.KindContextTooLong instead
+// of being answered from its tail. Prompt sizes are estimated
+// (models.EstimateTokens) and calibrated per model with the
+// prompt_eval_count of each reply (models.Calibration); after such a
+// refusal the model's prompts are counted higher and, when the model
+// holds more than the num_ctx sent, the call is sent again with a larger
+// one (at most 3 sends). A runner that dies serving the call gives
+// models.KindCrashed.
 //
 // Cancelling ctx makes Chat return at once with an error wrapping
 // ctx.Err() and no further delta; the reply is then drained in the
@@ -357,10 +374,33 @@ func (p *Provider) Chat(ctx context.Context, req models.ChatRequest, onDelta fun
 	if err != nil {
 		return models.ChatResponse{}, err
 	}
-	areq, mode, err := p.request(req, info)
-	if err != nil {
-		return models.ChatResponse{}, fmt.Errorf("ollama chat %s: %w", req.Model, err)
+	estimate := models.EstimateTokens(req.Messages, req.Tools)
+	for attempt := 1; ; attempt++ {
+		areq, mode, err := p.request(req, info)
+		if err != nil {
+			return models.ChatResponse{}, fmt.Errorf("ollama chat %s: %w", req.Model, err)
+		}
+		resp, err := p.chat(ctx, req, areq, mode, onDelta)
+		if err == nil {
+			p.calib.Observe(req.Model, estimate, resp.Usage.PromptTokens)
+			return resp, nil
+		}
+		sent, _ := areq.Options["num_ctx"].(int)
+		if models.KindOf(err) != models.KindContextTooLong || sent == 0 {
+			return resp, err
+		}
+		// Ollama counted more tokens than the estimate: count higher
+		// from now on, and try once more if the model holds more than
+		// the num_ctx that was sent (or refuse before sending).
+		p.calib.Exceeded(req.Model, estimate, sent)
+		if sent >= info.ContextLength || attempt >= 3 {
+			return resp, err
+		}
 	}
+}
+
+// chat sends areq, built from req, and reads the reply.
+func (p *Provider) chat(ctx context.Context, req models.ChatRequest, areq *api.ChatRequest, mode toolMode, onDelta func(models.Delta)) (models.ChatResponse, error) {
 	start := p.now()
 	st := p.startChat(areq)
 	if st == nil {
@@ -528,9 +568,10 @@ func (p *Provider) request(req models.ChatRequest, info models.ModelInfo) (*api.
 		opts["seed"] = *req.Seed
 	}
 	if info.ContextLength > 0 {
-		// Ollama silently drops the start of a prompt that does not fit
-		// num_ctx, so a prompt that cannot fit is refused here.
-		prompt := models.EstimateTokens(req.Messages, req.Tools)
+		// Ollama refuses a prompt longer than num_ctx (truncate false,
+		// below), so a prompt that cannot fit is refused here, by the
+		// estimate calibrated with what Ollama counted before.
+		prompt := p.calib.Tokens(req.Model, models.EstimateTokens(req.Messages, req.Tools))
 		if prompt+minReply > info.ContextLength {
 			return nil, "", &models.Error{Kind: models.KindContextTooLong, Provider: "ollama", Model: req.Model,
 				Msg: fmt.Sprintf("the prompt is about %d tokens and %s holds %d with room for a reply; shorten it or use a model with a longer context (nothing was sent)", prompt, req.Model, info.ContextLength)}
@@ -541,16 +582,24 @@ func (p *Provider) request(req models.ChatRequest, info models.ModelInfo) (*api.
 		}
 		opts["num_ctx"] = p.numCtx(req.Model, prompt+max(numPredict, minReply), info.ContextLength)
 	}
-	stream := true
+	// Ollama cuts a prompt longer than num_ctx silently by default
+	// (truncate), and drops the start of the context when the reply
+	// fills it (shift): keel wants an error instead, and fits the
+	// context itself.
+	stream, truncate, shift := true, false, false
 	areq := &api.ChatRequest{
 		Model:     req.Model,
 		Messages:  msgs,
 		Stream:    &stream,
 		KeepAlive: &api.Duration{Duration: p.keepAlive},
 		Options:   opts,
+		Truncate:  &truncate,
+		Shift:     &shift,
 	}
 	if len(req.Format) > 0 {
-		areq.Format = req.Format
+		if areq.Format, err = formatSchema(req.Format); err != nil {
+			return nil, "", err
+		}
 	}
 
 	mode := toolsNone
@@ -826,6 +875,10 @@ func (p *Provider) wrap(ctx context.Context, op, model string, err error) error 
 			e.Kind, e.Msg = models.KindNotFound, fmt.Sprintf("%s: pull it with `keel models pull %s`", op, model)
 		case code == http.StatusInternalServerError && isFormatError(se.ErrorMessage):
 			e.Kind, e.Msg = models.KindInvalidRequest, op+": Ollama refused the output schema"
+		case code == http.StatusBadRequest && isTooLong(se.ErrorMessage):
+			e.Kind, e.Msg = models.KindContextTooLong, fmt.Sprintf("%s: the prompt is longer than the context Ollama was given for %s; it was refused, not cut", op, model)
+		case code >= 500 && isCrash(se.ErrorMessage):
+			e.Kind, e.Msg = models.KindCrashed, crashMsg(op, model, p.Endpoint())
 		case code == http.StatusTooManyRequests:
 			e.Kind, e.Msg = models.KindRateLimited, fmt.Sprintf("%s: Ollama at %s is busy (OLLAMA_MAX_QUEUE reached)", op, p.Endpoint())
 		case code >= 500:
@@ -849,8 +902,40 @@ func (p *Provider) wrap(ctx context.Context, op, model string, err error) error 
 	}
 	// An error Ollama streams after the reply began reaches us as a bare
 	// string error; it means the server failed mid-generation.
+	if isCrash(err.Error()) {
+		e.Kind, e.Msg = models.KindCrashed, crashMsg(op, model, p.Endpoint())
+		return e
+	}
 	e.Kind, e.Msg = models.KindOverloaded, op+": Ollama failed mid-reply"
 	return e
+}
+
+// crashMsg says that Ollama's model runner died serving a call.
+func crashMsg(op, model, endpoint string) string {
+	return fmt.Sprintf("%s: the model runner of Ollama at %s died serving %s; not retried, since the same request tends to crash it again (see Ollama's server log)", op, endpoint, model)
+}
+
+// isCrash reports whether an Ollama error message says its model runner
+// process died: at load ("llama runner process has terminated"), before
+// the reply ("model runner has unexpectedly stopped") or during it ("an
+// error was encountered while running the model", llm/server.go of
+// v0.17.4). Ollama marks these with status 500 like any other failure,
+// so only the text tells them apart.
+func isCrash(msg string) bool {
+	for _, m := range []string{"llama runner process has terminated", "model runner has unexpectedly stopped", "an error was encountered while running the model"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// isTooLong reports whether an HTTP 400 message is Ollama's runner
+// refusing a prompt longer than num_ctx, which it does instead of cutting
+// the prompt when the request sets "truncate": false (runner.go of
+// v0.17.4: "the input length exceeds the context length").
+func isTooLong(msg string) bool {
+	return strings.Contains(msg, "input length exceeds the context length")
 }
 
 // isFormatError reports whether an HTTP 500 message is Ollama refusing a

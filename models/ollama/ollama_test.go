@@ -294,6 +294,20 @@ func TestErrorKinds(t *testing.T) {
 		{"500", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, `{"error":"runner died"}`, 500) }, models.KindOverloaded},
 		{"401", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, `{"error":"no"}`, 401) }, models.KindAuth},
 		{"stream cut", func(w http.ResponseWriter, _ *http.Request) { ndjson(w, chunk("Once")) }, models.KindNetwork},
+		// Ollama v0.17.4's words for a runner that died: at load, before
+		// the reply, during it.
+		{"runner died at load", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"llama runner process has terminated: signal: segmentation fault (core dumped)"}`, 500)
+		}, models.KindCrashed},
+		{"runner died before reply", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"model runner has unexpectedly stopped, this may be due to resource limitations or an internal error, check ollama server logs for details"}`, 500)
+		}, models.KindCrashed},
+		{"runner died mid-reply", func(w http.ResponseWriter, _ *http.Request) {
+			ndjson(w, chunk("Once"), `{"error":"an error was encountered while running the model: unexpected EOF"}`)
+		}, models.KindCrashed},
+		{"prompt over num_ctx", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"the input length exceeds the context length"}`, 400)
+		}, models.KindContextTooLong},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -498,4 +512,132 @@ func args(t *testing.T, s string) api.ToolCallFunctionArguments {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestCrashIsNotRetried: a runner crash is its own kind, which the router
+// does not retry (each retry crashed the runner again).
+func TestCrashIsNotRetried(t *testing.T) {
+	f := newFake(t)
+	f.reply = func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"error":"llama runner process has terminated: signal: segmentation fault"}`, 500)
+	}
+	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: f.provider(t, Config{})}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Chat(t.Context(), hi("tiny"), nil)
+	if models.KindOf(err) != models.KindCrashed || !errors.Is(err, models.ErrUnavailable) {
+		t.Errorf("Chat() error = %v, want kind %s", err, models.KindCrashed)
+	}
+	if n := f.count("/api/chat"); n != 1 {
+		t.Errorf("Ollama got %d chat requests, want 1: a crash is not retried", n)
+	}
+}
+
+// TestFormatGrammarSafe: an output schema goes to Ollama without what
+// crashes or defeats its grammar (the planner's 8 KiB maxLength, an id
+// pattern), and one that does not compile is refused before sending.
+func TestFormatGrammarSafe(t *testing.T) {
+	f := newFake(t)
+	f.lines = []any{chunk(`{"steps":[]}`), done("stop", 1, 1)}
+	p := f.provider(t, Config{})
+	req := hi("tiny")
+	req.Format = json.RawMessage(`{"type":"object","additionalProperties":false,"required":["steps"],"properties":{"steps":{
+		"type":"array","minItems":1,"maxItems":32,"items":{"type":"object","additionalProperties":false,"required":["id","goal"],"properties":{
+			"id":{"type":"string","pattern":"^[A-Za-z0-9_-]{1,64}$"},
+			"goal":{"type":"string","minLength":1,"maxLength":8192},
+			"depends_on":{"type":"array","uniqueItems":true,"items":{"type":"string"}}}}}}}`)
+	if _, err := p.Chat(t.Context(), req, nil); err != nil {
+		t.Fatalf("Chat() error = %v", err)
+	}
+	want := `{"type":"object","additionalProperties":false,"required":["steps"],"properties":{"steps":{
+		"type":"array","minItems":1,"maxItems":32,"items":{"type":"object","additionalProperties":false,"required":["id","goal"],"properties":{
+			"id":{"type":"string"},
+			"goal":{"type":"string","minLength":1},
+			"depends_on":{"type":"array","items":{"type":"string"}}}}}}}`
+	if diff := cmp.Diff(decode(t, want), f.lastChat(t)["format"]); diff != "" {
+		t.Errorf("format sent (-want +got):\n%s", diff)
+	}
+
+	req.Format = json.RawMessage(`"json"`)
+	if _, err := p.Chat(t.Context(), req, nil); err != nil || f.lastChat(t)["format"] != "json" {
+		t.Errorf("Chat(format json) = %v, sent %v; want it as is", err, f.lastChat(t)["format"])
+	}
+	before := f.count("/api/chat")
+	req.Format = json.RawMessage(`{"type":"object","properties":{"a":{"$ref":"#/nope"}}}`)
+	if _, err := p.Chat(t.Context(), req, nil); !errors.Is(err, models.ErrInvalidRequest) || f.count("/api/chat") != before {
+		t.Errorf("Chat(unresolvable schema) = %v after %d sends, want ErrInvalidRequest and nothing sent", err, f.count("/api/chat")-before)
+	}
+}
+
+// TestPromptNeverCut: Ollama is asked not to cut the prompt; when it
+// refuses one as longer than num_ctx, the provider counts that model's
+// prompts higher (so num_ctx grows, or a prompt that cannot fit is
+// refused before sending) and what Ollama reports calibrates it.
+func TestPromptNeverCut(t *testing.T) {
+	f := newFake(t)
+	var refuse bool
+	f.reply = func(w http.ResponseWriter, r *http.Request) {
+		var req api.ChatRequest
+		f.mu.Lock()
+		json.Unmarshal([]byte(f.chats[len(f.chats)-1]), &req)
+		f.mu.Unlock()
+		if refuse && req.Options["num_ctx"].(float64) < 4096 {
+			http.Error(w, `{"error":"the input length exceeds the context length"}`, 400)
+			return
+		}
+		ndjson(w, chunk("ok"), done("stop", 1, 1))
+	}
+	p := f.provider(t, Config{})
+	sent := func() map[string]any { return f.lastChat(t) }
+	if _, err := p.Chat(t.Context(), hi("tiny"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := sent(); s["truncate"] != false || s["shift"] != false {
+		t.Errorf("sent truncate %v, shift %v; want both false", s["truncate"], s["shift"])
+	}
+
+	// 3000 bytes: about 1000 tokens by the estimate, num_ctx 2048; Ollama
+	// counts more and refuses, so the call goes again with 4096.
+	refuse = true
+	req := hi("tiny")
+	req.Messages[0].Content = strings.Repeat("x", 3000)
+	before := f.count("/api/chat")
+	if _, err := p.Chat(t.Context(), req, nil); err != nil {
+		t.Fatalf("Chat(3000 bytes) error = %v", err)
+	}
+	if n, ctx := f.count("/api/chat")-before, sent()["options"].(map[string]any)["num_ctx"]; n != 2 || ctx != 4096.0 {
+		t.Errorf("Chat(3000 bytes) sent %d requests, the last with num_ctx %v; want 2, with 4096", n, ctx)
+	}
+
+	// The "tools" model holds 2048: a refusal is final, and then the same
+	// prompt is refused before anything is sent.
+	req.Model = "tools"
+	_, err := p.Chat(t.Context(), req, nil)
+	if !errors.Is(err, models.ErrContextTooLong) {
+		t.Fatalf("Chat(tools, 3000 bytes) error = %v, want ErrContextTooLong", err)
+	}
+	before = f.count("/api/chat")
+	if _, err := p.Chat(t.Context(), req, nil); !errors.Is(err, models.ErrContextTooLong) || f.count("/api/chat") != before {
+		t.Errorf("Chat(tools, the same prompt again) = %v after %d sends; want ErrContextTooLong before sending", err, f.count("/api/chat")-before)
+	}
+}
+
+// TestPromptCountCalibrates: prompt_eval_count above the estimate makes
+// the provider count the model's prompts higher.
+func TestPromptCountCalibrates(t *testing.T) {
+	f := newFake(t)
+	p := f.provider(t, Config{})
+	req := hi("tools") // num_ctx 2048
+	req.Messages[0].Content = strings.Repeat("x", 3000)
+	est := models.EstimateTokens(req.Messages, nil)
+	f.lines = []any{chunk("ok"), done("stop", est*2, 1)}
+	if _, err := p.Chat(t.Context(), req, nil); err != nil {
+		t.Fatalf("first Chat() error = %v", err)
+	}
+	before := f.count("/api/chat")
+	req.Messages[0].Content = strings.Repeat("x", 4000) // 1342 by the estimate, twice that for this model
+	if _, err := p.Chat(t.Context(), req, nil); !errors.Is(err, models.ErrContextTooLong) || f.count("/api/chat") != before {
+		t.Errorf("Chat(over the calibrated limit) = %v after %d sends; want ErrContextTooLong before sending", err, f.count("/api/chat")-before)
+	}
 }
