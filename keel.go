@@ -254,13 +254,23 @@ type StepRetryData struct {
 
 // ContextSummaryData is the payload of EventContextSummary: older steps
 // no longer fit the model's context and were replaced by a summary,
-// which later steps (and a resumed or replayed run) read instead.
+// which later steps (and a resumed or replayed run) read instead. When
+// the newest step's tool results alone do not fit, they are cut (Cuts),
+// each with a note saying so; Messages is 0 when only that was done.
 type ContextSummaryData struct {
-	Step         int    `json:"step"`          // the model step it was made for
-	Messages     int    `json:"messages"`      // messages summarized, counted from the first after the goal
-	TokensBefore int    `json:"tokens_before"` // estimated context before
-	TokensAfter  int    `json:"tokens_after"`  // and after
-	Summary      string `json:"summary"`
+	Step         int          `json:"step"`          // the model step it was made for
+	Messages     int          `json:"messages"`      // messages summarized, counted from the first after the goal
+	TokensBefore int          `json:"tokens_before"` // estimated context before (calibrated to the model's count)
+	TokensAfter  int          `json:"tokens_after"`  // and after
+	Summary      string       `json:"summary"`
+	Cuts         []ContextCut `json:"cuts,omitempty"`
+}
+
+// ContextCut says that the tool result of call CallID, as the model reads
+// it, keeps only its first Keep bytes, followed by a note.
+type ContextCut struct {
+	CallID string `json:"call_id"`
+	Keep   int    `json:"keep"`
 }
 
 // HumanControlData is the payload of EventTakeOver and EventHandBack.

@@ -133,9 +133,13 @@ type Engine struct {
 	wg      sync.WaitGroup
 	// replaying marks the in-memory engine of a Replay: it reproduces
 	// retries without waiting, and the journal's context summaries
-	// (replaySummaries, by step) without asking the model.
+	// (replaySummaries, by step, in journal order) without asking the model.
 	replaying       bool
-	replaySummaries map[int]keel.ContextSummaryData
+	replaySummaries map[int][]keel.ContextSummaryData
+
+	// calib corrects context-size estimates per model with the prompt
+	// tokens models report (see fitContext).
+	calib models.Calibration
 
 	lastSpan atomic.Int64 // the time in the last span ID (see spanID)
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -86,23 +87,46 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		}
 		msgs = append(msgs, msg)
 	}
-	ctxLimit := e.contextLength(ctx, run)
+	// The model that serves the run: the run's, or for a route the
+	// target it chose for the last step.
+	served := cmp.Or(j.model, run.Model)
+	ctxLimit := e.contextLength(ctx, served)
 	for step := j.step + 1; step <= run.MaxSteps; step++ {
 		if e.paused(ctx, run.ID) {
 			return
 		}
-		// Fit what came before this step first: the human messages it
-		// reads come after the summary, as a resumed run rebuilds it.
-		if msgs, err = e.fitContext(ctx, run, step, ctxLimit, msgs, specs, budget); err != nil {
-			e.end(ctx, run.ID, err)
-			return
-		}
 		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)
-		msgs = append(msgs, humanMessages(run, unread)...)
-		resp, err := e.modelStepWithRetries(ctx, run, step, models.ChatRequest{
-			Model: run.Model, Messages: msgs, Tools: specs,
-			AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
-		}, seqsOf(unread))
+		human := humanMessages(run, unread)
+		var resp models.ChatResponse
+		for refit := 0; ; refit++ {
+			// The steps so far are fitted with the human messages the
+			// step reads counted; those come after any summary, as a
+			// resumed run rebuilds it.
+			if msgs, err = e.fitContext(ctx, run, step, served, ctxLimit, msgs, human, specs, budget); err != nil {
+				e.end(ctx, run.ID, err)
+				return
+			}
+			sent := slices.Concat(msgs, human)
+			resp, err = e.modelStepWithRetries(ctx, run, step, models.ChatRequest{
+				Model: run.Model, Messages: sent, Tools: specs,
+				AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
+			}, seqsOf(unread))
+			estimate := models.EstimateTokens(sent, specs)
+			if err == nil || models.KindOf(err) != models.KindContextTooLong || ctxLimit <= 0 || refit >= refitLimit {
+				if err == nil {
+					msgs = sent
+					if resp.Model != "" && resp.Model != served {
+						served = resp.Model
+						ctxLimit = cmp.Or(e.contextLength(ctx, served), ctxLimit)
+					}
+					e.calib.Observe(served, estimate, resp.Usage.PromptTokens)
+				}
+				break
+			}
+			// The model layer counted more than the estimate: count
+			// higher and fit again.
+			e.calib.Exceeded(served, estimate, ctxLimit)
+		}
 		unread = nil
 		if err != nil {
 			e.end(ctx, run.ID, err)

@@ -44,7 +44,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	for _, s := range e.cfg.Tools.Specs() {
 		rec.specs = append(rec.specs, s) // side effects decide retries
 	}
-	summaries := map[int]keel.ContextSummaryData{}
+	summaries := map[int][]keel.ContextSummaryData{}
 	for _, ev := range evs {
 		switch ev.Type {
 		case keel.EventRunStarted:
@@ -68,7 +68,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
-			summaries[d.Step] = d
+			summaries[d.Step] = append(summaries[d.Step], d)
 		case keel.EventStepRetry:
 			var d keel.StepRetryData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {

@@ -31,6 +31,7 @@ type journal struct {
 	approvals map[string]keel.ApprovalData // approvals given or refused, by call
 	unread    []inboxMsg                   // human messages no model step has read yet
 	answer    *string                      // the final answer, when the last step gave one
+	model     string                       // the model that served the last step, when one did
 }
 
 // newJournal is the journal of a run that has journaled nothing.
@@ -69,6 +70,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			read, j.unread = takeSeqs(j.unread, d.HumanSeqs)
 			j.msgs = append(j.msgs, humanMessages(run, read)...)
 			j.step, j.pending, j.answer = d.Step, append([]keel.ToolCall(nil), d.ToolCalls...), nil
+			if d.Model != "" {
+				j.model = d.Model
+			}
 			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls})
 			if len(d.ToolCalls) == 0 {
 				answer := d.Content

@@ -71,7 +71,7 @@ func TestChatNativeTools(t *testing.T) {
 
 	sent := f.lastChat(t)
 	wantSent := decode(t, `{
-		"model":"tools","stream":true,"keep_alive":"5m0s",
+		"model":"tools","stream":true,"keep_alive":"5m0s","truncate":false,"shift":false,
 		"options":{"num_ctx":2048,"num_predict":512},
 		"messages":[
 			{"role":"system","content":"sys"},
