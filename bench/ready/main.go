@@ -23,11 +23,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/keel-runtime/keel/bench/internal/tentools"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 func main() {
@@ -35,59 +35,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
-}
-
-// customSection returns a wasm custom section named "keel.bench" holding payload.
-func customSection(payload string) []byte {
-	name := "keel.bench"
-	body := append(uleb(len(name)), name...)
-	body = append(body, payload...)
-	return append(append([]byte{0}, uleb(len(body))...), body...)
-}
-
-func uleb(n int) []byte {
-	var out []byte
-	for {
-		b := byte(n & 0x7f)
-		n >>= 7
-		if n != 0 {
-			out = append(out, b|0x80)
-			continue
-		}
-		return append(out, b)
-	}
-}
-
-// seed prepares a data dir whose tools directory holds the 10 tools.
-func seed(dir string) error {
-	tools := filepath.Join(dir, "tools")
-	if err := builtin.Install(tools); err != nil {
-		return err
-	}
-	// Mark the examples as installed so the daemon does not touch the dir.
-	if err := os.WriteFile(filepath.Join(tools, ".examples-installed"), nil, 0o600); err != nil {
-		return err
-	}
-	wc, err := os.ReadFile(filepath.Join(tools, "wordcount.wasm"))
-	if err != nil {
-		return err
-	}
-	for i := 1; i <= 6; i++ {
-		name := fmt.Sprintf("wordcount%d", i)
-		bin := append(append([]byte{}, wc...), customSection(name)...)
-		if err := os.WriteFile(filepath.Join(tools, name+".wasm"), bin, 0o644); err != nil {
-			return err
-		}
-		m, _ := json.Marshal(map[string]any{
-			"name": name, "version": "0.1.0", "description": "wordcount variant " + name,
-			"input_schema": json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`),
-			"side_effects": "read_only",
-		})
-		if err := os.WriteFile(filepath.Join(tools, name+".manifest.json"), m, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 type timing struct{ serving, listed, called, loaded time.Duration }
@@ -167,7 +114,7 @@ func run() error {
 	cache := filepath.Join(tmp, "cache")
 	first, other := filepath.Join(tmp, "data"), filepath.Join(tmp, "other")
 	for _, dir := range []string{first, other} {
-		if err := seed(dir); err != nil {
+		if err := tentools.Seed(dir); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,324 @@
+// Command footprint measures what the keel daemon costs the machine it
+// lives on: its resident memory (RSS) when idle, per installed tool, and
+// at its peak while compiling tools, and the CPU it uses while nothing
+// happens. It builds the keel binary, starts it as a child process on a
+// fresh data dir (no Ollama needed: the daemon starts without one) and
+// reads the kernel's own accounting of that process (/proc/PID/status
+// VmRSS and VmHWM, /proc/PID/stat utime+stime). Linux only.
+//
+// Four starts, one run each:
+//
+//  1. cold, 4 tools: a fresh data dir; the daemon installs and compiles
+//     its 4 bundled tools. Peak RSS (VmHWM) is over the whole compile.
+//  2. warm, 4 tools: a restart of the same data dir (compilation cache
+//     warm). Every tool is called once, then the daemon idles.
+//  3. warm, 10 tools: the same plus 6 distinct variants of wordcount
+//     (a custom section makes each binary, and so its compiled code,
+//     different); every tool called once, then idle. (3 - 2) / 6 is the
+//     cost of one more idle installed tool.
+//  4. cold, 10 tools: another fresh data dir with the 10 tools; peak RSS
+//     over the compile of all 10.
+//
+// Idle RSS is read after -idle of no requests (default 40s, long enough
+// for idle pooled instances to be released); idle CPU is the CPU time
+// the process used in the last -window of that idle time.
+//
+//	go run ./bench/footprint
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keel-runtime/keel/bench/internal/tentools"
+	"github.com/keel-runtime/keel/ipc/client"
+)
+
+func main() {
+	idle := flag.Duration("idle", 40*time.Second, "how long the daemon idles before its idle RSS is read")
+	window := flag.Duration("window", 10*time.Second, "the last part of the idle time whose CPU use is measured")
+	flag.Parse()
+	if err := run(*idle, *window); err != nil {
+		fmt.Fprintln(os.Stderr, "footprint:", err)
+		os.Exit(1)
+	}
+}
+
+// targets are issue 13's, in MiB.
+const (
+	targetIdle4   = 150
+	targetPerTool = 8
+	targetPeak10  = 600
+)
+
+func run(idle, window time.Duration) error {
+	if window > idle {
+		return errors.New("-window must not be longer than -idle")
+	}
+	tmp, err := os.MkdirTemp("", "keel-bench-footprint")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, "keel")
+	fmt.Println("building keel…")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/keel").CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/keel: %v\n%s", err, out)
+	}
+
+	four, ten := filepath.Join(tmp, "four"), filepath.Join(tmp, "ten")
+	if err := os.MkdirAll(four, 0o700); err != nil {
+		return err
+	}
+	if err := tentools.Seed(ten); err != nil {
+		return err
+	}
+
+	cold4, err := measure(bin, four, 4, 0, 0)
+	if err != nil {
+		return fmt.Errorf("cold start, 4 tools: %w", err)
+	}
+	report("cold start, 4 bundled tools (compile)", cold4)
+	warm4, err := measure(bin, four, 4, idle, window)
+	if err != nil {
+		return fmt.Errorf("restart, 4 tools: %w", err)
+	}
+	report("restart, 4 bundled tools, each called once, idle", warm4)
+	cold10, err := measure(bin, ten, 10, 0, 0)
+	if err != nil {
+		return fmt.Errorf("cold start, 10 tools: %w", err)
+	}
+	report("cold start, 10 tools (compile)", cold10)
+	warm10, err := measure(bin, ten, 10, idle, window)
+	if err != nil {
+		return fmt.Errorf("restart, 10 tools: %w", err)
+	}
+	report("restart, 10 tools, each called once, idle", warm10)
+
+	per := (warm10.idleRSS - warm4.idleRSS) / 6
+	fmt.Println()
+	fmt.Printf("idle RSS, 4 tools warm:       %6.1f MiB (target ≤ %d)\n", mib(warm4.idleRSS), targetIdle4)
+	fmt.Printf("per additional idle tool:     %6.1f MiB (target ≤ %d)\n", mib(per), targetPerTool)
+	fmt.Printf("peak RSS, cold compile of 10: %6.1f MiB (target ≤ %d)\n", mib(cold10.peakRSS), targetPeak10)
+	fmt.Printf("idle CPU, 4 tools:            %6.4f of a core over %s\n", warm4.idleCPU, window)
+	fmt.Printf("idle CPU, 10 tools:           %6.4f of a core over %s\n", warm10.idleCPU, window)
+	return nil
+}
+
+func report(label string, m sample) {
+	fmt.Printf("%s:\n  ready %v, RSS after calls %.1f MiB, peak %.1f MiB", label, m.ready.Round(time.Millisecond), mib(m.busyRSS), mib(m.peakRSS))
+	if m.idleRSS > 0 {
+		fmt.Printf(", idle %.1f MiB, idle CPU %.4f of a core", mib(m.idleRSS), m.idleCPU)
+	}
+	fmt.Println()
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+type sample struct {
+	ready            time.Duration // until every tool is compiled and callable
+	busyRSS, peakRSS int64         // right after the calls; the process's high-water mark
+	idleRSS          int64         // after the idle time; 0 when not idled
+	idleCPU          float64       // cores used over the window
+}
+
+// measure starts the daemon on dir, waits until its want tools are all
+// loaded, calls each runnable tool once, idles, and stops it.
+func measure(bin, dir string, want int, idle, window time.Duration) (sample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "daemon", "--data-dir", dir, "--addr", "127.0.0.1:0", "--ollama-host", "127.0.0.1:1")
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 15 * time.Second
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return sample{}, err
+	}
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
+	pid := cmd.Process.Pid
+
+	c, err := dial(ctx, dir, cmd)
+	if err != nil {
+		return sample{}, fmt.Errorf("%w\n%s", err, logs.String())
+	}
+	defer c.Close()
+	var s sample
+	if err := waitLoaded(ctx, c, want); err != nil {
+		return s, err
+	}
+	s.ready = time.Since(start)
+	if err := callAll(ctx, c, dir); err != nil {
+		return s, err
+	}
+	if s.busyRSS, s.peakRSS, err = rss(pid); err != nil {
+		return s, err
+	}
+	if idle == 0 {
+		return s, nil
+	}
+	wait(ctx, idle-window)
+	before, err := cpuTicks(pid)
+	if err != nil {
+		return s, err
+	}
+	t0 := time.Now()
+	wait(ctx, window)
+	after, err := cpuTicks(pid)
+	if err != nil {
+		return s, err
+	}
+	s.idleCPU = float64(after-before) / clockTicks / time.Since(t0).Seconds()
+	if s.idleRSS, _, err = rss(pid); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+func wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// dial waits for the daemon's daemon.json and connects.
+func dial(ctx context.Context, dir string, cmd *exec.Cmd) (*client.Client, error) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "daemon.json")); err == nil {
+			if c, err := client.DialDataDir(ctx, dir); err == nil {
+				return c, nil
+			}
+		}
+		if cmd.ProcessState != nil {
+			return nil, errors.New("the daemon exited")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.New("the daemon did not start")
+		case <-tick.C:
+		}
+	}
+}
+
+// waitLoaded polls tools.list until want tools are listed and nothing is
+// compiling any more.
+func waitLoaded(ctx context.Context, c *client.Client, want int) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		res, err := c.ToolsList(ctx)
+		if err != nil {
+			return err
+		}
+		if res.Compiling == nil && len(res.Tools) >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d tools loaded when time ran out", len(res.Tools), want)
+		case <-tick.C:
+		}
+	}
+}
+
+// callAll calls every tool once with an input it can run on: the
+// wordcounts and readfile run; writefile and fetch have no grant and are
+// refused before they start (they are compiled, not instantiated).
+func callAll(ctx context.Context, c *client.Client, dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, "workspace", "story.txt"), []byte("Once upon a time there was a tiny model.\n"), 0o644); err != nil {
+		return err
+	}
+	tools, err := c.ListTools(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range tools {
+		var in string
+		switch {
+		case strings.HasPrefix(t.Name, "wordcount"):
+			in = `{"text":"one two three"}`
+		case t.Name == "readfile":
+			in = `{"path":"story.txt"}`
+		default:
+			continue
+		}
+		if _, err := c.CallTool(ctx, t.Name, json.RawMessage(in)); err != nil {
+			return fmt.Errorf("call %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// rss reads VmRSS and VmHWM of pid, in bytes.
+func rss(pid int) (now, peak int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", k, err)
+		}
+		if k == "VmRSS" {
+			now = kb << 10
+		} else {
+			peak = kb << 10
+		}
+	}
+	return now, peak, sc.Err()
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times; 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// cpuTicks reads utime+stime of pid.
+func cpuTicks(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("unexpected /proc/PID/stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After the name: state is field 3, utime field 14, stime field 15.
+	if len(f) < 13 {
+		return 0, errors.New("short /proc/PID/stat")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return u + s, nil
+}
