@@ -33,8 +33,10 @@ import (
 //   - timeout: the call outlived Config.CallTimeout or ctx (also while
 //     waiting for its tool to load), or the registry was closed; the
 //     message says which.
-//   - resource_exhausted: the tool hit the memory limit or wrote more
-//     than Config.MaxOutputBytes.
+//   - resource_exhausted: the tool hit the memory limit, wrote more
+//     than Config.MaxOutputBytes to stdout, or had a write through a
+//     read-write grant refused by Config.WriteQuotaBytes or
+//     Config.MinFreeDiskBytes (see DiskLimitError).
 //   - crashed: the tool trapped, exited non-zero or wrote something that
 //     is not a result object.
 //   - tool_error: the tool reported its own error, or its output broke
@@ -75,17 +77,26 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	start := time.Now()
 	var o outcome
 	var inst *instance
+	var disk diskUse
 	if t.pool == nil {
-		o = r.run(ctx, t.compiled, t.module, input)
+		var mc wazero.ModuleConfig
+		mc, disk = r.instanceConfig(t)
+		o = r.run(ctx, t.compiled, mc, input)
 	} else {
-		inst, o = r.callReactor(ctx, t, input)
+		if inst, o = r.callReactor(ctx, t, input); inst != nil {
+			disk = inst.disk
+		}
 	}
 	out, terr := r.result(ctx, t, o, late)
 	if denied := nc.denial(); denied != "" {
 		// A refused request fails the call as a whole, whatever the tool
 		// made of the refusal, so the denial is never swallowed.
 		terr = &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s tried to reach %s, which is not granted", name, denied)}
+	} else if full := disk.refusal(); full != nil {
+		// So is a write refused by a disk limit (see disk.go).
+		terr = &keel.ToolError{Code: keel.ToolResourceExhausted, Message: full.Error()}
 	}
+	disk.reset()
 	if inst != nil {
 		// An instance goes back to the pool only after a clean call or
 		// the tool's own error; after anything else (trap, timeout, a
@@ -193,9 +204,11 @@ func (r *Registry) callReactor(ctx context.Context, t *tool, input []byte) (*ins
 	if inst == nil {
 		t.pool.instantiations.Add(1)
 		var o outcome
-		if inst, o = r.instantiate(ctx, t.compiled, t.module); inst == nil {
+		mc, disk := r.instanceConfig(t)
+		if inst, o = r.instantiate(ctx, t.compiled, mc); inst == nil {
 			return nil, o
 		}
+		inst.disk = disk
 	}
 	return inst, r.invoke(ctx, inst, input)
 }

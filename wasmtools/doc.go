@@ -81,6 +81,12 @@
 // refused request fails the whole call with permission_denied naming the
 // destination, whatever the tool does with the refusal.
 //
+// A read-write grant has a disk quota: a write that would take what one
+// call wrote (and added to files by truncating or writing past their
+// end) through that grant past [Config.WriteQuotaBytes], or leave less
+// than [Config.MinFreeDiskBytes] free on the host filesystem, is refused
+// and the call fails with resource_exhausted (disk.go).
+//
 // Each call runs with its own limits: a deadline
 // ([Config.CallTimeout]; it stops the guest even in an endless loop,
 // through an interrupt keel adds to every module before compiling it, see

@@ -71,6 +71,7 @@ type instance struct {
 	alloc  api.Function
 	call   api.Function
 	mem    *memoryCap
+	disk   diskUse // what it writes through read-write grants
 	stdout *limitedWriter
 	stderr *limitedWriter
 	// ctx is the context of the call using the instance, for the guest's

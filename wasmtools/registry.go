@@ -89,6 +89,20 @@ type Config struct {
 	// MaxOutputBytes caps what a tool may write to stdout in one call.
 	// Default 1 MiB.
 	MaxOutputBytes int
+	// WriteQuotaBytes caps what one call may write through each
+	// read-write grant: the bytes it writes (overwritten bytes too), plus
+	// what it adds to a file without writing it (truncating it longer,
+	// fd_allocate, writing past its end). The write that would pass the
+	// quota is refused and the call fails with resource_exhausted, even
+	// if the tool carries on. Default 1 GiB; negative: no quota.
+	WriteQuotaBytes int64
+	// MinFreeDiskBytes is the free space, on the host filesystem holding
+	// a read-write grant, that a tool's write must leave; a write that
+	// would leave less is refused and the call fails with
+	// resource_exhausted. Default 1 GiB; negative: no floor. Where free
+	// space cannot be read (platforms without statfs), only the quota
+	// applies.
+	MinFreeDiskBytes int64
 	// MaxIdleInstances bounds the idle, initialized instances kept per
 	// reactor tool for warm calls. Default 2 × GOMAXPROCS.
 	MaxIdleInstances int
@@ -163,9 +177,11 @@ type tool struct {
 	compiled wazero.CompiledModule
 	input    *schema.Schema
 	output   *schema.Schema // nil: no output schema
-	// module holds argv, clocks, randomness, the granted mounts and
-	// environment; each call adds its own stdio.
+	// module holds argv, clocks, randomness and the granted environment;
+	// each instance adds the mounts (instanceConfig), each call its own
+	// stdio.
 	module wazero.ModuleConfig
+	mounts []mount
 	roots  []*os.Root
 	// granted is what the configuration granted when it was loaded.
 	granted capabilities.Grants
@@ -201,6 +217,12 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	cfg.MemoryLimitMiB = min(cfg.MemoryLimitMiB, maxMemoryLimitMiB)
 	if cfg.MaxOutputBytes <= 0 {
 		cfg.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if cfg.WriteQuotaBytes == 0 {
+		cfg.WriteQuotaBytes = DefaultWriteQuotaBytes
+	}
+	if cfg.MinFreeDiskBytes == 0 {
+		cfg.MinFreeDiskBytes = DefaultMinFreeDiskBytes
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -718,7 +740,6 @@ func (r *Registry) printManifest(ctx context.Context, name string, compiled waze
 // is logged and left out, so the tool's requests show it as missing.
 func (r *Registry) grant(t *tool, g capabilities.Grants) {
 	name := t.info.Spec.Name
-	fsc := wazero.NewFSConfig()
 	var given capabilities.Grants
 	for _, fg := range g.FS {
 		if !path.IsAbs(fg.GuestPath) {
@@ -732,14 +753,10 @@ func (r *Registry) grant(t *tool, g capabilities.Grants) {
 			continue
 		}
 		t.roots = append(t.roots, root)
-		var mount experimentalsys.FS = rootFS{root: root}
-		if fg.ReadOnly {
-			mount = &sysfs.ReadFS{FS: mount}
-		}
-		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(mount, fg.GuestPath)
+		t.mounts = append(t.mounts, mount{root: root, guest: fg.GuestPath, readOnly: fg.ReadOnly})
 		given.FS = append(given.FS, fg)
 	}
-	mc := baseModuleConfig().WithArgs(name).WithFSConfig(fsc)
+	mc := baseModuleConfig().WithArgs(name)
 	for _, e := range g.Env {
 		if v, ok := os.LookupEnv(e); ok {
 			mc = mc.WithEnv(e, v)
@@ -753,6 +770,39 @@ func (r *Registry) grant(t *tool, g capabilities.Grants) {
 	given.Network = slices.Clone(g.Network)
 	t.info.Grants = given
 	t.module = mc
+}
+
+// mount is one granted directory, opened.
+type mount struct {
+	root     *os.Root
+	guest    string
+	readOnly bool
+}
+
+// instanceConfig returns t's module configuration with its granted
+// directories mounted, for one new instance, and the meters counting
+// what that instance writes through its read-write grants (see disk.go).
+func (r *Registry) instanceConfig(t *tool) (wazero.ModuleConfig, diskUse) {
+	if len(t.mounts) == 0 {
+		return t.module, nil
+	}
+	fsc := wazero.NewFSConfig()
+	var disk diskUse
+	for _, m := range t.mounts {
+		var fs experimentalsys.FS
+		switch {
+		case m.readOnly:
+			fs = &sysfs.ReadFS{FS: rootFS{root: m.root}}
+		case r.cfg.WriteQuotaBytes < 0 && r.cfg.MinFreeDiskBytes < 0:
+			fs = rootFS{root: m.root}
+		default:
+			meter := &diskMeter{guest: m.guest, quota: r.cfg.WriteQuotaBytes, floor: r.cfg.MinFreeDiskBytes}
+			disk = append(disk, meter)
+			fs = rootFS{root: m.root, meter: meter}
+		}
+		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(fs, m.guest)
+	}
+	return t.module.WithFSConfig(fsc), disk
 }
 
 // baseModuleConfig is what every instance gets: clocks and randomness,

@@ -23,10 +23,13 @@ import (
 // https://github.com/wazero/wazero/issues/2321. Read-only grants wrap
 // rootFS in wazero's sysfs.ReadFS.
 //
-// Paths arrive from wazero cleaned and relative to the mount.
+// Paths arrive from wazero cleaned and relative to the mount. meter,
+// set on a read-write grant, counts what the files opened through it
+// write (see disk.go).
 type rootFS struct {
 	experimentalsys.UnimplementedFS
-	root *os.Root
+	root  *os.Root
+	meter *diskMeter
 }
 
 func (r rootFS) String() string { return r.root.Name() }
@@ -91,7 +94,7 @@ func (r rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode)
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	file, errno := newRootFile(r.root, name, f, flag&experimentalsys.O_APPEND != 0)
+	file, errno := newRootFile(r.root, name, f, flag&experimentalsys.O_APPEND != 0, r.meter)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -200,13 +203,15 @@ func utime(ns int64) time.Time {
 
 // rootFile is an open file or directory of a rootFS. wazero's fs.FS
 // adapter does the reading, seeking, directory listing and writing on the
-// *os.File; rootFile adds what fs.FS cannot express.
+// *os.File; rootFile adds what fs.FS cannot express, and charges every
+// write, and every growth by truncation, to the grant's meter first.
 type rootFile struct {
 	experimentalsys.File
 	f      *os.File // as opened; wazero reopens directories to rewind them
 	root   *os.Root
 	name   string
 	append bool
+	meter  *diskMeter // nil: nothing counted (read-only or unlimited)
 }
 
 // openedFS hands wazero's adapter the file rootFS already opened, and
@@ -225,13 +230,35 @@ func (o *openedFS) Open(name string) (fs.File, error) {
 	return o.root.Open(name)
 }
 
-func newRootFile(root *os.Root, name string, f *os.File, appending bool) (*rootFile, experimentalsys.Errno) {
+func newRootFile(root *os.Root, name string, f *os.File, appending bool, meter *diskMeter) (*rootFile, experimentalsys.Errno) {
 	inner, errno := (&sysfs.AdaptFS{FS: &openedFS{root: root, file: f}}).OpenFile(name, experimentalsys.O_RDONLY, 0)
 	if errno != 0 {
 		_ = f.Close()
 		return nil, errno
 	}
-	return &rootFile{File: inner, f: f, root: root, name: name, append: appending}, 0
+	return &rootFile{File: inner, f: f, root: root, name: name, append: appending, meter: meter}, 0
+}
+
+func (f *rootFile) Write(buf []byte) (int, experimentalsys.Errno) {
+	if f.meter != nil && len(buf) > 0 {
+		n := int64(len(buf))
+		if !f.append {
+			n = growth(f.f, position(f.f), n)
+		}
+		if errno := f.meter.charge(f.f, n); errno != 0 {
+			return 0, errno
+		}
+	}
+	return f.File.Write(buf)
+}
+
+func (f *rootFile) Pwrite(buf []byte, off int64) (int, experimentalsys.Errno) {
+	if f.meter != nil && len(buf) > 0 {
+		if errno := f.meter.charge(f.f, growth(f.f, off, int64(len(buf)))); errno != 0 {
+			return 0, errno
+		}
+	}
+	return f.File.Pwrite(buf, off)
 }
 
 func (f *rootFile) IsAppend() bool { return f.append }
@@ -246,6 +273,12 @@ func (f *rootFile) SetAppend(enable bool) experimentalsys.Errno {
 func (f *rootFile) Truncate(size int64) experimentalsys.Errno {
 	if isDir, errno := f.IsDir(); errno != 0 || isDir {
 		return cmp.Or(errno, experimentalsys.EISDIR)
+	}
+	if f.meter != nil {
+		// Growing a file counts as writing the bytes it gains.
+		if errno := f.meter.charge(f.f, growth(f.f, size, 0)); errno != 0 {
+			return errno
+		}
 	}
 	return toErrno(f.f.Truncate(size))
 }

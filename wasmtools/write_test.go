@@ -69,3 +69,44 @@ func TestWriteGrant(t *testing.T) {
 		t.Error("a refused call wrote a file")
 	}
 }
+
+// TestDiskQuota has the hostile fixture write through a read-write grant
+// until refused, and grow files without writing them: every way past the
+// per-call quota fails the call with resource_exhausted, though the tool
+// ignores the refusal, and leaves at most the quota on disk. The next
+// call gets a quota of its own; a free-disk floor above what the disk
+// has refuses the first write.
+func TestDiskQuota(t *testing.T) {
+	t.Parallel()
+	const quota = 64 << 10
+	for _, dir := range []struct{ name, dir string }{{"command", hostileDir}, {"reactor", reactorDir}} {
+		t.Run(dir.name, func(t *testing.T) {
+			t.Parallel()
+			ws := t.TempDir()
+			grant := map[string]capabilities.Grants{"hostile": {FS: []capabilities.FSGrant{{HostPath: ws, GuestPath: "/out"}}}}
+			r := openRegistry(t, Config{Dir: dir.dir, CacheDir: cacheDir, Grants: grant, WriteQuotaBytes: quota, MinFreeDiskBytes: -1})
+			for _, c := range []struct{ in, file string }{
+				{`{"mode":"fill","path":"/out/fill.bin"}`, "fill.bin"},
+				{`{"mode":"truncate","path":"/out/fill.bin","size":1099511627776}`, "fill.bin"},
+				{`{"mode":"seekwrite","path":"/out/seek.bin","size":1099511627776}`, "seek.bin"},
+				{`{"mode":"pwrite","path":"/out/pwrite.bin","size":1099511627776}`, "pwrite.bin"},
+			} {
+				te := wantCode(t, r, "hostile", c.in, keel.ToolResourceExhausted)
+				if !strings.Contains(te.Message, "quota of 65536 bytes per call to /out") {
+					t.Errorf("hostile(%s) message %q does not name the quota", c.in, te.Message)
+				}
+				if fi, err := os.Stat(filepath.Join(ws, c.file)); err != nil || fi.Size() > quota {
+					t.Errorf("after hostile(%s), %s: %v, %v; want at most %d bytes", c.in, c.file, fi.Size(), err, quota)
+				}
+			}
+			// A call within the quota, after calls that used it up, passes.
+			mustCall(t, r, "hostile", `{"mode":"write","path":"/out/small.txt","data":"fits"}`)
+
+			floor := openRegistry(t, Config{Dir: dir.dir, CacheDir: cacheDir, Grants: grant, MinFreeDiskBytes: 1 << 62})
+			te := wantCode(t, floor, "hostile", `{"mode":"write","path":"/out/floor.txt","data":"x"}`, keel.ToolResourceExhausted)
+			if !strings.Contains(te.Message, "free disk") {
+				t.Errorf("floor refusal %q does not name the free-disk floor", te.Message)
+			}
+		})
+	}
+}

@@ -23,7 +23,8 @@ var manifest = toolkit.Manifest{
 		"properties": {
 			"mode": {"type": "string"},
 			"path": {"type": "string"},
-			"data": {"type": "string"}
+			"data": {"type": "string"},
+			"size": {"type": "integer"}
 		},
 		"required": ["mode"]
 	}`),
@@ -35,6 +36,7 @@ type input struct {
 	Mode string `json:"mode"`
 	Path string `json:"path"`
 	Data string `json:"data"`
+	Size int64  `json:"size"`
 }
 
 var keep [][]byte
@@ -105,6 +107,41 @@ var handler = toolkit.Typed(func(in input) (any, error) {
 			return nil, toolkit.Errorf("write", "%v", err)
 		}
 		return map[string]any{"written": len(in.Data)}, nil
+	case "fill":
+		// Writes 4 KiB at a time until a write is refused, and reports
+		// success anyway, as a tool that ignores errors would.
+		f, err := os.Create(in.Path)
+		if err != nil {
+			return nil, toolkit.Errorf("fill", "%v", err)
+		}
+		defer f.Close()
+		chunk := make([]byte, 4096)
+		written := 0
+		for {
+			n, err := f.Write(chunk)
+			written += n
+			if err != nil {
+				return map[string]any{"written": written, "error": err.Error()}, nil
+			}
+		}
+	case "truncate":
+		// Makes the file size bytes long without writing them.
+		err := os.Truncate(in.Path, in.Size)
+		return map[string]any{"error": fmt.Sprint(err)}, nil
+	case "seekwrite", "pwrite":
+		// Writes one byte size bytes into a new file: after a seek, or
+		// with pwrite.
+		f, err := os.Create(in.Path)
+		if err != nil {
+			return nil, toolkit.Errorf(in.Mode, "%v", err)
+		}
+		defer f.Close()
+		if in.Mode == "pwrite" {
+			_, err = f.WriteAt([]byte("x"), in.Size)
+		} else if _, err = f.Seek(in.Size, 0); err == nil {
+			_, err = f.Write([]byte("x"))
+		}
+		return map[string]any{"error": fmt.Sprint(err)}, nil
 	case "symlink":
 		if err := os.Symlink(in.Data, in.Path); err != nil {
 			return nil, toolkit.Errorf("symlink", "%v", err)
