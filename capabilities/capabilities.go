@@ -91,6 +91,17 @@ type ToolDecl struct {
 	SideEffects string `json:"side_effects"`
 	SHA256      string `json:"sha256,omitempty"`
 	Grants      Grants `json:"grants"`
+	// PendingGrants is set when the tool's name was granted something
+	// while it was another module: see PendingGrants.
+	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
+}
+
+// PendingGrants are grants the user gave an earlier module of a tool's
+// name. Grants belong to a module (the SHA-256 of its file): a module of
+// another digest gets none of them until the user confirms.
+type PendingGrants struct {
+	SHA256 string `json:"sha256"` // the module they were given to
+	Grants Grants `json:"grants"`
 }
 
 // Environment is what a runtime declares about itself: its model

@@ -90,6 +90,17 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 }
 
 // grantsLine renders grants on one line, for people: "none" when empty.
+// describePending tells the user that a tool was replaced and what it
+// takes to give the new module the grants the old one had.
+func describePending(w io.Writer, prefix, name, sum string, p *capabilities.PendingGrants) {
+	if p == nil {
+		return
+	}
+	fmt.Fprintf(w, "%sreplaced: this module (sha256 %s) has none of the grants given to sha256 %s:\n", prefix, sum, p.SHA256)
+	describeGrants(w, prefix+"  ", p.Grants)
+	fmt.Fprintf(w, "%sto give it them: keel tools grant %s --confirm %s\n", prefix, name, sum)
+}
+
 func grantsLine(g capabilities.Grants) string {
 	var parts []string
 	for _, f := range g.FS {
@@ -160,7 +171,7 @@ func withProgress(w io.Writer, what string, f func() error) error {
 
 func installCmd() *cobra.Command {
 	var specs []string
-	var all, replace bool
+	var all, replace, keep bool
 	cmd := &cobra.Command{
 		Use:   "install PATH.wasm",
 		Short: "Validate, compile and install a tool, granting what you choose of what it requests",
@@ -174,6 +185,9 @@ func installCmd() *cobra.Command {
 			g, err := parseGrants(specs, true)
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
+			}
+			if keep && !replace {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("--keep-grants carries the grants of the tool being replaced: add --replace")}
 			}
 			return withClient(cmd, func(c *client.Client) error {
 				ctx, out, errw := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -199,7 +213,7 @@ func installCmd() *cobra.Command {
 						}
 					}
 				}
-				installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace})
+				installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace, KeepGrants: keep})
 				if err != nil {
 					return err
 				}
@@ -220,7 +234,8 @@ func installCmd() *cobra.Command {
 	}
 	cmd.Flags().StringArrayVar(&specs, "grant", nil, "grant one capability (repeatable; see --help)")
 	cmd.Flags().BoolVar(&all, "grant-all", false, "grant every network and environment request (directories still need --grant fs:…)")
-	cmd.Flags().BoolVar(&replace, "replace", false, "replace an installed tool of the same name")
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace an installed tool of the same name (its grants are not kept)")
+	cmd.Flags().BoolVar(&keep, "keep-grants", false, "with --replace: give the new module the grants of the one it replaces (those it still requests)")
 	return cmd
 }
 
@@ -242,20 +257,30 @@ func removeCmd() *cobra.Command {
 }
 
 func grantCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "grant NAME SPEC...",
+	var confirm string
+	cmd := &cobra.Command{
+		Use:   "grant NAME [SPEC...]",
 		Short: "Grant an installed tool more of what it requests",
-		Long:  "Grant an installed tool more of what it requests.\n\n" + grantHelp,
-		Args:  usageArgs(cobra.MinimumNArgs(2)),
+		Long: "Grant an installed tool more of what it requests.\n\n" +
+			"Grants belong to a module: when a tool's file is replaced by one of another sha256, the new module\n" +
+			"gets none of them until you confirm, with --confirm and the new module's sha256 (`keel tools list` shows it).\n\n" + grantHelp,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if confirm == "" && len(args) < 2 {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("name what to grant, or confirm pending grants with --confirm SHA256")}
+			}
 			g, err := parseGrants(args[1:], true)
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
 			return withClient(cmd, func(c *client.Client) error {
-				info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g})
+				info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g, Confirm: confirm})
 				if err != nil {
 					return err
+				}
+				if info.Grants.Empty() {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
+					return nil
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
 				describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
@@ -263,6 +288,8 @@ func grantCmd() *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().StringVar(&confirm, "confirm", "", "give the installed module, of this sha256, the grants its name had before it was replaced")
+	return cmd
 }
 
 func revokeCmd() *cobra.Command {

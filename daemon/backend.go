@@ -67,7 +67,7 @@ func (b *backend) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
 	tools := b.reg.Tools()
 	out := make([]protocol.ToolInfo, len(tools))
 	for i, t := range tools {
-		out[i] = toolInfo(t)
+		out[i] = b.mgr.grants.withPending(toolInfo(t))
 	}
 	return out, nil
 }
@@ -117,7 +117,8 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 	env.Providers = []capabilities.ProviderDecl{pd}
 	for _, t := range b.reg.Tools() {
 		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
-			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, Grants: t.Grants})
+			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, Grants: t.Grants,
+			PendingGrants: b.mgr.grants.withPending(toolInfo(t)).PendingGrants})
 	}
 	if loaded, total, ready := b.reg.Progress(); !ready {
 		env.ToolsCompiling = total - loaded

@@ -145,6 +145,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("load tool grants: %w", err)
 	}
+	if err := bindLegacyGrants(ctx, st, toolsDir, stored, log.With("component", "grants")); err != nil {
+		return fmt.Errorf("bind tool grants to their modules: %w", err)
+	}
 	grants := &grantTable{m: stored}
 	notifier := &toolsNotifier{}
 	reg, err := wasmtools.Open(ctx, wasmtools.Config{

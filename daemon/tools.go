@@ -2,8 +2,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,19 +27,35 @@ import (
 
 // grantTable is the in-memory copy of the stored grants that the
 // registry consults (wasmtools.Config.GrantsFor). Writes go to the store
-// first, so the table never holds a grant the database does not.
+// first, so the table never holds a grant the database does not. Each
+// row is bound to the module it was granted to: get gives a module of
+// another digest nothing.
 type grantTable struct {
 	mu sync.Mutex
-	m  map[string]capabilities.Grants
+	m  map[string]store.ToolGrant
 }
 
-func (g *grantTable) get(name string) capabilities.Grants {
+// get returns what the tool name is granted if its module has digest
+// sum, nothing otherwise.
+func (g *grantTable) get(name, sum string) capabilities.Grants {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.m[name]
+	if row, ok := g.m[name]; ok && row.SHA256 == sum {
+		return row.Grants
+	}
+	return capabilities.Grants{}
 }
 
-func (g *grantTable) set(name string, v capabilities.Grants) {
+// row returns the stored grants of name, whatever module they are bound
+// to.
+func (g *grantTable) row(name string) (store.ToolGrant, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	row, ok := g.m[name]
+	return row, ok
+}
+
+func (g *grantTable) set(name string, v store.ToolGrant) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.m[name] = v
@@ -45,6 +65,44 @@ func (g *grantTable) delete(name string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.m, name)
+}
+
+// bindLegacyGrants binds the grants stored before grants belonged to a
+// module (no digest) to the module installed under that name now, as the
+// user's grant was meant for it. A row whose tool file is gone stays
+// unbound: it applies to nothing, and installing the tool replaces it.
+func bindLegacyGrants(ctx context.Context, st *store.Store, toolsDir string, rows map[string]store.ToolGrant, log *slog.Logger) error {
+	for name, row := range rows {
+		if row.SHA256 != "" {
+			continue
+		}
+		sum, err := fileSHA256(filepath.Join(toolsDir, name+".wasm"))
+		if err != nil {
+			log.Warn("grants of a tool whose file is missing stay unbound; they apply to no module", "tool", name, "err", err)
+			continue
+		}
+		row.SHA256 = sum
+		if err := st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
+			return err
+		}
+		rows[name] = row
+		log.Info("tool grants bound to the installed module", "tool", name, "sha256", sum)
+	}
+	return nil
+}
+
+// fileSHA256 is the hex SHA-256 of a file, as wasmtools.Tool.SHA256.
+func fileSHA256(file string) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // toolsNotifier fans tool changes out to subscribers (the IPC server).
@@ -97,8 +155,12 @@ func installExamples(ctx context.Context, st *store.Store, toolsDir, workspace s
 	if err := builtin.Install(toolsDir); err != nil {
 		return err
 	}
+	sum, err := fileSHA256(filepath.Join(toolsDir, "readfile.wasm"))
+	if err != nil {
+		return err
+	}
 	ro := capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: workspace, GuestPath: "/workspace", ReadOnly: true}}}
-	if err := st.SetToolGrants(ctx, "readfile", ro, time.Now()); err != nil {
+	if err := st.SetToolGrants(ctx, "readfile", store.ToolGrant{SHA256: sum, Grants: ro}, time.Now()); err != nil {
 		return err
 	}
 	return writeFileAtomic(marker, []byte("the bundled example tools were installed here once\n"), 0o600)
@@ -121,13 +183,21 @@ func (m *toolManager) info(ctx context.Context, name string) (protocol.ToolInfo,
 		return protocol.ToolInfo{}, fmt.Errorf("tools are still compiling: %w", err)
 	}
 	if t, ok := m.reg.Tool(name); ok {
-		return toolInfo(t), nil
+		return m.grants.withPending(toolInfo(t)), nil
 	}
 	return protocol.ToolInfo{}, fmt.Errorf("no tool named %q is installed: %w", name, keel.ErrNotFound)
 }
 
 func toolInfo(t wasmtools.Tool) protocol.ToolInfo {
 	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256, Compiling: t.Compiling}
+}
+
+// withPending adds to info the grants its name holds for another module.
+func (g *grantTable) withPending(info protocol.ToolInfo) protocol.ToolInfo {
+	if row, ok := g.row(info.Name); ok && row.SHA256 != info.SHA256 && info.SHA256 != "" && !row.Grants.Empty() {
+		info.PendingGrants = &protocol.PendingGrants{SHA256: row.SHA256, Grants: row.Grants}
+	}
+	return info
 }
 
 func (m *toolManager) inspect(ctx context.Context, file string) (wasmtools.Tool, error) {
@@ -150,8 +220,13 @@ func (m *toolManager) Inspect(ctx context.Context, file string) (protocol.ToolIn
 }
 
 // Install validates the file, checks the grants against what it
-// requests, stores them, copies the module in atomically and reloads.
+// requests, stores them bound to the file's digest, copies the module in
+// atomically and reloads. With KeepGrants, the replaced tool's grants
+// that the new module still requests are carried to it.
 func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+	if p.KeepGrants && !p.Replace {
+		return protocol.ToolInfo{}, fmt.Errorf("keep_grants carries the grants of a tool being replaced: it needs replace: %w", keel.ErrInvalid)
+	}
 	t, err := m.inspect(ctx, p.Path)
 	if err != nil {
 		return protocol.ToolInfo{}, err
@@ -164,10 +239,14 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	if err := m.st.SetToolGrants(ctx, name, g, time.Now()); err != nil {
+	if old, ok := m.grants.row(name); ok && p.KeepGrants {
+		g = carryGrants(t.Requests, old.Grants).Add(g)
+	}
+	row := store.ToolGrant{SHA256: t.SHA256, Grants: g}
+	if err := m.st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	m.grants.set(name, g)
+	m.grants.set(name, row)
 	side := strings.TrimSuffix(p.Path, ".wasm") + ".manifest.json"
 	dstSide := filepath.Join(m.dir, name+".manifest.json")
 	if _, err := os.Stat(side); err == nil {
@@ -179,6 +258,8 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 		// new module's own manifest.
 		return protocol.ToolInfo{}, err
 	}
+	// Should the file change between the inspection and this copy, the
+	// module copied has another digest and the grants do not apply to it.
 	if err := copyFile(p.Path, filepath.Join(m.dir, name+".wasm")); err != nil {
 		return protocol.ToolInfo{}, err
 	}
@@ -205,6 +286,11 @@ func (m *toolManager) Remove(ctx context.Context, name string) error {
 	return err
 }
 
+// Grant adds grants to the installed module of a tool. While the tool has
+// grants pending (given to a module of another digest), a grant must
+// confirm them (p.Confirm, the installed digest), which carries those the
+// module requests to it; a plain grant is refused, so none is lost
+// unnoticed.
 func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
 	info, err := m.info(ctx, p.Name)
 	if err != nil {
@@ -214,35 +300,76 @@ func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (p
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	next := m.grants.get(p.Name).Add(add)
-	return m.store(ctx, p.Name, next)
+	next := m.grants.get(p.Name, info.SHA256)
+	switch {
+	case p.Confirm != "" && p.Confirm != info.SHA256:
+		return protocol.ToolInfo{}, fmt.Errorf("tool %s is now the module of sha256 %s, not %s: look at it again before confirming: %w", p.Name, info.SHA256, p.Confirm, keel.ErrConflict)
+	case p.Confirm != "" && info.PendingGrants == nil:
+		return protocol.ToolInfo{}, fmt.Errorf("tool %s has no grants pending confirmation: %w", p.Name, keel.ErrInvalid)
+	case p.Confirm != "":
+		next = carryGrants(info.Requests, info.PendingGrants.Grants)
+	case info.PendingGrants != nil:
+		return protocol.ToolInfo{}, fmt.Errorf("tool %s was replaced (sha256 %s, granted as %s): confirm its earlier grants with `keel tools grant %s --confirm %s`, or revoke them with `keel tools revoke %s --all`: %w",
+			p.Name, info.SHA256, info.PendingGrants.SHA256, p.Name, info.SHA256, p.Name, keel.ErrConflict)
+	}
+	return m.store(ctx, p.Name, store.ToolGrant{SHA256: info.SHA256, Grants: next.Add(add)})
 }
 
+// Revoke takes grants back. Entries are taken from the stored grants,
+// pending or not, which stay bound to their module; revoking all leaves
+// the installed module granted nothing.
 func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
-	if _, err := m.info(ctx, p.Name); err != nil {
+	info, err := m.info(ctx, p.Name)
+	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	var next capabilities.Grants
-	if !p.All {
-		cur := m.grants.get(p.Name)
-		next.FS = slices.DeleteFunc(slices.Clone(cur.FS), func(e capabilities.FSGrant) bool {
+	next := store.ToolGrant{SHA256: info.SHA256}
+	if cur, ok := m.grants.row(p.Name); ok && !p.All {
+		next.SHA256 = cur.SHA256
+		next.Grants.FS = slices.DeleteFunc(slices.Clone(cur.Grants.FS), func(e capabilities.FSGrant) bool {
 			return slices.ContainsFunc(p.Grants.FS, func(r capabilities.FSGrant) bool { return path.Clean(r.GuestPath) == e.GuestPath })
 		})
-		next.Network = slices.DeleteFunc(slices.Clone(cur.Network), func(n string) bool { return slices.Contains(p.Grants.Network, n) })
-		next.Env = slices.DeleteFunc(slices.Clone(cur.Env), func(n string) bool { return slices.Contains(p.Grants.Env, n) })
+		next.Grants.Network = slices.DeleteFunc(slices.Clone(cur.Grants.Network), func(n string) bool { return slices.Contains(p.Grants.Network, n) })
+		next.Grants.Env = slices.DeleteFunc(slices.Clone(cur.Grants.Env), func(n string) bool { return slices.Contains(p.Grants.Env, n) })
 	}
 	return m.store(ctx, p.Name, next)
 }
 
-func (m *toolManager) store(ctx context.Context, name string, g capabilities.Grants) (protocol.ToolInfo, error) {
-	if err := m.st.SetToolGrants(ctx, name, g, time.Now()); err != nil {
+func (m *toolManager) store(ctx context.Context, name string, row store.ToolGrant) (protocol.ToolInfo, error) {
+	if err := m.st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	m.grants.set(name, g)
+	m.grants.set(name, row)
 	if _, err := m.reg.Reload(ctx); err != nil {
 		return protocol.ToolInfo{}, err
 	}
 	return m.info(ctx, name)
+}
+
+// carryGrants returns those of g, given to an earlier module, that a
+// module requesting req still requests: read-only where the request now
+// is.
+func carryGrants(req, g capabilities.Grants) capabilities.Grants {
+	var out capabilities.Grants
+	for _, f := range g.FS {
+		i := slices.IndexFunc(req.FS, func(r capabilities.FSGrant) bool { return path.Clean("/"+r.GuestPath) == f.GuestPath })
+		if i < 0 {
+			continue
+		}
+		f.ReadOnly = f.ReadOnly || req.FS[i].ReadOnly
+		out.FS = append(out.FS, f)
+	}
+	for _, n := range g.Network {
+		if slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {
+			out.Network = append(out.Network, n)
+		}
+	}
+	for _, e := range g.Env {
+		if slices.Contains(req.Env, e) {
+			out.Env = append(out.Env, e)
+		}
+	}
+	return out
 }
 
 // checkGrants returns g normalized if it grants only what req requests:

@@ -283,8 +283,8 @@ func handleToolsGrant(ctx context.Context, c *conn, p protocol.ToolsGrantParams)
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
-	if p.Grants.Empty() {
-		return nil, paramError("grants", "must grant something")
+	if p.Grants.Empty() && p.Confirm == "" {
+		return nil, paramError("grants", "must grant something, or confirm pending grants")
 	}
 	return c.s.b.GrantTool(ctx, p)
 }

@@ -9,24 +9,33 @@ import (
 	"github.com/keel-runtime/keel/capabilities"
 )
 
+// ToolGrant is what the user granted a tool, and the module it was
+// granted to.
+type ToolGrant struct {
+	// SHA256 is the hex SHA-256 of the .wasm file the grants were given
+	// to; "" for grants stored before grants were bound to a module.
+	SHA256 string
+	Grants capabilities.Grants
+}
+
 // ToolGrants returns the stored grants of every tool that has a row.
-func (s *Store) ToolGrants(ctx context.Context) (map[string]capabilities.Grants, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT tool, grants FROM tool_grants`)
+func (s *Store) ToolGrants(ctx context.Context) (map[string]ToolGrant, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT tool, sha256, grants FROM tool_grants`)
 	if err != nil {
 		return nil, fmt.Errorf("tool grants: %w", mapErr(err))
 	}
 	defer rows.Close()
-	out := map[string]capabilities.Grants{}
+	out := map[string]ToolGrant{}
 	for rows.Next() {
-		var tool, raw string
-		if err := rows.Scan(&tool, &raw); err != nil {
+		var tool, sum, raw string
+		if err := rows.Scan(&tool, &sum, &raw); err != nil {
 			return nil, fmt.Errorf("tool grants: %w", mapErr(err))
 		}
 		var g capabilities.Grants
 		if err := json.Unmarshal([]byte(raw), &g); err != nil {
 			return nil, fmt.Errorf("tool grants of %s: %w", tool, err)
 		}
-		out[tool] = g
+		out[tool] = ToolGrant{SHA256: sum, Grants: g}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("tool grants: %w", mapErr(err))
@@ -34,16 +43,17 @@ func (s *Store) ToolGrants(ctx context.Context) (map[string]capabilities.Grants,
 	return out, nil
 }
 
-// SetToolGrants replaces what tool is granted (empty grants record that
-// the user granted nothing).
-func (s *Store) SetToolGrants(ctx context.Context, tool string, g capabilities.Grants, at time.Time) error {
-	raw, err := json.Marshal(g)
+// SetToolGrants replaces what tool is granted, binding it to the module
+// of digest g.SHA256 (empty grants record that the user granted
+// nothing).
+func (s *Store) SetToolGrants(ctx context.Context, tool string, g ToolGrant, at time.Time) error {
+	raw, err := json.Marshal(g.Grants)
 	if err != nil {
 		return err
 	}
 	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO tool_grants (tool, grants, updated_at) VALUES (?, ?, ?)
-		ON CONFLICT (tool) DO UPDATE SET grants = excluded.grants, updated_at = excluded.updated_at`, tool, string(raw), nanos(at))
+		_, err := tx.ExecContext(ctx, `INSERT INTO tool_grants (tool, sha256, grants, updated_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (tool) DO UPDATE SET sha256 = excluded.sha256, grants = excluded.grants, updated_at = excluded.updated_at`, tool, g.SHA256, string(raw), nanos(at))
 		return err
 	})
 	if err != nil {

@@ -511,13 +511,17 @@ func TestToolGrantsPersist(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keel.db")
 	s := open(t, path)
 	g := capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: "/srv/notes", GuestPath: "/workspace", ReadOnly: true}}, Network: []string{"https://example.com:443"}}
-	if err := s.SetToolGrants(ctx, "readfile", g, time.Now()); err != nil {
+	if err := s.SetToolGrants(ctx, "readfile", store.ToolGrant{SHA256: "aa", Grants: g}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetToolGrants(ctx, "fetch", capabilities.Grants{}, time.Now()); err != nil {
+	// A later grant rebinds the row to another module.
+	if err := s.SetToolGrants(ctx, "readfile", store.ToolGrant{SHA256: "bb", Grants: g}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetToolGrants(ctx, "gone", g, time.Now()); err != nil {
+	if err := s.SetToolGrants(ctx, "fetch", store.ToolGrant{SHA256: "cc"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetToolGrants(ctx, "gone", store.ToolGrant{SHA256: "dd", Grants: g}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteToolGrants(ctx, "gone"); err != nil {
@@ -529,10 +533,10 @@ func TestToolGrantsPersist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != 2 || !reflect.DeepEqual(all["readfile"], g) {
+	if len(all) != 2 || !reflect.DeepEqual(all["readfile"], store.ToolGrant{SHA256: "bb", Grants: g}) {
 		t.Errorf("ToolGrants = %+v", all)
 	}
-	if f, ok := all["fetch"]; !ok || !f.Empty() {
+	if f, ok := all["fetch"]; !ok || !f.Grants.Empty() || f.SHA256 != "cc" {
 		t.Errorf("an empty grant must persist as a decision: %+v, %v", f, ok)
 	}
 }

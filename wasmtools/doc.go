@@ -65,7 +65,8 @@
 //
 // Grants come from [Config.GrantsFor] (or the fixed [Config.Grants]) and
 // nothing else: a tool without grants gets no directory, no environment
-// variable and no network. Each granted directory is mounted exactly as
+// variable and no network. GrantsFor is asked with the tool's name and
+// the SHA-256 of its file, so grants can belong to one module. Each granted directory is mounted exactly as
 // configured. Mounts go through os.Root, which keeps every path, and
 // every symbolic link, inside the granted host directory; wazero's own
 // directory mounts follow links out of the mount

@@ -11,10 +11,11 @@ import (
 	"github.com/keel-runtime/keel/capabilities"
 )
 
-// grantsFor returns what the configuration grants the tool name now.
-func (r *Registry) grantsFor(name string) capabilities.Grants {
+// grantsFor returns what the configuration grants the tool name, whose
+// file has the hex SHA-256 sum, now.
+func (r *Registry) grantsFor(name, sum string) capabilities.Grants {
 	if r.cfg.GrantsFor != nil {
-		return r.cfg.GrantsFor(name)
+		return r.cfg.GrantsFor(name, sum)
 	}
 	return r.cfg.Grants[name]
 }

@@ -24,7 +24,7 @@ func TestGrantsChangeOnReload(t *testing.T) {
 	}
 	var mu sync.Mutex
 	grants := map[string]capabilities.Grants{}
-	r := openRegistry(t, Config{Dir: readfileDir, GrantsFor: func(name string) capabilities.Grants {
+	r := openRegistry(t, Config{Dir: readfileDir, GrantsFor: func(name, _ string) capabilities.Grants {
 		mu.Lock()
 		defer mu.Unlock()
 		return grants[name]

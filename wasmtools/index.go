@@ -108,7 +108,7 @@ func (r *Registry) listed(name string) (*tool, bool) {
 		return nil, false
 	}
 	t := &tool{pending: true, info: describe(m, e.SHA256, file)}
-	t.info.Grants = configured(r.grantsFor(name))
+	t.info.Grants = configured(r.grantsFor(name, e.SHA256))
 	t.info.Compiling = true
 	return t, true
 }

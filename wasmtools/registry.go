@@ -56,14 +56,18 @@ type Config struct {
 	// missing. "" keeps compiled code in memory only, so every Open
 	// compiles again.
 	CacheDir string
-	// Grants holds what each tool may touch, by tool name. A tool that is
-	// not in the map gets nothing: no directories, no environment.
+	// Grants holds what each tool may touch, by tool name, whatever its
+	// module: a fixed configuration for a program that ships its tools. A
+	// tool that is not in the map gets nothing: no directories, no
+	// environment.
 	Grants map[string]capabilities.Grants
 	// GrantsFor, when set, is asked for a tool's grants at every load and
-	// Reload instead of Grants, so grants can change while the daemon
-	// runs: a tool whose grants changed is reloaded by the next Reload.
-	// It must be safe for concurrent use.
-	GrantsFor func(name string) capabilities.Grants
+	// Reload instead of Grants, with the tool's name and the hex SHA-256
+	// of its .wasm file, so grants can be bound to one module (a file
+	// replaced by another gets what GrantsFor says of the new digest) and
+	// can change while the daemon runs: a tool whose grants changed is
+	// reloaded by the next Reload. It must be safe for concurrent use.
+	GrantsFor func(name, sha256 string) capabilities.Grants
 	// AllowPrivateNetwork lets tools reach loopback, private and
 	// link-local addresses when granted. Default false: the daemon, Ollama
 	// and the rest of the local network are out of reach whatever a tool
@@ -336,7 +340,7 @@ func (r *Registry) plan(ctx context.Context, entries []os.DirEntry, prev *toolSe
 		}
 		if prev != nil {
 			file := filepath.Join(r.cfg.Dir, e.Name())
-			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name)) {
+			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name, old.info.SHA256)) {
 				set.tools[name] = old
 				continue
 			}
@@ -594,7 +598,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	t.fresh = m.Isolation == isolationFresh
 	t.manifest = data
 	t.info = describe(m, hex.EncodeToString(sum[:]), file)
-	t.granted = r.grantsFor(name)
+	t.granted = r.grantsFor(name, t.info.SHA256)
 	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)

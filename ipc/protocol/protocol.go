@@ -207,7 +207,15 @@ type ToolInfo struct {
 	// start, for a tool listed from what the last start recorded of its
 	// unchanged file: a call of it waits until it has compiled.
 	Compiling bool `json:"compiling,omitempty"`
+	// PendingGrants is set when the user granted this tool's name
+	// something while it was another module (another SHA256): grants
+	// belong to a module, so this one has none of them until the user
+	// confirms them (tools.grant with confirm set to SHA256).
+	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
 }
+
+// PendingGrants are grants given to an earlier module of a tool's name.
+type PendingGrants = capabilities.PendingGrants
 
 // ToolsInspectParams names a .wasm file to validate without installing.
 type ToolsInspectParams struct {
@@ -220,6 +228,10 @@ type ToolsInstallParams struct {
 	Path    string              `json:"path"`
 	Grants  capabilities.Grants `json:"grants"`
 	Replace bool                `json:"replace,omitempty"` // replace an installed tool of the same name
+	// KeepGrants, with Replace, carries the replaced tool's grants to the
+	// new module (those it still requests), besides Grants. Without it
+	// the new module gets Grants only: grants belong to a module.
+	KeepGrants bool `json:"keep_grants,omitempty"`
 }
 
 // ToolRef names an installed tool.
@@ -227,10 +239,14 @@ type ToolRef struct {
 	Name string `json:"name"`
 }
 
-// ToolsGrantParams adds grants to an installed tool.
+// ToolsGrantParams adds grants to an installed tool, bound to its
+// installed module. Confirm, set to the installed module's SHA256, also
+// carries its pending grants (ToolInfo.PendingGrants) to it; Grants may
+// then be empty.
 type ToolsGrantParams struct {
-	Name   string              `json:"name"`
-	Grants capabilities.Grants `json:"grants"`
+	Name    string              `json:"name"`
+	Grants  capabilities.Grants `json:"grants"`
+	Confirm string              `json:"confirm,omitempty"`
 }
 
 // ToolsRevokeParams removes grants from a tool: those listed, or all.

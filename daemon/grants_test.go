@@ -1,0 +1,225 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/cli"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/store"
+)
+
+// withCustomSection returns the module bin with a custom section
+// appended: another digest, the same behaviour. (It has a payload:
+// wazero fails to read an empty custom section at the end of a module.)
+func withCustomSection(bin []byte) []byte {
+	name := "keel-test"
+	sec := append([]byte{byte(len(name))}, name+"!"...)
+	return append(append(slices.Clone(bin), 0, byte(len(sec))), sec...)
+}
+
+func hexSHA256(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// toolInfo returns what tools.list says of name, if it lists it.
+func toolInfo(t *testing.T, c *client.Client, name string) protocol.ToolInfo {
+	t.Helper()
+	tools, err := c.ListTools(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range tools {
+		if tl.Name == name {
+			return tl
+		}
+	}
+	return protocol.ToolInfo{}
+}
+
+// waitDigest waits until the tool name is the module of digest sum.
+func waitDigest(t *testing.T, c *client.Client, name, sum string) protocol.ToolInfo {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info := toolInfo(t, c, name); info.SHA256 == sum && !info.Compiling {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never became the module of sha256 %s", name, sum)
+		}
+	}
+}
+
+// TestGrantsBoundToDigest: grants belong to a module. A writefile of
+// another digest dropped into the tools directory writes nothing until
+// the user confirms, seeing both digests; `tools install --replace`
+// carries grants only with --keep-grants; the audit names the digest
+// that used each grant; grants stored by name before are bound to the
+// installed module at the next start.
+func TestGrantsBoundToDigest(t *testing.T) {
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	keelCLI := func(args ...string) (string, int) {
+		var out bytes.Buffer
+		code := cli.Main(ctx, append(args, "--data-dir", d.dir), &out, &out)
+		return out.String(), code
+	}
+	toolFile := filepath.Join(d.dir, "tools", "writefile.wasm")
+	orig, err := os.ReadFile(toolFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	origSum := hexSHA256(orig)
+	waitDigest(t, c, "writefile", origSum)
+	out := t.TempDir()
+	write := func(file string) error {
+		_, err := c.CallTool(ctx, "writefile", json.RawMessage(`{"path":"`+file+`","content":"x"}`))
+		return err
+	}
+	written := func(file string) bool {
+		_, err := os.Stat(filepath.Join(out, file))
+		return err == nil
+	}
+	lastAudit := func() (sum string, grants []string) {
+		t.Helper()
+		recs, err := c.ToolAudit(ctx, "writefile", 1)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("audit = %v, %v", recs, err)
+		}
+		return recs[0].SHA256, recs[0].Grants
+	}
+
+	if s, code := keelCLI("tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s", code, s)
+	}
+	if err := write("a.txt"); err != nil || !written("a.txt") {
+		t.Fatalf("write with the grant: %v", err)
+	}
+	if sum, grants := lastAudit(); sum != origSum || !slices.Equal(grants, []string{"fs:/workspace=rw"}) {
+		t.Errorf("audit of the granted call = %s %v, want %s [fs:/workspace=rw]", sum, grants, origSum)
+	}
+
+	// A module of another digest dropped in gets nothing.
+	other := withCustomSection(orig)
+	otherSum := hexSHA256(other)
+	if err := os.WriteFile(toolFile+".tmp", other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(toolFile+".tmp", toolFile); err != nil {
+		t.Fatal(err)
+	}
+	info := waitDigest(t, c, "writefile", otherSum)
+	if !info.Grants.Empty() {
+		t.Errorf("replaced writefile has grants %+v, want none", info.Grants)
+	}
+	want := &protocol.PendingGrants{SHA256: origSum, Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: out, GuestPath: "/workspace"}}}}
+	if p := info.PendingGrants; p == nil || p.SHA256 != want.SHA256 || !slices.Equal(p.Grants.FS, want.Grants.FS) {
+		t.Errorf("pending grants = %+v, want %+v", p, want)
+	}
+	if err := write("b.txt"); err == nil || !strings.Contains(err.Error(), "permission_denied") || written("b.txt") {
+		t.Fatalf("write by the replaced module = %v (file written: %v), want permission_denied and nothing written", err, written("b.txt"))
+	}
+	for _, cmd := range [][]string{{"tools", "list"}, {"doctor"}} {
+		s, _ := keelCLI(cmd...)
+		if !strings.Contains(s, origSum) || !strings.Contains(s, otherSum) || !strings.Contains(s, "--confirm "+otherSum) {
+			t.Errorf("keel %s does not show both digests and how to confirm:\n%s", strings.Join(cmd, " "), s)
+		}
+	}
+	// A plain grant does not silently drop or carry the pending ones; a
+	// confirmation must name the module installed now.
+	if s, code := keelCLI("tools", "grant", "writefile", "fs:/workspace="+out); code == 0 || !strings.Contains(s, "--confirm") {
+		t.Errorf("plain grant with grants pending: code %d\n%s", code, s)
+	}
+	if s, code := keelCLI("tools", "grant", "writefile", "--confirm", origSum); code == 0 {
+		t.Errorf("confirm naming the old digest: code %d\n%s", code, s)
+	}
+	if err := write("b.txt"); err == nil {
+		t.Fatal("refused grants gave the replaced module its grants")
+	}
+	if s, code := keelCLI("tools", "grant", "writefile", "--confirm", otherSum); code != 0 || !strings.Contains(s, out) {
+		t.Fatalf("confirm: code %d\n%s", code, s)
+	}
+	if err := write("b.txt"); err != nil || !written("b.txt") {
+		t.Fatalf("write after confirming: %v", err)
+	}
+	if sum, _ := lastAudit(); sum != otherSum {
+		t.Errorf("audit of the confirmed call names sha256 %s, want %s", sum, otherSum)
+	}
+	if toolInfo(t, c, "writefile").PendingGrants != nil {
+		t.Error("grants still pending after confirming")
+	}
+
+	// install --replace keeps grants only when told to.
+	src := filepath.Join(t.TempDir(), "writefile.wasm")
+	if err := os.WriteFile(src, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, code := keelCLI("tools", "install", "--replace", "--keep-grants", src); code != 0 {
+		t.Fatalf("install --replace --keep-grants: code %d\n%s", code, s)
+	}
+	waitDigest(t, c, "writefile", origSum)
+	if err := write("c.txt"); err != nil {
+		t.Fatalf("write after install --keep-grants: %v", err)
+	}
+	if err := os.WriteFile(src, other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, code := keelCLI("tools", "install", "--replace", src); code != 0 || !strings.Contains(s, "granted: nothing") {
+		t.Fatalf("install --replace: code %d\n%s", code, s)
+	}
+	info = waitDigest(t, c, "writefile", otherSum)
+	if err := write("d.txt"); err == nil || written("d.txt") || info.PendingGrants != nil {
+		t.Fatalf("after install --replace without --keep-grants: write %v, pending %+v; want refused, none pending", err, info.PendingGrants)
+	}
+
+	// Grants stored by name alone (before this schema) are bound to the
+	// module installed at the next start.
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, filepath.Join(d.dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := store.ToolGrant{Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: out, GuestPath: "/workspace"}}}}
+	if err := st.SetToolGrants(ctx, "writefile", legacy, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
+	c = dial(t, d2.dir)
+	waitDigest(t, c, "writefile", otherSum)
+	if err := write("e.txt"); err != nil || !written("e.txt") {
+		t.Fatalf("write with a grant stored by name before: %v", err)
+	}
+	if err := d2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = store.Open(ctx, filepath.Join(d.dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.ToolGrants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows["writefile"].SHA256 != otherSum {
+		t.Errorf("stored grant of writefile bound to %q, want %s", rows["writefile"].SHA256, otherSum)
+	}
+}
