@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,6 +129,7 @@ type Engine struct {
 	pausing map[keel.RunID]bool         // pause asked; the loop stops at its next step boundary
 	inbox   map[keel.RunID][]inboxMsg   // human messages the loop has not read yet
 	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
+	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -172,7 +175,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, order: map[keel.RunID]*pubOrder{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -204,8 +207,10 @@ func (e *Engine) spanID() string {
 }
 
 // Subscribe calls fn for every event of every run: journaled events after
-// they are stored, and live-only model.delta events (Seq 0). fn is called
-// from run goroutines and must not block. The returned func unregisters.
+// they are stored, each once and, within a run, in Seq order whatever
+// goroutines appended them (see pubOrder); and live-only model.delta
+// events (Seq 0). fn is called from run goroutines, never with a lock of
+// the engine held, and must not block. The returned func unregisters.
 func (e *Engine) Subscribe(fn func(keel.Event)) (cancel func()) {
 	e.mu.Lock()
 	id := e.nextSub
@@ -219,18 +224,26 @@ func (e *Engine) Subscribe(fn func(keel.Event)) (cancel func()) {
 	}
 }
 
+// publish calls the subscribers with live-only events (model.delta).
+// Journaled events go through publishInOrder.
 func (e *Engine) publish(evs ...keel.Event) {
 	e.mu.Lock()
-	fns := make([]func(keel.Event), 0, len(e.subs))
-	for _, fn := range e.subs {
-		fns = append(fns, fn)
-	}
+	fns := e.subscribers()
 	e.mu.Unlock()
 	for _, ev := range evs {
 		for _, fn := range fns {
 			fn(ev)
 		}
 	}
+}
+
+// subscribers returns the subscribers' callbacks. e.mu is held.
+func (e *Engine) subscribers() []func(keel.Event) {
+	fns := make([]func(keel.Event), 0, len(e.subs))
+	for _, fn := range e.subs {
+		fns = append(fns, fn)
+	}
+	return fns
 }
 
 // Recover marks runs left queued or running by a previous daemon (which
@@ -531,13 +544,78 @@ func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventT
 	e.mu.Lock()
 	evs := append(e.held[id], keel.Event{Type: typ, Time: e.cfg.Now(), Data: raw})
 	delete(e.held, id)
+	o := e.ordered(id)
 	e.mu.Unlock()
 	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, upd)
+	e.publishInOrder(id, o, stored)
 	if err != nil {
 		return keel.Event{}, err
 	}
-	e.publish(stored...)
 	return stored[len(stored)-1], nil
+}
+
+// pubOrder makes a run's journaled events reach subscribers in Seq
+// order, exactly once, although several goroutines may append to one
+// run at once (the loop, a run.say, two people deciding): the store
+// numbers events in commit order, but the appenders would publish them
+// in whatever order they get back from the store.
+//
+// Every append registers (inflight) before it reaches the store and
+// leaves its stored events in pending once it gets them back. When no
+// append of the run is in flight, every event of the run the store has
+// numbered so far is pending or published, and any later one will be
+// numbered after them: pending is published then, sorted, by the
+// appender that finds it so. One goroutine at a time publishes
+// (publishing); one that finds another at it leaves its events to it.
+// The appenders never wait for each other, and no lock is held while
+// subscribers run.
+type pubOrder struct {
+	inflight   int
+	publishing bool
+	pending    []keel.Event
+}
+
+// ordered registers an append to run id with its pubOrder. e.mu is held.
+func (e *Engine) ordered(id keel.RunID) *pubOrder {
+	o := e.order[id]
+	if o == nil {
+		o = &pubOrder{}
+		e.order[id] = o
+	}
+	o.inflight++
+	return o
+}
+
+// publishInOrder ends an append registered by ordered, whose stored
+// events (none if it failed) are published in Seq order with those of
+// the run's other appends (see pubOrder).
+func (e *Engine) publishInOrder(id keel.RunID, o *pubOrder, stored []keel.Event) {
+	e.mu.Lock()
+	o.inflight--
+	o.pending = append(o.pending, stored...)
+	if o.publishing {
+		e.mu.Unlock()
+		return
+	}
+	o.publishing = true
+	for o.inflight == 0 && len(o.pending) > 0 {
+		evs := o.pending
+		o.pending = nil
+		fns := e.subscribers()
+		e.mu.Unlock()
+		slices.SortFunc(evs, func(a, b keel.Event) int { return cmp.Compare(a.Seq, b.Seq) })
+		for _, ev := range evs {
+			for _, fn := range fns {
+				fn(ev)
+			}
+		}
+		e.mu.Lock()
+	}
+	o.publishing = false
+	if o.inflight == 0 && len(o.pending) == 0 {
+		delete(e.order, id)
+	}
+	e.mu.Unlock()
 }
 
 // hold keeps an event to be journaled in one transaction with the run's
@@ -570,14 +648,15 @@ func (e *Engine) flushHeld(ctx context.Context, id keel.RunID) {
 	e.mu.Lock()
 	evs := e.held[id]
 	delete(e.held, id)
-	e.mu.Unlock()
 	if len(evs) == 0 {
+		e.mu.Unlock()
 		return
 	}
+	o := e.ordered(id)
+	e.mu.Unlock()
 	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, nil)
+	e.publishInOrder(id, o, stored)
 	if err != nil {
 		e.log.Error("journal held events", "run", id, "err", err)
-		return
 	}
-	e.publish(stored...)
 }

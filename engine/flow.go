@@ -255,11 +255,14 @@ func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) (*c
 	default:
 		return fresh, e.cfg.Store.CreateRun(ctx, *run)
 	}
+	e.mu.Lock()
+	o := e.ordered(run.ID)
+	e.mu.Unlock()
 	stored, err := e.cfg.Store.CreateRunWith(ctx, *run, evs, &keel.RunUpdate{Status: keel.RunRunning})
+	e.publishInOrder(run.ID, o, stored)
 	if err != nil {
 		return nil, err
 	}
-	e.publish(stored...)
 	last := stored[len(stored)-1]
 	run.Status, run.LastSeq, run.UpdatedAt = keel.RunRunning, last.Seq, last.Time
 	return fresh, nil
