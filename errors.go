@@ -1,6 +1,9 @@
 package keel
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors shared across layers. Lower layers wrap them; the
 // protocol boundary maps each to one documented error code.
@@ -19,3 +22,24 @@ var (
 	// is unreachable or does not have the model.
 	ErrModelUnavailable = errors.New("model unavailable")
 )
+
+// AlreadyDecidedError is the error of a decision (run.decide) or an
+// approval (run.approve) about a wait that another one already answered:
+// exactly one answer per wait is journaled, and this one was not. It
+// wraps ErrConflict.
+type AlreadyDecidedError struct {
+	RunID  RunID
+	CallID string
+	// Decision is the answer that was journaled: a Decision* value
+	// (retry, skip, done), or "approved" or "denied".
+	Decision string
+	// Seq is the journal event that recorded it.
+	Seq int64
+}
+
+func (e *AlreadyDecidedError) Error() string {
+	return fmt.Sprintf("run %s, call %s: already decided: %s by event %d; this decision was not recorded", e.RunID, e.CallID, e.Decision, e.Seq)
+}
+
+// Unwrap returns ErrConflict.
+func (e *AlreadyDecidedError) Unwrap() error { return ErrConflict }

@@ -60,24 +60,32 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 // Approve answers a run waiting for approval of callID. argsSHA256 must
 // be the hash the request showed (approval.requested): an approval binds
 // to the exact payload. approved false denies, with reason for the model;
-// args, when set, replace the call's arguments.
+// args, when set, replace the call's arguments. As with Decide, exactly
+// one answer is journaled per call: a later one gets a
+// *keel.AlreadyDecidedError and is not journaled; any error means
+// nothing was journaled.
 func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData) (keel.Run, error) {
 	if len(d.Arguments) > 0 && !json.Valid(d.Arguments) {
 		return keel.Run{}, fmt.Errorf("edited arguments are not JSON: %w", keel.ErrInvalid)
 	}
+	// One answer per wait: the check and the append are one step.
+	defer e.deciding.lock(id)()
 	run, err := e.cfg.Store.GetRun(ctx, id)
 	if err != nil {
 		return keel.Run{}, err
-	}
-	if run.Status != keel.RunWaiting {
-		return run, fmt.Errorf("run %s is %s, not waiting for an approval: %w", id, run.Status, keel.ErrConflict)
 	}
 	j, err := e.restore(ctx, run)
 	if err != nil {
 		return run, err
 	}
+	if a, done := j.approvedBy[d.CallID]; done {
+		return run, decided(id, d.CallID, a)
+	}
+	if run.Status != keel.RunWaiting {
+		return run, fmt.Errorf("run %s is %s, not waiting for an approval: %w", id, run.Status, keel.ErrConflict)
+	}
 	asked, ok := j.asked[d.CallID]
-	if _, done := j.approvals[d.CallID]; !ok || done {
+	if !ok {
 		return run, fmt.Errorf("run %s is not waiting for an approval of call %q: %w", id, d.CallID, keel.ErrConflict)
 	}
 	if d.ArgsSHA256 != asked.ArgsSHA256 {
@@ -96,7 +104,7 @@ func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData
 	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {
 		return run, err
 	}
-	if err := e.launch(run); err != nil {
+	if err := e.launchAnswered(run); err != nil {
 		return run, err
 	}
 	return e.cfg.Store.GetRun(ctx, id)

@@ -130,6 +130,7 @@ type Engine struct {
 	inbox   map[keel.RunID][]inboxMsg   // human messages the loop has not read yet
 	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
 	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish
+	again   map[keel.RunID]bool         // answered while its loop was ending: launch again (see launchAnswered)
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -145,6 +146,10 @@ type Engine struct {
 	calib models.Calibration
 
 	lastSpan atomic.Int64 // the time in the last span ID (see spanID)
+
+	// deciding serializes the answers to a run's waits (Decide, Approve)
+	// so that exactly one is journaled per wait.
+	deciding runLocks
 }
 
 // New returns an Engine. Call Recover once before serving, and Close to
@@ -175,7 +180,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, order: map[keel.RunID]*pubOrder{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, order: map[keel.RunID]*pubOrder{}, again: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -417,8 +422,40 @@ func (e *Engine) finish(id keel.RunID) {
 	delete(e.active, id)
 	delete(e.pausing, id)
 	delete(e.inbox, id)
+	again := e.again[id]
+	delete(e.again, id)
 	e.mu.Unlock()
+	if again {
+		e.relaunch(id)
+	}
 	e.wg.Done()
+}
+
+// relaunch launches run id again if it is still waiting with its wait
+// answered: an answer came while its loop was ending (launchAnswered).
+func (e *Engine) relaunch(id keel.RunID) {
+	ctx := context.Background()
+	r, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		e.log.Error("launch an answered run", "run", id, "err", err)
+		return
+	}
+	if r.Status != keel.RunWaiting {
+		return
+	}
+	if r.KindOrAgent() == keel.KindAgent {
+		j, err := e.restore(ctx, r)
+		if err != nil {
+			e.log.Error("launch an answered run", "run", id, "err", err)
+			return
+		}
+		if !j.answered() {
+			return
+		}
+	}
+	if err := e.launch(r); err != nil {
+		e.log.Error("launch an answered run", "run", id, "err", err)
+	}
 }
 
 func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) {

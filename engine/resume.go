@@ -32,6 +32,12 @@ type journal struct {
 	unread    []inboxMsg                   // human messages no model step has read yet
 	answer    *string                      // the final answer, when the last step gave one
 	model     string                       // the model that served the last step, when one did
+
+	// decided is the human.decision that answered each call's last
+	// run.waiting (a new wait on the call clears it); approvedBy is the
+	// approval.decision of each call (a call is approved once). Only
+	// restore fills them.
+	decided, approvedBy map[string]answer
 }
 
 // newJournal is the journal of a run that has journaled nothing.
@@ -54,6 +60,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 		return journal{}, fmt.Errorf("read journal: %w", err)
 	}
 	j := e.newJournal(run)
+	j.decided, j.approvedBy = map[string]answer{}, map[string]answer{}
 	for _, ev := range evs {
 		j.lastSeq = ev.Seq
 		switch ev.Type {
@@ -137,12 +144,25 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.approvals[d.CallID] = d
+			j.approvedBy[d.CallID] = answer{what: "denied", seq: ev.Seq}
+			if d.Approved {
+				j.approvedBy[d.CallID] = answer{what: "approved", seq: ev.Seq}
+			}
 		case keel.EventHumanDecision:
 			var d keel.HumanDecisionData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.decision[d.CallID] = d
+			j.decided[d.CallID] = answer{what: d.Decision, seq: ev.Seq}
+		case keel.EventRunWaiting:
+			var d keel.RunWaitingData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if d.Call != nil {
+				delete(j.decided, d.Call.ID) // a new wait, for a new answer
+			}
 		}
 	}
 	return j, nil
@@ -319,6 +339,13 @@ func (j journal) answered() bool {
 // Decide records a human's decision about the tool call a waiting run
 // waits on, and lets the run go on. decision is keel.DecisionRetry, Skip
 // or Done (with output, the call's result as the human knows it).
+//
+// Exactly one decision is journaled per wait, however many callers
+// decide at once: the others get a *keel.AlreadyDecidedError naming the
+// one that was, and nothing is journaled for them. Any error means
+// nothing was journaled: keel.ErrInvalid for a bad decision or output,
+// keel.ErrNotFound for an unknown run, keel.ErrConflict when the run
+// does not wait on that call.
 func (e *Engine) Decide(ctx context.Context, id keel.RunID, callID, decision string, output json.RawMessage, note string) (keel.Run, error) {
 	switch decision {
 	case keel.DecisionRetry, keel.DecisionSkip, keel.DecisionDone:
@@ -328,24 +355,29 @@ func (e *Engine) Decide(ctx context.Context, id keel.RunID, callID, decision str
 	if len(output) > 0 && !json.Valid(output) {
 		return keel.Run{}, fmt.Errorf("output is not JSON: %w", keel.ErrInvalid)
 	}
+	// One answer per wait: the check and the append are one step.
+	defer e.deciding.lock(id)()
 	run, err := e.cfg.Store.GetRun(ctx, id)
 	if err != nil {
 		return keel.Run{}, err
-	}
-	if run.Status != keel.RunWaiting {
-		return run, fmt.Errorf("run %s is %s, not waiting for a decision: %w", id, run.Status, keel.ErrConflict)
 	}
 	j, err := e.restore(ctx, run)
 	if err != nil {
 		return run, err
 	}
-	if len(j.pending) == 0 || j.pending[0].ID != callID || j.decision[callID].Decision != "" {
+	if a, ok := j.decided[callID]; ok {
+		return run, decided(id, callID, a)
+	}
+	if run.Status != keel.RunWaiting {
+		return run, fmt.Errorf("run %s is %s, not waiting for a decision: %w", id, run.Status, keel.ErrConflict)
+	}
+	if len(j.pending) == 0 || j.pending[0].ID != callID {
 		return run, fmt.Errorf("run %s is not waiting on call %q: %w", id, callID, keel.ErrConflict)
 	}
 	if _, err := e.appendEvent(ctx, id, keel.EventHumanDecision, keel.HumanDecisionData{CallID: callID, Decision: decision, Output: output, Note: note}, nil); err != nil {
 		return run, err
 	}
-	if err := e.launch(run); err != nil {
+	if err := e.launchAnswered(run); err != nil {
 		return run, err
 	}
 	return e.cfg.Store.GetRun(ctx, id)

@@ -515,6 +515,10 @@ func rpcError(log *slog.Logger, method string, err error) *protocol.Error {
 		data, _ := json.Marshal(te)
 		return &protocol.Error{Code: code, Message: te.Error(), Data: data}
 	}
+	if ad, ok := errors.AsType[*keel.AlreadyDecidedError](err); ok {
+		data, _ := json.Marshal(protocol.AlreadyDecided{RunID: ad.RunID, CallID: ad.CallID, Decision: ad.Decision, Seq: ad.Seq})
+		return &protocol.Error{Code: protocol.CodeConflict, Message: ad.Error(), Data: data}
+	}
 	code := 0
 	switch {
 	case errors.Is(err, keel.ErrNotFound):

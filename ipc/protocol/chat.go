@@ -125,6 +125,17 @@ type RunReplayResult struct {
 	Difference string       `json:"difference,omitempty"`
 }
 
+// AlreadyDecided is the data of the -32002 (CodeConflict) error of a
+// run.decide or run.approve whose wait another decision already
+// answered: that decision (retry, skip, done; approved or denied) and
+// the journal event that recorded it. The refused one was not recorded.
+type AlreadyDecided struct {
+	RunID    keel.RunID `json:"run_id"`
+	CallID   string     `json:"call_id"`
+	Decision string     `json:"decision"`
+	Seq      int64      `json:"seq"`
+}
+
 // RunDecideParams is the params of run.decide. Decision is "retry" (run
 // the call again), "skip" (do not; the model is told) or "done" (it did
 // happen; Output, if given, is its result).
