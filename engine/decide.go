@@ -71,6 +71,9 @@ func (e *Engine) launchAnswered(run keel.Run) error {
 	if _, busy := e.active[run.ID]; !busy {
 		return err // cannot be: only finish removes it, and it relaunches
 	}
+	if e.again == nil {
+		e.again = map[keel.RunID]bool{}
+	}
 	e.again[run.ID] = true
 	return nil
 }

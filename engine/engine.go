@@ -42,6 +42,8 @@ type Store interface {
 	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
 	RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error)
 	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
+	// RunsWithOpenSpans returns the runs with a span still running.
+	RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error)
 }
 
 // Model is the model provider the engine calls.
@@ -129,8 +131,8 @@ type Engine struct {
 	pausing map[keel.RunID]bool         // pause asked; the loop stops at its next step boundary
 	inbox   map[keel.RunID][]inboxMsg   // human messages the loop has not read yet
 	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
-	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish
-	again   map[keel.RunID]bool         // answered while its loop was ending: launch again (see launchAnswered)
+	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish; made on first use
+	again   map[keel.RunID]bool         // answered while its loop was ending: launch again (see launchAnswered); made on first use
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -180,7 +182,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, order: map[keel.RunID]*pubOrder{}, again: map[keel.RunID]bool{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -253,15 +255,22 @@ func (e *Engine) subscribers() []func(keel.Event) {
 
 // Recover marks runs left queued or running by a previous daemon (which
 // crashed or was killed) as interrupted, so a later issue's resume can
-// pick them up and clients see an honest state. It returns how many runs
-// it marked.
+// pick them up and clients see an honest state, and closes every span
+// the crash left running, in runs of any status (see closeSpans). It
+// returns how many runs it marked. Call it before any run starts.
 func (e *Engine) Recover(ctx context.Context) (int, error) {
+	open, err := e.cfg.Store.RunsWithOpenSpans(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("recover: %w", err)
+	}
+	for _, id := range open {
+		e.closeSpans(ctx, id)
+	}
 	runs, err := e.cfg.Store.RunsWithStatus(ctx, keel.RunQueued, keel.RunRunning)
 	if err != nil {
 		return 0, fmt.Errorf("recover: %w", err)
 	}
 	for _, r := range runs {
-		e.closeSpans(ctx, r.ID)
 		if _, err := e.appendEvent(ctx, r.ID, keel.EventRunInterrupted,
 			keel.RunEndData{Status: keel.RunInterrupted, Reason: "daemon stopped while the run was in flight"},
 			&keel.RunUpdate{Status: keel.RunInterrupted, Error: "daemon stopped while the run was in flight"}); err != nil {
@@ -271,22 +280,30 @@ func (e *Engine) Recover(ctx context.Context) (int, error) {
 	return len(runs), nil
 }
 
-// closeSpans ends the spans a crash left open in a run's trace (a model
-// call or tool call the daemon was in when it was killed) as failed, so
-// the trace shows where the run was cut off instead of a step that
-// never ends. They commit with the run.interrupted that follows.
+// closeSpans ends the spans a crash left open in a run's trace, so the
+// trace shows where the run was cut off instead of a step that never
+// ends. A span whose outcome the journal holds (its call's model.result
+// or tool.result, or the approval.decision of a wait, journaled while
+// the span's own finish, written lazily, was lost) is closed from it;
+// any other (the call the daemon was in when it was killed) as failed.
 func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
 		e.log.Warn("read spans to close", "run", id, "err", err)
 		return
 	}
+	evs, err := e.cfg.Store.Events(ctx, id, 0)
+	if err != nil {
+		e.log.Warn("read the journal to close spans", "run", id, "err", err)
+	}
 	now := e.cfg.Now()
 	for _, sp := range spans {
 		if sp.Status != keel.SpanRunning {
 			continue
 		}
-		sp.Status, sp.Error, sp.Duration = keel.SpanError, "the daemon stopped before this ended", max(0, now.Sub(sp.Start))
+		if !closeFromJournal(&sp, spans, evs) {
+			sp.Status, sp.Error, sp.Duration = keel.SpanError, "the daemon stopped before this ended", max(0, now.Sub(sp.Start))
+		}
 		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {
 			e.log.Warn("close a span", "run", id, "span", sp.ID, "err", err)
 		}
@@ -616,6 +633,9 @@ type pubOrder struct {
 func (e *Engine) ordered(id keel.RunID) *pubOrder {
 	o := e.order[id]
 	if o == nil {
+		if e.order == nil {
+			e.order = map[keel.RunID]*pubOrder{}
+		}
 		o = &pubOrder{}
 		e.order[id] = o
 	}

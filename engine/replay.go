@@ -267,7 +267,8 @@ func (m *memStore) FinishSpanWithNext(context.Context, keel.Span) error {
 func (m *memStore) Events(context.Context, keel.RunID, int64) ([]keel.Event, error) {
 	return nil, nil // a replay starts from nothing
 }
-func (m *memStore) Spans(context.Context, keel.RunID) ([]keel.Span, error) { return nil, nil }
+func (m *memStore) Spans(context.Context, keel.RunID) ([]keel.Span, error)  { return nil, nil }
+func (m *memStore) RunsWithOpenSpans(context.Context) ([]keel.RunID, error) { return nil, nil }
 func (m *memStore) RunByIdempotencyKey(context.Context, string) (keel.Run, error) {
 	return keel.Run{}, keel.ErrNotFound
 }

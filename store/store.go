@@ -572,6 +572,37 @@ func (s *Store) Sync(ctx context.Context) error {
 	return s.wr.writeOp(ctx, op{fn: func(context.Context, *wtx) error { return nil }, atomic: true}, carryWith)
 }
 
+// RunsWithOpenSpans returns the runs that have a span still running, in
+// ID order: after a crash, the spans the daemon was in (and those of a
+// run's last moments, which commit right after its end) and, while the
+// daemon runs, the calls in flight. It reads the whole spans table (no
+// index serves it, so that writing a span stays one page): Recover calls
+// it once at start.
+func (s *Store) RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error) {
+	if !s.wr.settled() {
+		if err := s.Sync(ctx); err != nil {
+			return nil, fmt.Errorf("runs with open spans: %w", err)
+		}
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT run_id FROM spans WHERE status = ? ORDER BY run_id`, string(keel.SpanRunning))
+	if err != nil {
+		return nil, fmt.Errorf("runs with open spans: %w", mapErr(err))
+	}
+	defer rows.Close()
+	var out []keel.RunID
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("runs with open spans: %w", mapErr(err))
+		}
+		out = append(out, keel.RunID(id))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("runs with open spans: %w", mapErr(err))
+	}
+	return out, nil
+}
+
 // Spans returns the run's spans in start order.
 func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 	// Spans still waiting to be written, or being written, are read too.
