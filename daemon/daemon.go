@@ -164,7 +164,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("load tools: %w", err)
 	}
-	defer reg.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Close interrupts every guest at once; the bound only matters
+		// if a host step outlives that, and keeps shutdown prompt.
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := reg.Close(closeCtx); err != nil {
+			log.Error("close the tool runtime", "err", err)
+		}
+	}()
 	// Hot reload: tools dropped into, replaced in or deleted from the tools
 	// directory take effect without a restart.
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))

@@ -151,11 +151,14 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 		WithStdout(stdout).
 		WithStderr(stderr).
 		WithNanosleep(sleeper(ctx)).
-		WithStartFunctions() // _start runs below, under the interrupt
+		WithStartFunctions() // the start function and _start run below, under the interrupt
 	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, mem), compiled, mc)
 	if err == nil {
+		mem.bind(mod)
 		disarm := armInterrupt(ctx, interruptOf(mod))
-		_, err = mod.ExportedFunction("_start").Call(ctx)
+		if err = callStart(ctx, mod); err == nil {
+			_, err = mod.ExportedFunction("_start").Call(ctx)
+		}
 		disarm()
 		var exit *sys.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 0 {
@@ -169,21 +172,23 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 		stdout:         stdout.buf.Bytes(),
 		stderr:         stderr.buf.Bytes(),
 		err:            err,
-		memoryExceeded: mem.exceeded.Load(),
+		memoryExceeded: mem.hit(),
 		outputExceeded: stdout.exceeded,
 	}
 }
 
-// interruptOf returns mod's interrupt global (see instrument).
-func interruptOf(mod api.Module) api.MutableGlobal {
-	g, ok := mod.ExportedGlobal(interruptGlobal).(api.MutableGlobal)
-	if !ok {
-		// Every module is instrumented before it is compiled; this is
-		// a bug, and the instance must not be trusted with a call.
-		panic("wasmtools: module has no interrupt global")
+// callStart runs mod's start function, if it has one (instrument takes
+// it out of the instantiation, so that it runs under the interrupt).
+func callStart(ctx context.Context, mod api.Module) error {
+	if f := mod.ExportedFunction(startExport); f != nil {
+		_, err := f.Call(ctx)
+		return err
 	}
-	return g
+	return nil
 }
+
+// interruptOf returns mod's interrupt global (see instrument).
+func interruptOf(mod api.Module) api.MutableGlobal { return exportedGlobal(mod, interruptGlobal) }
 
 // armInterrupt makes ctx's end stop the guest code of the module whose
 // interrupt global is g at its next loop header (see instrument). The
@@ -239,7 +244,7 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 	case o.err == nil:
 		return nil
 	case o.memoryExceeded:
-		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB", r.cfg.MemoryLimitMiB)}
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB (linear memory and tables)", r.cfg.MemoryLimitMiB)}
 	case r.ctx != nil && r.ctx.Err() != nil:
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the tool runtime is closing"}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):

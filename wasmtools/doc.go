@@ -61,7 +61,8 @@
 // Only WASI (wasi_snapshot_preview1) and the keel host module's
 // http_request/http_response are offered: a module importing any other
 // host function is not loaded. A tool must export its memory as
-// "memory", and _start (a command) or the reactor exports.
+// "memory", and _start (a command) or the reactor exports; export names
+// beginning with "keel." are reserved.
 //
 // Grants come from [Config.GrantsFor] (or the fixed [Config.Grants]) and
 // nothing else: a tool without grants gets no directory, no environment
@@ -92,12 +93,24 @@
 // ([Config.CallTimeout]; it stops the guest even in an endless loop,
 // through an interrupt keel adds to every module before compiling it, see
 // instrument in interrupt.go; guest sleeps and host calls end with the
-// context), a
+// context; a start section runs under it too, see instrument), a
 // memory cap ([Config.MemoryLimitMiB]) and a stdout cap
 // ([Config.MaxOutputBytes]). The memory cap is enforced by a per-instance
 // allocator rather than wazero's runtime-wide page limit, because the
 // allocator can tell that a grow was refused: a guest that dies after
 // hitting the cap is reported as resource_exhausted, not as a crash.
+//
+// Every allocation a guest controls is bounded. The cap covers linear
+// memory and table entries together, each entry counted at 8 bytes
+// (wazero keeps a table as a slice of uintptr): a module whose initial
+// memory and tables exceed it is not loaded, and a table.grow past it is
+// refused before wazero allocates anything (the rewrite in interrupt.go
+// turns each table.grow into a checked call). table.fill, table.copy and
+// table.init stay within a table's size. Globals are declared in the
+// module, so their number is bounded by its size (and by 2^20). The call
+// stack of wasm frames is bounded by wazero, not by the cap: it grows to
+// at most about 100 MB, and a pooled instance keeps the stack its
+// deepest call grew. Overflowing it is resource_exhausted (see Call).
 //
 // # Errors
 //

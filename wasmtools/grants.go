@@ -39,6 +39,9 @@ func (r *Registry) Inspect(ctx context.Context, file string) (Tool, error) {
 		return Tool{}, errors.New("wasmtools: inspect: registry closed")
 	}
 	defer r.calls.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.ctx, cancel)() // Close stops it too
 	t, err := r.load(ctx, name, file)
 	if err != nil {
 		return Tool{}, fmt.Errorf("wasmtools: %s: %w", filepath.Base(file), err)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Interrupting a guest.
@@ -33,14 +34,51 @@ import (
 // 1. Code without loops runs for a bounded time (recursion ends in a
 // stack overflow trap), so every endless computation passes loop headers.
 //
+// A start section would run guest code inside InstantiateModule, before
+// the host can arm the interrupt: a start function that loops forever
+// would never return. The rewrite removes the start section and exports
+// the start function as startExport instead; keel calls it right after
+// instantiating, with the interrupt armed, before _start or _initialize
+// (see callStart).
+//
+// Tables live outside linear memory: wazero allocates their entries
+// itself, 8 bytes each, so a table.grow could take gigabytes the memory
+// cap never sees. The rewrite adds two more exported i64 globals,
+// memoryLimitGlobal (set by the host after instantiation; zero refuses
+// every grow) and tableBytesGlobal (8 bytes per table entry so far), and
+// per table a function that replaces every table.grow of it: it returns
+// -1, as a failed grow does, when the tables' entries and the linear
+// memory would exceed the limit, and sets tableRefusedGlobal; otherwise
+// it grows the table and counts the new entries. The memory allocator
+// counts the table bytes in turn (see memoryCap). A table's initial size
+// is checked against the cap when the module loads (tableBytes).
+//
 // The rewrite decodes every instruction of every function body, so it
 // also refuses a module whose code refers to a global or function that
 // did not exist before the rewrite (it could otherwise reach the new
 // ones and clear stop), and any instruction outside the WebAssembly 2.0
 // features keel runs (wazero would refuse those too).
 
-// interruptGlobal is the export name of the global that stops a guest.
-const interruptGlobal = "keel.interrupt"
+// The names of what the rewrite exports. A module's own exports may not
+// use the reservedPrefix.
+const (
+	reservedPrefix = "keel."
+	// interruptGlobal is the global that stops a guest.
+	interruptGlobal = "keel.interrupt"
+	// startExport is the module's start function, if it has one.
+	startExport = "keel.start"
+	// memoryLimitGlobal is the memory cap in bytes, for the table grow
+	// functions; the host sets it.
+	memoryLimitGlobal = "keel.memory_limit"
+	// tableBytesGlobal counts tableEntryBytes per table entry.
+	tableBytesGlobal = "keel.table_bytes"
+	// tableRefusedGlobal is set to 1 when a table grow is refused.
+	tableRefusedGlobal = "keel.table_refused"
+)
+
+// tableEntryBytes is what a table entry costs: wazero keeps a table as a
+// slice of uintptr.
+const tableEntryBytes = 8
 
 // tickEvery is how many loop iterations pass between two ticks.
 const tickEvery = 10_000
@@ -64,6 +102,37 @@ func tickBody(fuel, stop []byte) []byte {
 	b = append(append(b, 0x23), stop...)        // if stop
 	b = append(b, 0x04, 0x40, 0x00, 0x0b)       // unreachable
 	return append(b, 0x0b)
+}
+
+// rewriteGlobals are the encoded indices of the globals the rewrite adds.
+type rewriteGlobals struct {
+	fuel, stop, limit, tableBytes, refused []byte
+}
+
+// growBody is the body of the function that replaces table.grow of table
+// x: (param ref i32) (result i32), with one i32 local for the result.
+//
+//	if table_bytes + delta*8 + memory.size*65536 > limit {
+//	  refused = 1; return -1
+//	}
+//	r = table.grow x (ref, delta)
+//	if r != -1 { table_bytes += delta*8 }
+//	return r
+func growBody(x uint32, g rewriteGlobals) []byte {
+	b := []byte{0x01, 0x01, 0x7f}                                      // one i32 local
+	b = append(append(b, 0x23), g.tableBytes...)                       // table_bytes
+	b = append(b, 0x20, 0x01, 0xad, 0x42, tableEntryBytes, 0x7e, 0x7c) // + u64(delta) * 8
+	b = append(b, 0x3f, 0x00, 0xad, 0x42, 0x10, 0x86, 0x7c)            // + u64(memory.size) << 16
+	b = append(append(b, 0x23), g.limit...)                            // limit
+	b = append(b, 0x56, 0x04, 0x40, 0x41, 0x01, 0x24)                  // > : if refused =
+	b = append(append(b, g.refused...), 0x41, 0x7f, 0x0f, 0x0b)        // 1; return -1; end
+	b = append(b, 0x20, 0x00, 0x20, 0x01, 0xfc, 0x0f)                  // table.grow
+	b = appendU32(b, x)                                                // x
+	b = append(b, 0x22, 0x02, 0x41, 0x7f, 0x47, 0x04, 0x40)            // r != -1: if
+	b = append(append(b, 0x23), g.tableBytes...)                       // table_bytes
+	b = append(b, 0x20, 0x01, 0xad, 0x42, tableEntryBytes, 0x7e, 0x7c) // + u64(delta) * 8
+	b = append(append(b, 0x24), g.tableBytes...)                       // table_bytes =
+	return append(b, 0x0b, 0x20, 0x02, 0x0b)                           // end; r
 }
 
 // Section ids, and their required order in a module.
@@ -102,6 +171,14 @@ type modSection struct {
 // rewrite.
 type moduleCounts struct {
 	types, funcs, globals, memories uint32
+	// tables holds the reference type of each table; tableMin sums
+	// their initial sizes.
+	tables   []byte
+	tableMin uint64
+	// start is the start function's index; hasStart says whether there
+	// is one.
+	start    uint32
+	hasStart bool
 }
 
 // instrument returns bin with the interrupt added (see above). It does
@@ -153,6 +230,16 @@ func instrument(bin []byte) ([]byte, error) {
 			n.globals += sr.u32()
 		case secIDMemory:
 			n.memories += sr.u32()
+		case secIDStart:
+			n.start, n.hasStart = sr.u32(), true
+		case secIDTable:
+			for range sr.u32() {
+				n.tables = append(n.tables, sr.byte())
+				n.tableMin += uint64(sr.limits())
+				if sr.err == nil && len(n.tables) > 1<<10 {
+					return nil, errors.New("too many tables")
+				}
+			}
 		case secIDTag:
 			return nil, errors.New("uses exception handling, which keel does not run")
 		}
@@ -166,26 +253,61 @@ func instrument(bin []byte) ([]byte, error) {
 	if n.globals > 1<<20 || n.funcs > 1<<24 || n.types > 1<<20 {
 		return nil, errors.New("too many globals, functions or types")
 	}
-	fuel, stop := appendU32(nil, n.globals), appendU32(nil, n.globals+1)
+	if n.hasStart && n.start >= n.funcs {
+		return nil, fmt.Errorf("start function %d does not exist", n.start)
+	}
+	g := rewriteGlobals{
+		fuel: appendU32(nil, n.globals), stop: appendU32(nil, n.globals+1),
+		limit: appendU32(nil, n.globals+2), tableBytes: appendU32(nil, n.globals+3),
+		refused: appendU32(nil, n.globals+4),
+	}
 	tick := appendU32(nil, n.funcs)
-	check := loopCheck(fuel, tick)
+	check := loopCheck(g.fuel, tick)
 
-	// What the rewrite adds to each section, after what is there.
-	voidType := []byte{0x60, 0x00, 0x00}
+	// What the rewrite adds to each section, after what is there: the
+	// types of tick and of the grow functions of funcref and externref
+	// tables; the functions tick and one grow function per table; five
+	// globals; their exports and the start function's.
+	types := []byte{0x60, 0x00, 0x00, 0x60, 0x02, 0x70, 0x7f, 0x01, 0x7f, 0x60, 0x02, 0x6f, 0x7f, 0x01, 0x7f}
+	funcs := appendU32(nil, n.types)
+	code := appendBody(nil, tickBody(g.fuel, g.stop))
+	for x, ref := range n.tables {
+		typ := n.types + 1
+		if ref == 0x6f {
+			typ++
+		}
+		funcs = appendU32(funcs, typ)
+		code = appendBody(code, growBody(uint32(x), g))
+	}
 	globals := []byte{0x7f, 0x01, 0x41}
 	globals = append(appendS32(globals, tickEvery), 0x0b)   // fuel
 	globals = append(globals, 0x7f, 0x01, 0x41, 0x00, 0x0b) // stop
-	export := append(appendName(nil, interruptGlobal), 0x03)
-	export = append(export, stop...)
+	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b) // limit
+	globals = append(globals, 0x7e, 0x01, 0x42)             // table bytes
+	globals = append(appendS64(globals, int64(n.tableMin*tableEntryBytes)), 0x0b)
+	globals = append(globals, 0x7f, 0x01, 0x41, 0x00, 0x0b) // refused
+	var export []byte
+	for _, e := range []struct {
+		name  string
+		index []byte
+	}{{interruptGlobal, g.stop}, {memoryLimitGlobal, g.limit}, {tableBytesGlobal, g.tableBytes}, {tableRefusedGlobal, g.refused}} {
+		export = append(append(appendName(export, e.name), 0x03), e.index...)
+	}
+	exports := uint32(4)
+	if n.hasStart {
+		export = append(appendName(export, startExport), 0x00)
+		export = appendU32(export, n.start)
+		exports++
+	}
 	added := map[byte]struct {
 		count   uint32
 		entries []byte
 	}{
-		secIDType:     {1, voidType},
-		secIDFunction: {1, appendU32(nil, n.types)},
-		secIDGlobal:   {2, globals},
-		secIDExport:   {1, export},
-		secIDCode:     {1, appendBody(nil, tickBody(fuel, stop))},
+		secIDType:     {3, types},
+		secIDFunction: {1 + uint32(len(n.tables)), funcs},
+		secIDGlobal:   {5, globals},
+		secIDExport:   {exports, export},
+		secIDCode:     {1 + uint32(len(n.tables)), code},
 	}
 	extend := func(id byte, payload []byte) ([]byte, error) {
 		a := added[id]
@@ -238,6 +360,9 @@ func instrument(bin []byte) ([]byte, error) {
 			emit(s.id, s.payload)
 			continue
 		}
+		if s.id == secIDStart {
+			continue // exported as startExport instead
+		}
 		if err := emitMissing(sectionOrder[s.id]); err != nil {
 			return nil, err
 		}
@@ -257,6 +382,28 @@ func instrument(bin []byte) ([]byte, error) {
 	return out, nil
 }
 
+// tableBytes returns what the initial sizes of the tables of the module
+// bin take (tableEntryBytes per entry), which wazero allocates when it
+// instantiates the module.
+func tableBytes(bin []byte) (uint64, error) {
+	r := reader{b: bin, off: 8}
+	for !r.done() {
+		id := r.byte()
+		payload := r.bytes(int(r.u32()))
+		if id != secIDTable {
+			continue
+		}
+		sr := reader{b: payload}
+		var entries uint64
+		for range sr.u32() {
+			sr.byte()
+			entries += uint64(sr.limits())
+		}
+		return entries * tableEntryBytes, sr.err
+	}
+	return 0, r.err
+}
+
 // countImports adds the functions, globals and memories an import
 // section imports to n.
 func countImports(payload []byte, n *moduleCounts) error {
@@ -269,9 +416,10 @@ func countImports(payload []byte, n *moduleCounts) error {
 		case 0x00: // func: type index
 			r.u32()
 			n.funcs++
-		case 0x01: // table: reftype, limits
-			r.byte()
-			r.limits()
+		case 0x01: // table
+			if r.err == nil {
+				return errors.New("imports a table; a tool must define its own")
+			}
 		case 0x02: // memory: limits
 			r.limits()
 			n.memories++
@@ -291,14 +439,14 @@ func countImports(payload []byte, n *moduleCounts) error {
 	return nil
 }
 
-// checkExports refuses a module that already exports the interrupt
-// global's name.
+// checkExports refuses a module that exports a name keel reserves for
+// what the rewrite exports.
 func checkExports(payload []byte) error {
 	r := reader{b: payload}
 	count := r.u32()
 	for i := uint32(0); i < count && r.err == nil; i++ {
-		if name := r.name(); name == interruptGlobal {
-			return fmt.Errorf("exports %q, a name keel reserves", interruptGlobal)
+		if name := r.name(); strings.HasPrefix(name, reservedPrefix) {
+			return fmt.Errorf("exports %q; keel reserves names that begin with %q", name, reservedPrefix)
 		}
 		r.byte()
 		r.u32()
@@ -421,6 +569,20 @@ func instrumentBody(out, code []byte, n moduleCounts, check []byte) ([]byte, err
 				i += int(count)
 			}
 		default: // prefixed and unsupported instructions
+			if sub, j, ok := readU32(b, i); op == 0xfc && ok && sub == 15 {
+				// table.grow x becomes a call of x's grow function.
+				var x uint32
+				if x, j, ok = readU32(b, j); !ok {
+					return nil, fmt.Errorf("instruction 0x%02x at byte %d: %w", op, at, errTruncated)
+				}
+				if x >= uint32(len(n.tables)) {
+					return nil, fmt.Errorf("grows table %d, which does not exist", x)
+				}
+				out = append(out, b[copied:at]...)
+				out = appendU32(append(out, 0x10), n.funcs+1+x)
+				i, copied = j, j
+				break
+			}
 			r := reader{b: b, off: i}
 			if err := r.immediates(op); err != nil {
 				return nil, fmt.Errorf("instruction 0x%02x at byte %d: %w", op, at, err)
@@ -658,12 +820,14 @@ func (r *reader) name() string {
 	return string(r.bytes(int(n)))
 }
 
-func (r *reader) limits() {
+// limits reads a table's or memory's limits and returns the minimum.
+func (r *reader) limits() uint32 {
 	flags := r.byte()
-	r.u32()
+	min := r.u32()
 	if flags&1 != 0 {
 		r.u32()
 	}
+	return min
 }
 
 // memarg skips an alignment and an offset; with bit 6 of the alignment
@@ -689,6 +853,18 @@ func appendU32(b []byte, v uint32) []byte {
 
 // appendS32 appends v as a signed LEB128.
 func appendS32(b []byte, v int32) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
+	}
+}
+
+// appendS64 appends v as a signed LEB128.
+func appendS64(b []byte, v int64) []byte {
 	for {
 		c := byte(v & 0x7f)
 		v >>= 7

@@ -190,6 +190,9 @@ func FuzzInstrument(f *testing.F) {
 	f.Add(spinModule())
 	f.Add(fixedModule(`{"output":{}}`))
 	f.Add(sneakyModule())
+	f.Add(startLoopModule(false))
+	f.Add(startLoopModule(true))
+	f.Add(tableModule(1, 1000, 4))
 	if bin, err := os.ReadFile(filepath.Join(hostileDir, "hostile.wasm")); err == nil {
 		f.Add(bin)
 	}

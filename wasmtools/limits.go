@@ -5,16 +5,55 @@ import (
 	"errors"
 	"sync/atomic"
 
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 )
 
 // memoryCap backs the linear memory of one instance and refuses to grow
-// it past limit bytes. Unlike a runtime-wide page limit, it records the
-// refusal, so a guest that dies after a failed memory.grow is reported as
-// resource_exhausted instead of crashed.
+// it past limit bytes, counting the instance's table entries too (see
+// instrument). Unlike a runtime-wide page limit, it records the refusal,
+// so a guest that dies after a failed memory.grow or table.grow is
+// reported as resource_exhausted instead of crashed.
 type memoryCap struct {
 	limit    uint64
 	exceeded atomic.Bool
+	// tables and refused are the instance's tableBytesGlobal and
+	// tableRefusedGlobal, set by bind; nil while it is instantiated,
+	// when the initial tables were checked at load.
+	tables, refused api.MutableGlobal
+}
+
+// bind connects m to mod, the instance whose memory it backs: it hands
+// the limit to the table grow functions and reads what they count.
+func (m *memoryCap) bind(mod api.Module) {
+	m.tables = exportedGlobal(mod, tableBytesGlobal)
+	m.refused = exportedGlobal(mod, tableRefusedGlobal)
+	exportedGlobal(mod, memoryLimitGlobal).Set(m.limit)
+}
+
+// hit reports whether a memory or table grow was refused since the last
+// reset.
+func (m *memoryCap) hit() bool {
+	return m.exceeded.Load() || m.refused != nil && m.refused.Get() != 0
+}
+
+// reset forgets refused grows, which a guest may have survived.
+func (m *memoryCap) reset() {
+	m.exceeded.Store(false)
+	if m.refused != nil && m.refused.Get() != 0 {
+		m.refused.Set(0)
+	}
+}
+
+// exportedGlobal returns the global the rewrite exports as name.
+func exportedGlobal(mod api.Module, name string) api.MutableGlobal {
+	g, ok := mod.ExportedGlobal(name).(api.MutableGlobal)
+	if !ok {
+		// Every module is instrumented before it is compiled; this is
+		// a bug, and the instance must not be trusted with a call.
+		panic("wasmtools: module has no " + name + " global")
+	}
+	return g
 }
 
 func (m *memoryCap) Allocate(_, _ uint64) experimental.LinearMemory {
@@ -29,7 +68,11 @@ type cappedMemory struct {
 // Reallocate grows the memory to size bytes; the new bytes are zero.
 // Memories only grow, so size is never below len(buf).
 func (c *cappedMemory) Reallocate(size uint64) []byte {
-	if size > c.cap.limit {
+	used := size
+	if c.cap.tables != nil {
+		used += c.cap.tables.Get()
+	}
+	if used > c.cap.limit {
 		c.cap.exceeded.Store(true)
 		return nil
 	}

@@ -455,3 +455,97 @@ func sleb(v int64) []byte {
 		out = append(out, b|0x80)
 	}
 }
+
+// secStart is the start section's id.
+const secStart = 8
+
+// startLoopModule has a start function that loops forever, which a
+// runtime runs while it instantiates the module. As a command it
+// exports a _start that returns at once; as a reactor it exports the
+// reactor functions, each returning at once (keel_manifest returns an
+// empty manifest: the start function never lets it be called).
+//
+//	(module (memory (export "memory") 1)
+//	  (func $spin (loop (br 0)))
+//	  (start $spin)
+//	  (func (export "_start"))                     ; a command
+//	  (func (export "_initialize")) ...            ; or a reactor
+//	  (func (export "keel_alloc") (param i32) (result i32) (i32.const 0))
+//	  (func (export "keel_call") (param i32 i32) (result i64) (i64.const 0))
+//	  (func (export "keel_manifest") (result i64) (i64.const 0)))
+func startLoopModule(reactor bool) []byte {
+	spin := body(0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b)
+	noop := body(opEnd)
+	if !reactor {
+		return module(
+			section(secType, vec(voidType)),
+			section(secFunc, vec([]byte{0}, []byte{0})),
+			section(secMemory, vec([]byte{0x00, 0x01})),
+			section(secExport, vec(
+				append(str("memory"), exportMemory, 0),
+				append(str("_start"), exportFunc, 1))),
+			section(secStart, leb(0)),
+			section(secCode, vec(spin, noop)),
+		)
+	}
+	i32ToI32 := []byte{0x60, 0x01, 0x7f, 0x01, 0x7f}
+	i32i32ToI64 := []byte{0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7e}
+	toI64 := []byte{0x60, 0x00, 0x01, 0x7e}
+	return module(
+		section(secType, vec(voidType, i32ToI32, i32i32ToI64, toI64)),
+		section(secFunc, vec([]byte{0}, []byte{0}, []byte{1}, []byte{2}, []byte{3})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_initialize"), exportFunc, 1),
+			append(str("keel_alloc"), exportFunc, 2),
+			append(str("keel_call"), exportFunc, 3),
+			append(str("keel_manifest"), exportFunc, 4))),
+		section(secStart, leb(0)),
+		section(secCode, vec(spin, noop,
+			body(opI32Const, 0x00, opEnd),
+			body(opI64Const, 0x00, opEnd),
+			body(opI64Const, 0x00, opEnd))),
+	)
+}
+
+// tableModule grows its table (initially tableMin funcref entries) by
+// tableDelta entries, then its memory by memDelta pages, traps if either
+// grow fails, and writes {"output":{}} otherwise. wazero allocates 8
+// bytes per table entry outside linear memory.
+//
+//	(module
+//	  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+//	  (memory (export "memory") 1)
+//	  (table tableMin funcref)
+//	  (data (i32.const 0) "<iovec: ptr 16, len N><nwritten>" "{\"output\":{}}")
+//	  (func (export "_start")
+//	    (if (i32.eq (table.grow 0 (ref.null func) (i32.const tableDelta)) (i32.const -1)) (then unreachable))
+//	    (if (i32.eq (memory.grow (i32.const memDelta)) (i32.const -1)) (then unreachable))
+//	    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
+func tableModule(tableMin, tableDelta, memDelta int) []byte {
+	const msg = `{"output":{}}`
+	data := binary.LittleEndian.AppendUint32(nil, 16)
+	data = binary.LittleEndian.AppendUint32(data, uint32(len(msg)))
+	data = append(data, make([]byte, 8)...)
+	data = append(data, msg...)
+	fdWrite := []byte{0x60, 0x04, 0x7f, 0x7f, 0x7f, 0x7f, 0x01, 0x7f}
+	code := []byte{0xd0, 0x70, opI32Const}
+	code = append(code, sleb(int64(tableDelta))...)
+	code = append(code, 0xfc, 0x0f, 0x00, opI32Const, 0x7f, 0x46, 0x04, 0x40, 0x00, 0x0b)
+	code = append(append(code, opI32Const), sleb(int64(memDelta))...)
+	code = append(code, 0x40, 0x00, opI32Const, 0x7f, 0x46, 0x04, 0x40, 0x00, 0x0b)
+	code = append(code, 0x41, 0x01, 0x41, 0x00, 0x41, 0x01, 0x41, 0x08, 0x10, 0x00, 0x1a, opEnd)
+	return module(
+		section(secType, vec(fdWrite, voidType)),
+		section(secImport, vec(append(append(str("wasi_snapshot_preview1"), str("fd_write")...), 0x00, 0))),
+		section(secFunc, vec([]byte{1})),
+		section(4, vec(append([]byte{0x70, 0x00}, leb(tableMin)...))),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_start"), exportFunc, 1))),
+		section(secCode, vec(body(code...))),
+		section(secData, vec(append([]byte{0x00, 0x41, 0x00, 0x0b}, append(leb(len(data)), data...)...))),
+	)
+}

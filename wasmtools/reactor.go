@@ -175,7 +175,8 @@ func (r *Registry) PoolStats(name string) (PoolStats, bool) {
 }
 
 // instantiate starts an instance of a reactor tool with configuration mc
-// (the tool's grants, or nothing for its manifest) and runs _initialize.
+// (the tool's grants, or nothing for its manifest) and runs its start
+// function, if any, then _initialize, both under ctx's deadline.
 // On failure it returns the outcome to classify and no instance.
 func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig) (*instance, outcome) {
 	inst := &instance{
@@ -197,11 +198,14 @@ func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModu
 		return nil, inst.outcome(nil, err, false)
 	}
 	inst.mod = mod
+	inst.mem.bind(mod)
 	inst.alloc = mod.ExportedFunction(exportAlloc)
 	inst.call = mod.ExportedFunction(exportCall)
 	inst.stop = interruptOf(mod)
 	disarm := armInterrupt(ctx, inst.stop)
-	_, err = mod.ExportedFunction(exportInitialize).Call(ctx)
+	if err = callStart(ctx, mod); err == nil {
+		_, err = mod.ExportedFunction(exportInitialize).Call(ctx)
+	}
 	if !disarm() && err == nil {
 		// The context ended just as _initialize returned.
 		err = context.Cause(ctx)
@@ -220,7 +224,7 @@ func (inst *instance) outcome(result []byte, err error, tooBig bool) outcome {
 		stdout:         result,
 		stderr:         bytes.Clone(inst.stderr.buf.Bytes()),
 		err:            err,
-		memoryExceeded: inst.mem.exceeded.Load(),
+		memoryExceeded: inst.mem.hit(),
 		outputExceeded: inst.stdout.exceeded || tooBig,
 	}
 }
@@ -235,7 +239,7 @@ func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) out
 	defer func() { inst.interrupted = inst.interrupted || !disarm() }()
 	inst.stdout.reset()
 	inst.stderr.reset()
-	inst.mem.exceeded.Store(false) // a refused grow the guest survived is history
+	inst.mem.reset() // a refused grow the guest survived is history
 	if uint32(len(input)) > inst.inCap || inst.inCap == 0 {
 		res, err := inst.alloc.Call(ctx, uint64(len(input)))
 		if err != nil {

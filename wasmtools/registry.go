@@ -84,11 +84,12 @@ type Config struct {
 	// tools or their grants (including those Watch makes). It must not
 	// block or call back into the Registry.
 	OnChange func()
-	// CallTimeout bounds a whole call, from instantiation to the last
-	// byte of output, and printing the manifest at Open. Default 10s.
+	// CallTimeout bounds a whole call, from instantiation (and the
+	// module's start function) to the last byte of output, and asking a
+	// module for its manifest at a load or Inspect. Default 10s.
 	CallTimeout time.Duration
-	// MemoryLimitMiB caps each instance's linear memory. Default 256, at
-	// most 4096.
+	// MemoryLimitMiB caps each instance's linear memory and tables
+	// together (8 bytes per table entry). Default 256, at most 4096.
 	MemoryLimitMiB int
 	// MaxOutputBytes caps what a tool may write to stdout in one call.
 	// Default 1 MiB.
@@ -560,7 +561,11 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 			t.close(ctx, true)
 		}
 	}()
-	reactor, err := r.checkModule(compiled)
+	tables, err := tableBytes(bin)
+	if err != nil {
+		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+	}
+	reactor, err := r.checkModule(compiled, tables)
 	if err != nil {
 		return nil, err
 	}
@@ -629,7 +634,7 @@ func readTool(file string) ([]byte, fileStamp, error) {
 
 // instrumentVersion names the current form of instrument's rewrite in
 // the cache; change it whenever the rewrite changes.
-const instrumentVersion = "1"
+const instrumentVersion = "3"
 
 // manifestCacheVersion names the form of the manifests kept in the cache.
 const manifestCacheVersion = "1"
@@ -692,8 +697,9 @@ func readSidecar(name string) ([]byte, error) {
 
 // checkModule refuses modules keel cannot run: only WASI is offered, and
 // a tool exports its memory and either _start (a command) or
-// _initialize, keel_alloc and keel_call (a reactor). It reports which.
-func (r *Registry) checkModule(m wazero.CompiledModule) (reactor bool, err error) {
+// _initialize, keel_alloc and keel_call (a reactor); its initial memory
+// and tables (tables bytes) fit the memory cap. It reports which.
+func (r *Registry) checkModule(m wazero.CompiledModule, tables uint64) (reactor bool, err error) {
 	for _, f := range m.ImportedFunctions() {
 		mod, fn, _ := f.Import()
 		if mod == hostModuleName && hostFuncs[fn] {
@@ -713,8 +719,8 @@ func (r *Registry) checkModule(m wazero.CompiledModule) (reactor bool, err error
 	if !ok {
 		return false, errors.New(`does not export its memory as "memory"`)
 	}
-	if need := uint64(mem.Min()) * 65536; need > r.memoryLimit() {
-		return false, fmt.Errorf("needs %d MiB of memory to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
+	if need := uint64(mem.Min())*65536 + tables; need > r.memoryLimit() {
+		return false, fmt.Errorf("needs %d MiB of memory and tables to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
 	}
 	if reactor, err := isReactor(m); reactor || err != nil {
 		return reactor, err
@@ -887,9 +893,20 @@ func cloneGrants(g capabilities.Grants) capabilities.Grants {
 	return capabilities.Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env)}
 }
 
-// Close stops the calls in flight (they fail with a timeout error), waits
-// for them, and releases the compiled modules, the cache and the granted
-// directories. Calls after Close fail. Close is idempotent.
+// ErrCloseTimeout is what Close returns when ctx ended before the calls
+// and loads it stopped had returned.
+var ErrCloseTimeout = errors.New("wasmtools: close: calls or loads still running")
+
+// Close stops the calls in flight (they fail with a timeout error) and
+// the loading of tools, waits for them, and releases the compiled
+// modules, the cache and the granted directories. Calls after Close fail.
+// Close is idempotent.
+//
+// Every guest is interrupted at once, so the wait is short; only a host
+// step in progress (a compilation, a grow of memory) delays it. If ctx
+// ends first, Close returns ErrCloseTimeout (wrapping ctx's error) at
+// once and the release happens when the last of them returns: compiled
+// code that may still be running is never unmapped.
 func (r *Registry) Close(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closed {
@@ -899,9 +916,25 @@ func (r *Registry) Close(ctx context.Context) error {
 	r.closed = true
 	r.mu.Unlock()
 	r.cancel()
-	r.calls.Wait()
-	r.loadMu.Lock()
-	defer r.loadMu.Unlock()
+	released := make(chan error, 1)
+	go func() {
+		r.calls.Wait()
+		r.loadMu.Lock() // the background load and any Reload have ended
+		defer r.loadMu.Unlock()
+		released <- r.release(context.WithoutCancel(ctx))
+	}()
+	select {
+	case err := <-released:
+		return err
+	case <-ctx.Done():
+		r.log.Error("wasmtools: close: gave up waiting for calls and loads; the runtime is released when they end", "error", ctx.Err())
+		return fmt.Errorf("%w: %w", ErrCloseTimeout, ctx.Err())
+	}
+}
+
+// release closes the tools and the runtime; Close calls it once nothing
+// runs.
+func (r *Registry) release(ctx context.Context) error {
 	if set := r.set.Load(); set != nil {
 		for _, t := range set.tools {
 			t.close(ctx, false)

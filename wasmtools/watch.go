@@ -31,6 +31,10 @@ func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("wasmtools: reload: %w", err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.ctx, cancel)() // Close stops the load
+
 	prev := r.set.Load()
 	next, err := r.loadDir(ctx, entries, prev)
 	if err != nil {
