@@ -488,8 +488,18 @@ func (e *ToolError) Error() string {
 // SpanKind names what a trace span measured.
 type SpanKind string
 
-// Span kinds.
+// Span kinds. A run's trace is a tree: its root span (SpanRun) holds
+// its step spans (SpanStep), which hold the spans of the work each step
+// did; see Span.ParentID.
 const (
+	// SpanRun is a run's root span, from its creation to its end. A
+	// sub-agent's root span has for parent the step span, in its parent
+	// run's trace, of the step it carries out.
+	SpanRun SpanKind = "run"
+	// SpanStep groups one step's spans: in an agent run a model step (its
+	// model call, retries, tool calls and waits for a person), in a plan
+	// or DAG run one attempt of a plan step (its sub-agent).
+	SpanStep      SpanKind = "step"
 	SpanModelCall SpanKind = "model.call"
 	SpanToolCall  SpanKind = "tool.call"
 	SpanHuman     SpanKind = "human.wait"        // a run waiting for a person's approval
@@ -510,8 +520,11 @@ const (
 
 // Span is one timed unit of work in a run's trace.
 type Span struct {
-	ID               string        `json:"id"`
-	RunID            RunID         `json:"run_id"`
+	ID    string `json:"id"`
+	RunID RunID  `json:"run_id"`
+	// ParentID is the span this one is part of: "" for a run's root span
+	// (a sub-agent's root names its parent run's step span).
+	ParentID         string        `json:"parent_id,omitempty"`
 	Kind             SpanKind      `json:"kind"`
 	Name             string        `json:"name"` // model or tool name
 	Step             int           `json:"step"`
@@ -527,7 +540,17 @@ type Span struct {
 	TTFT         time.Duration   `json:"ttft_ns,omitempty"` // time to first token
 	Retries      int             `json:"retries,omitempty"`
 	FinishReason string          `json:"finish_reason,omitempty"`
-	Attrs        json.RawMessage `json:"attrs,omitempty"` // route, A/B variant, failed attempts
+	Attrs        json.RawMessage `json:"attrs,omitempty"` // route, A/B variant, failed attempts; a plan step's sub-agent
+	// ModelDigest is the version of the model that served the call as
+	// its provider reports it (Ollama: the digest /api/tags lists); ""
+	// when the provider reports none.
+	ModelDigest string `json:"model_digest,omitempty"`
+	// TemplateHash and PromptHash identify the prompt: the first 16 hex
+	// digits of the sha256 of the call's system prompt template (its
+	// first system message), and of everything the model was sent (its
+	// messages, tool specs and output schema, as JSON).
+	TemplateHash string `json:"prompt_template_hash,omitempty"`
+	PromptHash   string `json:"prompt_hash,omitempty"`
 }
 
 // RunUpdate changes a run's status together with the event that records

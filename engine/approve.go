@@ -44,7 +44,7 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 		}
 		return call, nil, false, nil
 	}
-	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanHuman, Name: "approve " + call.Name, Step: step, Start: e.cfg.Now()}
+	sp := e.newSpan(run.ID, keel.SpanHuman, "approve "+call.Name, step)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return call, nil, false, fmt.Errorf("journal: %w", err)
 	}

@@ -171,7 +171,7 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 		}
 		text.WriteString("\n\n")
 	}
-	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanSummarize, Name: run.Model, Step: step, Start: e.cfg.Now()}
+	sp := e.newSpan(run.ID, keel.SpanSummarize, run.Model, step)
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	start := time.Now()
 	sum, err := models.Summarize(ctx, e.cfg.Model, models.SummarizeRequest{

@@ -133,6 +133,7 @@ type Engine struct {
 	held    map[keel.RunID][]keel.Event // journaled with the run's next event (see hold)
 	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish; made on first use
 	again   map[keel.RunID]bool         // answered while its loop was ending: launch again (see launchAnswered); made on first use
+	traces  map[keel.RunID]*runTrace    // the open root and step spans of each running loop (see trace.go)
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -182,7 +183,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}}, nil
+	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}}, nil
 }
 
 func randomID() string {
@@ -595,6 +596,7 @@ func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventT
 	if err != nil {
 		return keel.Event{}, fmt.Errorf("encode %s: %w", typ, err)
 	}
+	e.endTrace(ctx, id, upd)
 	e.mu.Lock()
 	evs := append(e.held[id], keel.Event{Type: typ, Time: e.cfg.Now(), Data: raw})
 	delete(e.held, id)

@@ -218,15 +218,13 @@ func TestToolThenAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kinds []string
 	for _, s := range spans {
-		kinds = append(kinds, string(s.Kind)+"/"+string(s.Status))
 		if s.Kind == keel.SpanModelCall && s.PromptTokens == 0 {
 			t.Errorf("model span %s has no prompt tokens", s.ID)
 		}
 	}
-	if fmt.Sprint(kinds) != "[model.call/ok tool.call/ok model.call/ok]" {
-		t.Errorf("spans = %v", kinds)
+	if got, want := traceTree(t, spans), "run/ok(step/ok(model.call/ok tool.call/ok) step/ok(model.call/ok))"; got != want {
+		t.Errorf("trace = %s, want %s", got, want)
 	}
 }
 
@@ -460,17 +458,16 @@ func TestRunPolicyThroughRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHarnessWith(t, r)
-	ctx := context.Background()
 
 	run := h.runWith(t, engine.StartRequest{Goal: "g1", Model: "default", Policy: keel.RunPolicy{AllowCloud: true}})
-	spans, _ := h.st.Spans(ctx, run.ID)
+	spans := modelSpans(t, h.st, run.ID)
 	if run.Result != "cloud answer" || len(spans) != 1 || spans[0].Provider != "cloud" || spans[0].CostUSD <= 0 {
 		t.Errorf("cloud-allowed run: result %q, spans %+v; want the cloud's answer with its cost on the span", run.Result, spans)
 	}
 	sent := len(cloud.Requests())
 
 	run = h.runWith(t, engine.StartRequest{Goal: "g2", Model: "default", Policy: keel.RunPolicy{AllowCloud: true, Private: true}})
-	spans, _ = h.st.Spans(ctx, run.ID)
+	spans = modelSpans(t, h.st, run.ID)
 	if run.Result != "local answer" || len(spans) != 1 || spans[0].Provider != "local" || !strings.Contains(string(spans[0].Attrs), "policy_denied") {
 		t.Errorf("private run: result %q, spans %+v; want the local answer, the refused cloud attempt in the span", run.Result, spans)
 	}
@@ -757,4 +754,16 @@ func TestToolStepsAskOneToolsClass(t *testing.T) {
 	if got := st.Commits() - before; got < steps+2 || got > steps+5 {
 		t.Errorf("%d read-only steps took %d commits, want %d to %d", steps, got, steps+2, steps+5)
 	}
+}
+
+// modelSpans returns the model call spans of a run's trace.
+func modelSpans(t *testing.T, st *store.Store, id keel.RunID) []keel.Span {
+	t.Helper()
+	var out []keel.Span
+	for _, sp := range spansOf(t, st, id) {
+		if sp.Kind == keel.SpanModelCall {
+			out = append(out, sp)
+		}
+	}
+	return out
 }

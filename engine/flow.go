@@ -311,12 +311,13 @@ type flowState struct {
 	succeeded  map[string]stepResult    // step ID → its latest success, across revisions
 	failed     string                   // the first step of this revision that failed after its retries
 	failErr    string
-	children   []keel.RunID // every sub-agent started, in order
+	children   []keel.RunID             // every sub-agent started, in order
+	startedAt  map[keel.RunID]time.Time // sub-agent → when its step.started was journaled
 }
 
 func newFlowState() *flowState {
 	return &flowState{attempts: map[string]int{}, tries: map[string]int{}, running: map[string]keel.StepData{},
-		goals: map[keel.RunID]string{}, succeeded: map[string]stepResult{}}
+		goals: map[keel.RunID]string{}, succeeded: map[string]stepResult{}, startedAt: map[keel.RunID]time.Time{}}
 }
 
 // restoreFlow rebuilds a plan or DAG run's state from its journal.
@@ -372,6 +373,7 @@ func (st *flowState) apply(ev keel.Event) error {
 			st.goals[d.Run] = s.Goal
 		}
 		st.children = append(st.children, d.Run)
+		st.startedAt[d.Run] = ev.Time
 	case keel.EventStepFinished:
 		var d keel.StepData
 		if err := decode(&d); err != nil {
@@ -490,6 +492,9 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 	if err := f.begin(ctx); err != nil {
 		log.Error("journal run start", "err", err)
 		return
+	}
+	for _, d := range f.st.running {
+		f.startStepSpan(ctx, d) // again: open while their sub-agents go on
 	}
 	result, stop, err := f.drive(ctx)
 	switch {
@@ -619,6 +624,7 @@ func (f *flowRun) startStep(ctx context.Context, s keel.PlanStep, share int) err
 	if err := f.appendEvent(ctx, keel.EventStepStarted, d, nil); err != nil {
 		return err
 	}
+	f.startStepSpan(ctx, d)
 	return f.startChild(ctx, s, d, policy)
 }
 
@@ -793,6 +799,7 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 		if err := f.appendEvent(ctx, keel.EventStepFinished, d, nil); err != nil {
 			return err
 		}
+		f.endStepSpan(ctx, d)
 	}
 	return nil
 }
@@ -1002,6 +1009,37 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 	}
 }
 
+// stepSpan is the span of the plan step attempt d: the parent of its
+// sub-agent's root span.
+func (f *flowRun) stepSpan(d keel.StepData) keel.Span {
+	return keel.Span{ID: planStepSpanID(f.run.ID, d.Run), RunID: f.run.ID, ParentID: rootSpanID(f.run.ID), Kind: keel.SpanStep,
+		Name: d.StepID, Start: f.st.startedAt[d.Run], Attrs: planStepAttrs(d)}
+}
+
+// startStepSpan opens the span of plan step attempt d, or opens it again
+// when the run resumes with its sub-agent still going.
+func (f *flowRun) startStepSpan(ctx context.Context, d keel.StepData) {
+	if err := f.e.cfg.Store.StartSpan(context.WithoutCancel(ctx), f.stepSpan(d)); err != nil {
+		f.e.log.Warn("start a step span", "run", f.run.ID, "err", err)
+	}
+}
+
+// endStepSpan closes the span of plan step attempt d, which ended as its
+// sub-agent did.
+func (f *flowRun) endStepSpan(ctx context.Context, d keel.StepData) {
+	sp := f.stepSpan(d)
+	sp.Status, sp.Duration = keel.SpanOK, max(0, f.e.cfg.Now().Sub(sp.Start))
+	if d.Status != keel.RunSucceeded {
+		sp.Status, sp.Error = keel.SpanError, string(d.Status)
+		if d.Error != "" {
+			sp.Error += ": " + d.Error
+		}
+	}
+	if err := f.e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
+		f.e.log.Warn("finish a step span", "run", f.run.ID, "err", err)
+	}
+}
+
 // spanChatter makes each of the planner's model calls a trace span, so
 // what it spends counts against the run's budget across restarts. The
 // accepted reply is journaled by askPlanner, once.
@@ -1013,7 +1051,7 @@ type spanChatter struct {
 
 func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(models.Delta)) (models.ChatResponse, error) {
 	e, run := c.f.e, c.f.run
-	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: c.step, Start: e.cfg.Now()}
+	sp := e.newSpan(run.ID, keel.SpanModelCall, run.Model, c.step)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
@@ -1026,6 +1064,7 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 	}
 	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
 	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
+	modelCallInfo(&sp, req, resp)
 	if resp.Model != "" && resp.Model != sp.Name {
 		sp.Name = resp.Model
 	}

@@ -28,6 +28,8 @@ type created struct {
 // was interrupted by shutdown; every exit path journals exactly one
 // event that says so.
 func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
+	e.openTrace(ctx, run)
+	defer e.closeTrace(run.ID)
 	if run.KindOrAgent() != keel.KindAgent {
 		e.flow(ctx, run)
 		return
@@ -72,7 +74,11 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		e.end(ctx, run.ID, nil, *j.answer)
 		return
 	}
-	// Calls of the last journaled step that have no result yet.
+	// Calls of the last journaled step that have no result yet, under
+	// that step's span.
+	if len(j.pending) > 0 {
+		e.beginStep(ctx, run.ID, j.step, e.resumedStep(ctx, run.ID, j.step))
+	}
 	for _, call := range j.pending {
 		if e.paused(ctx, run.ID) {
 			return
@@ -87,6 +93,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		}
 		msgs = append(msgs, msg)
 	}
+	e.endStep(ctx, run.ID)
 	// The model that serves the run: the run's, or for a route the
 	// target it chose for the last step.
 	served := cmp.Or(j.model, run.Model)
@@ -95,6 +102,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		if e.paused(ctx, run.ID) {
 			return
 		}
+		e.beginStep(ctx, run.ID, step, nil)
 		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)
 		human := humanMessages(run, unread)
 		var resp models.ChatResponse
@@ -154,6 +162,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			}
 			msgs = append(msgs, toolMessage(run, res))
 		}
+		e.endStep(ctx, run.ID)
 	}
 	e.end(ctx, run.ID, fmt.Errorf("step limit reached: %d model calls without a final answer", run.MaxSteps))
 }
@@ -216,7 +225,7 @@ func noteSuffix(note string) string {
 // modelStep makes one model call as a span and journals its result, or
 // holds it to be journaled with the run's next event (see hold).
 func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req models.ChatRequest, humanSeqs []int64, holdResult bool) (models.ChatResponse, error) {
-	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanModelCall, Name: run.Model, Step: step, Start: e.cfg.Now()}
+	sp := e.newSpan(run.ID, keel.SpanModelCall, run.Model, step)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
@@ -235,6 +244,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	}
 	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
 	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
+	modelCallInfo(&sp, req, resp)
 	if resp.Model != "" && resp.Model != sp.Name {
 		sp.Name = resp.Model // the model a route chose
 	}
@@ -327,7 +337,7 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 // the call did not complete).
 func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall) (keel.ToolResultData, error) {
 	for attempt := 1; ; attempt++ {
-		sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanToolCall, Name: call.Name, Step: step, Start: e.cfg.Now()}
+		sp := e.newSpan(run.ID, keel.SpanToolCall, call.Name, step)
 		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}

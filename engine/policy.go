@@ -86,7 +86,8 @@ func (e *Engine) retryWait(ctx context.Context, run keel.Run, d keel.StepRetryDa
 	if e.replaying {
 		return nil // a replay reproduces the retry, not the wait
 	}
-	sp := keel.Span{ID: e.spanID(), RunID: run.ID, Kind: keel.SpanRetry, Name: "retry " + what, Step: d.Step, Start: e.cfg.Now(), Error: d.Error}
+	sp := e.newSpan(run.ID, keel.SpanRetry, "retry "+what, d.Step)
+	sp.Error = d.Error
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	t := time.NewTimer(wait)
 	defer t.Stop()

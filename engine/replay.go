@@ -87,7 +87,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		return nil, err
 	}
 	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
-		inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
+		inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
 	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
 	replayer.loop(ctx, run, nil)
 	replayer.flushHeld(ctx, run.ID)

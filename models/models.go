@@ -29,6 +29,9 @@ type ModelInfo struct {
 	ContextLength int          `json:"context_length"` // tokens; 0 when unknown
 	Family        string       `json:"family,omitempty"`
 	Size          int64        `json:"size,omitempty"` // bytes on disk, when local
+	// Digest is the model's version as its provider reports it (Ollama:
+	// the manifest digest /api/tags lists); "" when unknown.
+	Digest string `json:"digest,omitempty"`
 	// Cloud is true when calls send data off this machine.
 	Cloud bool `json:"cloud,omitempty"`
 	// Price is what a call costs; nil means free (local inference).
@@ -139,6 +142,10 @@ type ChatResponse struct {
 	Message      Message `json:"message"`
 	Usage        Usage   `json:"usage"`
 	FinishReason string  `json:"finish_reason,omitempty"`
+	// ModelDigest is the version of the model that replied, as its
+	// provider reports it (Ollama: the hex digest /api/tags lists); ""
+	// when the provider reports none.
+	ModelDigest string `json:"model_digest,omitempty"`
 	// Meta is how the call was served; the Router fills it in.
 	Meta CallMeta `json:"meta,omitzero"`
 }

@@ -53,10 +53,14 @@ const (
 		FROM runs WHERE id = ?`
 	qDeleteEvents = `DELETE FROM events WHERE key BETWEEN ? AND ?`
 	qUpdateRun    = `UPDATE runs SET last_seq = ?, updated_at = ?, status = ?, result = ?, error = ? WHERE id = ?`
-	qInsertSpan   = `INSERT INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
-		provider, cost_usd, ttft, retries, finish_reason, attrs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	// A span started again (a run's root or step span, reopened when
+	// the run resumes) replaces the row it had.
+	qInsertSpan = `INSERT OR REPLACE INTO spans (id, run_id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
+		provider, cost_usd, ttft, retries, finish_reason, attrs, parent_id, model_digest, template_hash, prompt_hash)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
-		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ? WHERE run_id = ? AND id = ?`
+		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ?, model_digest = ?, template_hash = ?, prompt_hash = ?
+		WHERE run_id = ? AND id = ?`
 	qInsertAudit = `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 )
@@ -75,7 +79,7 @@ var insertEvents = func() (qs [4]string) {
 // len(insertSpans) at a time.
 var insertSpans = func() (qs [8]string) {
 	for i := range qs {
-		qs[i] = qInsertSpan + strings.Repeat(`, (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, i)
+		qs[i] = qInsertSpan + strings.Repeat(`, (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, i)
 	}
 	return qs
 }()
@@ -504,10 +508,13 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 // next status change of a run or Sync, or within lazyDelay (see the
 // writer); its errors go to
 // Options.OnLazyError. FinishSpan closes it, also lazily; a span finished
-// before its start was committed is written once, finished.
+// before its start was committed is written once, finished. Starting a
+// span the run already has (same ID) replaces it: that is how a resumed
+// run reopens its root span and the step it was in.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 	// Only what is known at the start; FinishSpan adds the rest.
-	sp = keel.Span{ID: sp.ID, RunID: sp.RunID, Kind: sp.Kind, Name: sp.Name, Step: sp.Step, Start: sp.Start, Status: keel.SpanRunning}
+	sp = keel.Span{ID: sp.ID, RunID: sp.RunID, ParentID: sp.ParentID, Kind: sp.Kind, Name: sp.Name, Step: sp.Step, Start: sp.Start,
+		Status: keel.SpanRunning, Attrs: sp.Attrs}
 	s.wr.startSpan(sp)
 	return nil
 }
@@ -515,10 +522,11 @@ func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 // insertSpanRows inserts spans, which must be at most len(insertSpans),
 // in one statement: all of them or, if it fails, none.
 func insertSpanRows(ctx context.Context, tx *wtx, spans []*keel.Span) error {
-	args := make([]any, 0, 17*len(spans))
+	args := make([]any, 0, 21*len(spans))
 	for _, sp := range spans {
 		args = append(args, sp.ID, string(sp.RunID), string(sp.Kind), sp.Name, sp.Step, nanos(sp.Start), int64(sp.Duration), string(sp.Status), sp.Error,
-			sp.PromptTokens, sp.CompletionTokens, sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs))
+			sp.PromptTokens, sp.CompletionTokens, sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs),
+			sp.ParentID, sp.ModelDigest, sp.TemplateHash, sp.PromptHash)
 	}
 	if _, err := tx.ExecContext(ctx, insertSpans[len(spans)-1], args...); err != nil {
 		if len(spans) == 1 {
@@ -529,8 +537,9 @@ func insertSpanRows(ctx context.Context, tx *wtx, spans []*keel.Span) error {
 	return nil
 }
 
-// FinishSpan records a span's outcome: duration, status, error and
-// tokens. It is lazy, like StartSpan.
+// FinishSpan records a span's outcome: duration, status, error, tokens,
+// the model's accounting, digest and prompt hashes, and attributes. It
+// is lazy, like StartSpan.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
 	return s.finishSpan(sp, false)
 }
@@ -546,11 +555,13 @@ func (s *Store) FinishSpanWithNext(ctx context.Context, sp keel.Span) error {
 func (s *Store) finishSpan(sp keel.Span, withNext bool) error {
 	s.wr.finishSpan(sp, withNext, func(open *keel.Span) {
 		open.Duration, open.Status, open.Error, open.PromptTokens, open.CompletionTokens = sp.Duration, sp.Status, sp.Error, sp.PromptTokens, sp.CompletionTokens
-		open.Provider, open.CostUSD, open.TTFT, open.Retries, open.FinishReason, open.Attrs = sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason, sp.Attrs
+		open.Provider, open.CostUSD, open.TTFT, open.Retries, open.FinishReason = sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason
+		open.Attrs, open.ModelDigest, open.TemplateHash, open.PromptHash = sp.Attrs, sp.ModelDigest, sp.TemplateHash, sp.PromptHash
 	}, func(ctx context.Context, tx *wtx) error {
 		res, err := tx.ExecContext(ctx, qFinishSpan,
 			int64(sp.Duration), string(sp.Status), sp.Error, sp.PromptTokens, sp.CompletionTokens,
-			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), string(sp.RunID), sp.ID)
+			sp.Provider, sp.CostUSD, int64(sp.TTFT), sp.Retries, sp.FinishReason, string(sp.Attrs), sp.ModelDigest, sp.TemplateHash, sp.PromptHash,
+			string(sp.RunID), sp.ID)
 		if err != nil {
 			return fmt.Errorf("finish span %s: %w", sp.ID, mapErr(err))
 		}
@@ -612,7 +623,7 @@ func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 		}
 	}
 	rows, err := s.r.QueryContext(ctx, `SELECT id, kind, name, step, start, duration, status, error, prompt_tokens, completion_tokens,
-		provider, cost_usd, ttft, retries, finish_reason, attrs
+		provider, cost_usd, ttft, retries, finish_reason, attrs, parent_id, model_digest, template_hash, prompt_hash
 		FROM spans WHERE run_id = ? ORDER BY start, id`, string(id))
 	if err != nil {
 		return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
@@ -625,7 +636,7 @@ func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 		var start, dur, ttft int64
 		var attrs string
 		if err := rows.Scan(&sp.ID, &kind, &sp.Name, &sp.Step, &start, &dur, &status, &sp.Error, &sp.PromptTokens, &sp.CompletionTokens,
-			&sp.Provider, &sp.CostUSD, &ttft, &sp.Retries, &sp.FinishReason, &attrs); err != nil {
+			&sp.Provider, &sp.CostUSD, &ttft, &sp.Retries, &sp.FinishReason, &attrs, &sp.ParentID, &sp.ModelDigest, &sp.TemplateHash, &sp.PromptHash); err != nil {
 			return nil, fmt.Errorf("spans of %s: %w", id, mapErr(err))
 		}
 		sp.Kind, sp.Status = keel.SpanKind(kind), keel.SpanStatus(status)

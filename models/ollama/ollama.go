@@ -88,7 +88,8 @@ type Provider struct {
 
 	mu      sync.Mutex
 	shows   map[string]showEntry
-	ctxSize map[string]int // num_ctx last sent per model; see numCtx
+	ctxSize map[string]int         // num_ctx last sent per model; see numCtx
+	digests map[string]digestEntry // see digest
 
 	// calib corrects the prompt estimate per model with the
 	// prompt_eval_count Ollama reports.
@@ -225,6 +226,7 @@ func (p *Provider) Models(ctx context.Context) ([]models.ModelInfo, error) {
 	if err != nil {
 		return nil, p.wrap(ctx, "list models", "", err)
 	}
+	p.noteDigests(list, p.now())
 	out := make([]models.ModelInfo, 0, len(list.Models))
 	for _, m := range list.Models {
 		name := strings.TrimSuffix(m.Name, ":latest")
@@ -235,7 +237,7 @@ func (p *Provider) Models(ctx context.Context) ([]models.ModelInfo, error) {
 		if err != nil {
 			return nil, err
 		}
-		info.Size = m.Size
+		info.Size, info.Digest = m.Size, m.Digest
 		out = append(out, info)
 	}
 	return out, nil
@@ -442,6 +444,7 @@ func (p *Provider) chat(ctx context.Context, req models.ChatRequest, areq *api.C
 		Message:      models.Message{Role: models.RoleAssistant, Content: content.String()},
 		Usage:        models.Usage{PromptTokens: final.PromptEvalCount, CompletionTokens: final.EvalCount},
 		FinishReason: final.DoneReason,
+		ModelDigest:  p.digest(ctx, req.Model),
 	}
 	for _, c := range calls {
 		resp.Message.ToolCalls = append(resp.Message.ToolCalls, fromAPIToolCall(c))

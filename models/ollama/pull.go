@@ -110,4 +110,5 @@ func (p *Provider) forgetShow(name string) {
 	delete(p.shows, name)
 	delete(p.shows, strings.TrimSuffix(name, ":latest"))
 	delete(p.shows, name+":latest")
+	delete(p.digests, modelKey(name))
 }
