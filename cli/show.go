@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -78,7 +79,8 @@ func showCmd() *cobra.Command {
 				var in, outTok, retries int
 				var cost float64
 				var model, tool time.Duration
-				for _, s := range d.Spans {
+				for _, t := range spanTree(d.Spans) {
+					s := t.Span
 					name := s.Name
 					if s.Provider != "" {
 						name = s.Provider + "/" + s.Name
@@ -87,7 +89,7 @@ func showCmd() *cobra.Command {
 					if s.TTFT > 0 {
 						ttft = s.TTFT.Round(time.Millisecond).String()
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", s.Step, s.Kind, name, s.Status, s.Duration.Round(time.Microsecond), ttft,
+					fmt.Fprintf(tw, "%d\t%s%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", s.Step, strings.Repeat("  ", t.Depth), s.Kind, name, s.Status, s.Duration.Round(time.Microsecond), ttft,
 						s.PromptTokens, s.CompletionTokens, usd(s.CostUSD), s.Retries, clip(s.Error, 80))
 					in, outTok, cost, retries = in+s.PromptTokens, outTok+s.CompletionTokens, cost+s.CostUSD, retries+s.Retries
 					switch s.Kind {
@@ -119,4 +121,50 @@ func usd(v float64) string {
 		return "$0"
 	}
 	return fmt.Sprintf("$%.6f", v)
+}
+
+// treeSpan is a span of a trace and its depth in the trace's tree.
+type treeSpan struct {
+	keel.Span
+	Depth int
+}
+
+// spanTree orders a run's spans as their tree, depth first, each span's
+// children in start order after it. A span whose parent is not in the
+// trace (a run's root span, or a sub-agent's, whose parent is a step of
+// the parent run) starts a tree of its own.
+func spanTree(spans []keel.Span) []treeSpan {
+	in := map[string]bool{}
+	for _, s := range spans {
+		in[s.ID] = true
+	}
+	kids := map[string][]keel.Span{}
+	var roots []keel.Span
+	for _, s := range spans {
+		if s.ParentID == "" || !in[s.ParentID] || s.ParentID == s.ID {
+			roots = append(roots, s)
+		} else {
+			kids[s.ParentID] = append(kids[s.ParentID], s)
+		}
+	}
+	out := make([]treeSpan, 0, len(spans))
+	seen := map[string]bool{}
+	var walk func(s keel.Span, depth int)
+	walk = func(s keel.Span, depth int) {
+		if seen[s.ID] {
+			return
+		}
+		seen[s.ID] = true
+		out = append(out, treeSpan{s, depth})
+		for _, k := range kids[s.ID] {
+			walk(k, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0)
+	}
+	for _, s := range spans {
+		walk(s, 0) // in a cycle of parents (a damaged trace): shown flat, not lost
+	}
+	return out
 }

@@ -8,7 +8,8 @@
 // model; when the model asks for tools, the engine records the intent,
 // runs the tool (which validates its arguments against its schema),
 // records the result and feeds it back, until the model answers or the
-// step limit is reached. Every model and tool call is a trace span.
+// step limit is reached. Every model and tool call is a trace span, in a
+// tree per run (trace.go): run → step → calls, waits and retries.
 //
 // Plan and DAG runs (flow.go, docs/orchestration.md) run a plan's steps
 // as sub-agents: agent runs of their own, linked to the parent, with
