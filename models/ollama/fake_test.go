@@ -36,11 +36,12 @@ func TestMain(m *testing.M) {
 type fake struct {
 	srv *httptest.Server
 
-	mu     sync.Mutex
-	calls  map[string]int
-	chats  []string                     // /api/chat request bodies
-	pulls  []string                     // /api/pull request bodies
-	models map[string]*api.ShowResponse // by name without ":latest"
+	mu      sync.Mutex
+	calls   map[string]int
+	chats   []string                     // /api/chat request bodies
+	pulls   []string                     // /api/pull request bodies
+	models  map[string]*api.ShowResponse // by name without ":latest"
+	digests map[string]string            // what /api/tags lists as each model's digest
 	// reply answers /api/chat; by default it streams lines.
 	reply func(w http.ResponseWriter, r *http.Request)
 	lines []any
@@ -114,7 +115,7 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		var list api.ListResponse
 		f.mu.Lock()
 		for name := range f.models {
-			list.Models = append(list.Models, api.ListModelResponse{Name: name + ":latest", Model: name + ":latest", Size: int64(len(name))})
+			list.Models = append(list.Models, api.ListModelResponse{Name: name + ":latest", Model: name + ":latest", Size: int64(len(name)), Digest: f.digests[name]})
 		}
 		f.mu.Unlock()
 		json.NewEncoder(w).Encode(list)

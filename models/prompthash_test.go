@@ -1,0 +1,54 @@
+package models_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+)
+
+// TestPromptHashes: the template hash follows the system prompt only,
+// the full hash everything the model is sent.
+func TestPromptHashes(t *testing.T) {
+	base := models.ChatRequest{Model: "m", Messages: []models.Message{
+		{Role: models.RoleSystem, Content: "You are an agent."},
+		{Role: models.RoleUser, Content: "count the words"},
+	}}
+	tmpl, full := models.PromptHashes(base)
+	if len(tmpl) != 16 || len(full) != 16 {
+		t.Fatalf("PromptHashes = %q, %q; want 16 hex digits each", tmpl, full)
+	}
+	with := func(f func(r *models.ChatRequest)) models.ChatRequest {
+		r := base
+		r.Messages = append([]models.Message(nil), base.Messages...)
+		f(&r)
+		return r
+	}
+	for _, tt := range []struct {
+		name         string
+		req          models.ChatRequest
+		sameTemplate bool
+		sameFull     bool
+	}{
+		{"same request", with(func(r *models.ChatRequest) {}), true, true},
+		{"another model", with(func(r *models.ChatRequest) { r.Model = "other" }), true, true},
+		{"another goal", with(func(r *models.ChatRequest) { r.Messages[1].Content = "count the lines" }), true, false},
+		{"one more message", with(func(r *models.ChatRequest) {
+			r.Messages = append(r.Messages, models.Message{Role: models.RoleAssistant, Content: "3"})
+		}), true, false},
+		{"tools offered", with(func(r *models.ChatRequest) {
+			r.Tools = []keel.ToolSpec{{Name: "wordcount", InputSchema: json.RawMessage(`{}`)}}
+		}), true, false},
+		{"an output schema", with(func(r *models.ChatRequest) { r.Format = json.RawMessage(`{"type":"object"}`) }), true, false},
+		{"another system prompt", with(func(r *models.ChatRequest) { r.Messages[0].Content = "You are a planner." }), false, false},
+	} {
+		gt, gf := models.PromptHashes(tt.req)
+		if (gt == tmpl) != tt.sameTemplate || (gf == full) != tt.sameFull {
+			t.Errorf("%s: PromptHashes = %q, %q; base %q, %q; want same template %v, same prompt %v", tt.name, gt, gf, tmpl, full, tt.sameTemplate, tt.sameFull)
+		}
+	}
+	if gt, _ := models.PromptHashes(models.ChatRequest{Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}); gt != "" {
+		t.Errorf("template hash of a request without a system prompt = %q, want none", gt)
+	}
+}
