@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,8 +105,9 @@ func TestCloudPolicyEndToEnd(t *testing.T) {
 			t.Errorf("request %s %s carried Authorization %q", r.Method, r.Path, r.Header.Get("Authorization"))
 		}
 	}
-	if len(got.Spans) == 0 || got.Spans[0].Provider != "cloud" || got.Spans[0].CostUSD <= 0 {
-		t.Errorf("first span = %+v, want provider cloud with a cost", got.Spans)
+	first := slices.IndexFunc(got.Spans, func(sp keel.Span) bool { return sp.Kind == keel.SpanModelCall })
+	if first < 0 || got.Spans[first].Provider != "cloud" || got.Spans[first].CostUSD <= 0 {
+		t.Errorf("first model span of %+v, want provider cloud with a cost", got.Spans)
 	}
 	if err := d.stop(); err != nil {
 		t.Fatal(err)

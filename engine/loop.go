@@ -74,10 +74,20 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		e.end(ctx, run.ID, nil, *j.answer)
 		return
 	}
-	// Calls of the last journaled step that have no result yet, under
-	// that step's span.
+	// A resumed run goes on under the span of the step it was in: the
+	// last journaled step, while it has calls without a result, else
+	// the next, which a stop may have cut before its model result.
+	var resumed *keel.Span
+	if fresh == nil && !j.fresh {
+		at := j.step + 1
+		if len(j.pending) > 0 {
+			at = j.step
+		}
+		resumed = e.resumedStep(ctx, run.ID, at)
+	}
 	if len(j.pending) > 0 {
-		e.beginStep(ctx, run.ID, j.step, e.resumedStep(ctx, run.ID, j.step))
+		e.beginStep(ctx, run.ID, j.step, resumed)
+		resumed = nil
 	}
 	for _, call := range j.pending {
 		if e.paused(ctx, run.ID) {
@@ -102,7 +112,8 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		if e.paused(ctx, run.ID) {
 			return
 		}
-		e.beginStep(ctx, run.ID, step, nil)
+		e.beginStep(ctx, run.ID, step, resumed)
+		resumed = nil
 		unread = append(unread, e.readInbox(run.ID, j.lastSeq)...)
 		human := humanMessages(run, unread)
 		var resp models.ChatResponse
