@@ -3,6 +3,7 @@ package wasmtools
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -195,4 +196,33 @@ func TestTablesCountAgainstMemoryCap(t *testing.T) {
 		t.Errorf("no log line saying why bigtable was skipped\nlog:\n%s", logs.String())
 	}
 	mustCall(t, r, "small", `{}`)
+}
+
+// TestStackOverflow: a guest that overflows wazero's call stack is
+// resource_exhausted, and says it was the stack, even when the deadline
+// passes meanwhile. (A Go guest's stack lives in its linear memory and
+// meets the memory cap first: TestHostile and TestReactorDiscard.)
+func TestStackOverflow(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := writeFiles(dir, map[string][]byte{
+		"recurse.wasm":          recursionModule(),
+		"recurse.manifest.json": []byte(`{"name":"recurse","description":"Recurses forever.","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := openRegistry(t, Config{Dir: dir})
+	for range 3 {
+		terr := wantCode(t, r, "recurse", `{}`, keel.ToolResourceExhausted)
+		if !strings.Contains(terr.Message, "stack overflow") {
+			t.Errorf("Call(recurse) error = %q, want it to say stack overflow", terr.Message)
+		}
+	}
+	// The classification does not depend on the deadline.
+	o := outcome{err: fmt.Errorf("wrapped: %w", errStackOverflow())}
+	ctx, cancel := context.WithTimeout(context.Background(), -1)
+	defer cancel()
+	if f := r.failure(ctx, o, ""); f == nil || f.Code != keel.ToolResourceExhausted {
+		t.Errorf("failure(stack overflow past the deadline) = %v, want resource_exhausted", f)
+	}
 }

@@ -33,10 +33,16 @@ import (
 //   - timeout: the call outlived Config.CallTimeout or ctx (also while
 //     waiting for its tool to load), or the registry was closed; the
 //     message says which.
-//   - resource_exhausted: the tool hit the memory limit, wrote more
-//     than Config.MaxOutputBytes to stdout, or had a write through a
+//   - resource_exhausted: the tool hit the memory limit (linear memory
+//     and tables), overflowed its stack, wrote more than
+//     Config.MaxOutputBytes to stdout, or had a write through a
 //     read-write grant refused by Config.WriteQuotaBytes or
-//     Config.MinFreeDiskBytes (see DiskLimitError).
+//     Config.MinFreeDiskBytes (see DiskLimitError). A stack overflow is
+//     always this code, even if the deadline passed meanwhile: it meets
+//     wazero's ceiling on the call stack (the message says "stack
+//     overflow") or, for a runtime that keeps its stack in linear memory
+//     as Go does, the memory limit (the message names it). Only a guest
+//     that reached no limit by the deadline is a timeout.
 //   - crashed: the tool trapped, exited non-zero or wrote something that
 //     is not a result object.
 //   - tool_error: the tool reported its own error, or its output broke
@@ -245,6 +251,10 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 		return nil
 	case o.memoryExceeded:
 		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB (linear memory and tables)", r.cfg.MemoryLimitMiB)}
+	case errors.Is(o.err, errStackOverflow()):
+		// Before the deadline's cases: the guest trapped on its stack,
+		// not on the interrupt, even if the deadline passed meanwhile.
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: "tool exceeded its stack limit (stack overflow)"}
 	case r.ctx != nil && r.ctx.Err() != nil:
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the tool runtime is closing"}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):

@@ -2,9 +2,12 @@ package wasmtools
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 
+	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 )
@@ -117,3 +120,33 @@ func (w *limitedWriter) reset() {
 	w.buf.Reset()
 	w.exceeded = false
 }
+
+// errStackOverflow returns the error wazero traps with when a guest's
+// call stack exceeds wazero's ceiling. wazero does not export it (it is
+// wasmruntime.ErrRuntimeStackOverflow, an internal package), so it is
+// taken, once, from a module that recurses forever, run by the
+// interpreter, whose ceiling is 2000 frames; both engines trap with the
+// same value, which errors.Is then finds in any call's error.
+var errStackOverflow = sync.OnceValue(func() error {
+	// (module (func $f (export "f") (call $f)))
+	bin := []byte("\x00asm\x01\x00\x00\x00" +
+		"\x01\x04\x01\x60\x00\x00" + // type: () -> ()
+		"\x03\x02\x01\x00" + // one function of it
+		"\x07\x05\x01\x01f\x00\x00" + // export it as f
+		"\x0a\x06\x01\x04\x00\x10\x00\x0b") // body: call 0
+	ctx := context.Background()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	defer rt.Close(ctx)
+	mod, err := rt.Instantiate(ctx, bin)
+	if err != nil {
+		panic("wasmtools: stack overflow probe: " + err.Error())
+	}
+	_, err = mod.ExportedFunction("f").Call(ctx)
+	for err != nil && errors.Unwrap(err) != nil {
+		err = errors.Unwrap(err)
+	}
+	if err == nil {
+		panic("wasmtools: stack overflow probe: endless recursion returned")
+	}
+	return err
+})

@@ -549,3 +549,19 @@ func tableModule(tableMin, tableDelta, memDelta int) []byte {
 		section(secData, vec(append([]byte{0x00, 0x41, 0x00, 0x0b}, append(leb(len(data)), data...)...))),
 	)
 }
+
+// recursionModule recurses until the stack gives out:
+//
+//	(module (memory (export "memory") 1)
+//	  (func (export "_start") (call 0)))
+func recursionModule() []byte {
+	return module(
+		section(secType, vec(voidType)),
+		section(secFunc, vec([]byte{0})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_start"), exportFunc, 0))),
+		section(secCode, vec(body(0x10, 0x00, opEnd))),
+	)
+}

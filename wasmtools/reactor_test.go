@@ -94,6 +94,7 @@ func TestReactorDiscard(t *testing.T) {
 		{"sleep", `{"mode":"sleep"}`, keel.ToolTimeout, "time limit", false},
 		{"memory bomb", `{"mode":"oom"}`, keel.ToolResourceExhausted, "memory", false},
 		{"one huge allocation", `{"mode":"bigalloc"}`, keel.ToolResourceExhausted, "memory", false},
+		{"stack bomb", `{"mode":"stackbomb"}`, keel.ToolResourceExhausted, "memory", false},
 		{"huge stdout", `{"mode":"spew"}`, keel.ToolResourceExhausted, "output", false},
 		{"panic", `{"mode":"panic"}`, keel.ToolCrashed, "panic: boom", false},
 		{"exit code", `{"mode":"exit"}`, keel.ToolCrashed, "code 3", false},

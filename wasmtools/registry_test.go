@@ -320,6 +320,7 @@ func TestHostile(t *testing.T) {
 		{"hand-written loop", "spin", `{}`, keel.ToolTimeout, "time limit"},
 		{"memory bomb", "hostile", `{"mode":"oom"}`, keel.ToolResourceExhausted, "memory"},
 		{"one huge allocation", "hostile", `{"mode":"bigalloc"}`, keel.ToolResourceExhausted, "memory"},
+		{"stack bomb", "hostile", `{"mode":"stackbomb"}`, keel.ToolResourceExhausted, "memory"},
 		{"huge stdout", "hostile", `{"mode":"spew"}`, keel.ToolResourceExhausted, "output"},
 		{"panic", "hostile", `{"mode":"panic"}`, keel.ToolCrashed, "panic: boom"},
 		{"exit code", "hostile", `{"mode":"exit"}`, keel.ToolCrashed, "code 3"},

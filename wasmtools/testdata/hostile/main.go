@@ -73,6 +73,8 @@ var handler = toolkit.Typed(func(in input) (any, error) {
 			}
 			keep = append(keep, b)
 		}
+	case "stackbomb":
+		return map[string]any{"depth": recurse(0)}, nil
 	case "bigalloc":
 		keep = append(keep, make([]byte, 1<<30))
 		return map[string]any{"allocated": len(keep[0])}, nil
@@ -164,3 +166,13 @@ var handler = toolkit.Typed(func(in input) (any, error) {
 	}
 	return nil, toolkit.Errorf("bad_mode", "unknown mode %q", in.Mode)
 })
+
+// recurse calls itself until the stack gives out; the frame carries a
+// buffer so each level takes real stack.
+//
+//go:noinline
+func recurse(n int) int {
+	var pad [64]byte
+	pad[n%len(pad)] = byte(n)
+	return recurse(n+1) + int(pad[(n+1)%len(pad)])
+}
