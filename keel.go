@@ -194,6 +194,8 @@ type HumanToolData struct {
 	Call   ToolCall        `json:"call"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Error  *ToolError      `json:"error,omitempty"`
+	// Private: as ToolResultData.Private; the run is private from here on.
+	Private bool `json:"private,omitempty"`
 }
 
 // PlanStep is one step of a plan or DAG run. It is carried out by a
@@ -414,6 +416,9 @@ type ToolResultData struct {
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      *ToolError      `json:"error,omitempty"`
 	DurationMS int64           `json:"duration_ms"`
+	// Private is set when the tool had a directory marked private: its
+	// output may hold private data, so the run is private from here on.
+	Private bool `json:"private,omitempty"`
 }
 
 // RunEndData is the payload of the terminal and interrupted events.

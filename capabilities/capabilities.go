@@ -12,6 +12,11 @@ type FSGrant struct {
 	HostPath  string `json:"host_path"`
 	GuestPath string `json:"guest_path"`
 	ReadOnly  bool   `json:"read_only"`
+	// Private marks what lies in the directory as private: a run whose
+	// context holds the output of a tool with such a grant is treated as
+	// a private run from that step on (nothing of it reaches a cloud
+	// model). Default false.
+	Private bool `json:"private,omitempty"`
 }
 
 // Grants is everything a tool may touch beyond its own memory, the clock
@@ -47,6 +52,11 @@ func (g Grants) Add(more Grants) Grants {
 		}
 	}
 	return out
+}
+
+// HasPrivate reports whether g grants a directory marked private.
+func (g Grants) HasPrivate() bool {
+	return slices.ContainsFunc(g.FS, func(f FSGrant) bool { return f.Private })
 }
 
 // GuestPathAllowed reports whether a guest path lies inside a granted

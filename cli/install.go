@@ -21,7 +21,9 @@ const grantHelp = `Grant specs:
   fs-ro:/GUEST=HOSTDIR   the same, read-only whatever the tool asks
   net:PATTERN            a network destination the tool requests, e.g. net:https://api.example.com:443
   env:NAME               an environment value the tool requests
-(revoke takes fs:/GUEST without the host directory)`
+(revoke takes fs:/GUEST without the host directory)
+--private marks the directories granted (fs, fs-ro) private: once a run reads the output of a tool
+with a private directory, the run is private from that step on and nothing reaches a cloud model.`
 
 // parseGrants turns grant specs into Grants. withHost is false for revoke.
 func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
@@ -59,6 +61,14 @@ func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
 	return g, nil
 }
 
+// markPrivate marks every directory g grants private.
+func markPrivate(g capabilities.Grants) capabilities.Grants {
+	for i := range g.FS {
+		g.FS[i].Private = true
+	}
+	return g
+}
+
 func expandHome(p string) string {
 	if rest, ok := strings.CutPrefix(p, "~/"); ok {
 		if home, err := os.UserHomeDir(); err == nil {
@@ -74,6 +84,9 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 		mode := "read-write"
 		if f.ReadOnly {
 			mode = "read-only"
+		}
+		if f.Private {
+			mode += ", private"
 		}
 		if f.HostPath != "" {
 			fmt.Fprintf(w, "%sfs  %s → %s (%s)\n", prefix, f.GuestPath, f.HostPath, mode)
@@ -107,6 +120,9 @@ func grantsLine(g capabilities.Grants) string {
 		mode := "rw"
 		if f.ReadOnly {
 			mode = "ro"
+		}
+		if f.Private {
+			mode += ", private"
 		}
 		parts = append(parts, fmt.Sprintf("fs %s=%s (%s)", f.GuestPath, f.HostPath, mode))
 	}
@@ -171,7 +187,7 @@ func withProgress(w io.Writer, what string, f func() error) error {
 
 func installCmd() *cobra.Command {
 	var specs []string
-	var all, replace, keep bool
+	var all, replace, keep, private bool
 	cmd := &cobra.Command{
 		Use:   "install PATH.wasm",
 		Short: "Validate, compile and install a tool, granting what you choose of what it requests",
@@ -213,6 +229,9 @@ func installCmd() *cobra.Command {
 						}
 					}
 				}
+				if private {
+					g = markPrivate(g)
+				}
 				installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace, KeepGrants: keep})
 				if err != nil {
 					return err
@@ -235,6 +254,7 @@ func installCmd() *cobra.Command {
 	cmd.Flags().StringArrayVar(&specs, "grant", nil, "grant one capability (repeatable; see --help)")
 	cmd.Flags().BoolVar(&all, "grant-all", false, "grant every network and environment request (directories still need --grant fs:…)")
 	cmd.Flags().BoolVar(&replace, "replace", false, "replace an installed tool of the same name (its grants are not kept)")
+	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
 	cmd.Flags().BoolVar(&keep, "keep-grants", false, "with --replace: give the new module the grants of the one it replaces (those it still requests)")
 	return cmd
 }
@@ -258,6 +278,7 @@ func removeCmd() *cobra.Command {
 
 func grantCmd() *cobra.Command {
 	var confirm string
+	var private bool
 	cmd := &cobra.Command{
 		Use:   "grant NAME [SPEC...]",
 		Short: "Grant an installed tool more of what it requests",
@@ -272,6 +293,12 @@ func grantCmd() *cobra.Command {
 			g, err := parseGrants(args[1:], true)
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
+			}
+			if private {
+				if len(g.FS) == 0 {
+					return &exitError{code: ExitUsage, err: fmt.Errorf("--private marks directories: name one with fs:/GUEST=HOSTDIR")}
+				}
+				g = markPrivate(g)
 			}
 			return withClient(cmd, func(c *client.Client) error {
 				info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g, Confirm: confirm})
@@ -288,6 +315,7 @@ func grantCmd() *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
 	cmd.Flags().StringVar(&confirm, "confirm", "", "give the installed module, of this sha256, the grants its name had before it was replaced")
 	return cmd
 }

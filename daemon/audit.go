@@ -41,9 +41,22 @@ func (a *auditedTools) Specs() []keel.ToolSpec {
 	return a.reg.Specs()
 }
 
-// SideEffects returns a loaded tool's side-effect class.
+// SideEffects returns a loaded tool's side-effect class for the engine
+// (approvals, and whether a call may run twice). A tool whose manifest
+// requests the network is external, whatever it declares: what it sends
+// (a URL, a body) carries data out of the machine.
 func (a *auditedTools) SideEffects(name string) (keel.SideEffect, bool) {
-	return a.reg.SideEffects(name)
+	se, ok := a.reg.SideEffects(name)
+	if ok && a.reg.RequestsNetwork(name) {
+		return keel.SideEffectExternal, true
+	}
+	return se, ok
+}
+
+// ReadsPrivate reports whether the tool name has a directory the user
+// marked private: its output makes a run private (engine.PrivateReader).
+func (a *auditedTools) ReadsPrivate(name string) bool {
+	return a.reg.GrantedPrivate(name)
 }
 
 // Loading reports whether Specs would wait for tools still compiling.
@@ -98,6 +111,9 @@ func grantStrings(g capabilities.Grants) []string {
 		mode := "rw"
 		if f.ReadOnly {
 			mode = "ro"
+		}
+		if f.Private {
+			mode += "+private"
 		}
 		out = append(out, "fs:"+f.GuestPath+"="+mode)
 	}

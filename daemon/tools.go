@@ -391,7 +391,7 @@ func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 		if fi, err := os.Stat(f.HostPath); err != nil || !fi.IsDir() {
 			return out, fmt.Errorf("grant fs:%s: host path %s is not a directory: %w", guest, f.HostPath, keel.ErrInvalid)
 		}
-		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly})
+		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly, Private: f.Private})
 	}
 	for _, n := range g.Network {
 		if !slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {

@@ -175,7 +175,8 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	start := time.Now()
 	sum, err := models.Summarize(ctx, e.cfg.Model, models.SummarizeRequest{
-		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget},
+		// A summary of private content is private.
+		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Private: models.ChatRequest{Private: run.Policy.Private, Messages: msgs}.IsPrivate(), Budget: budget},
 		Text: text.String(), ContextLength: limit, MaxTokens: max(128, limit/8), Ratio: e.calib.Ratio(model),
 		Focus: "what was tried, what the tools returned, what is decided and what is left to do for the goal: " + run.Goal,
 	})

@@ -105,7 +105,7 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 		args = json.RawMessage(`{}`)
 	}
 	call := keel.ToolCall{ID: "human_" + e.cfg.NewID(), Name: name, Arguments: args}
-	d := keel.HumanToolData{Call: call}
+	d := keel.HumanToolData{Call: call, Private: e.readsPrivate(name)}
 	out, err := e.cfg.Tools.Call(WithCaller(ctx, Caller{RunID: id, Step: max(step, 1), CallID: call.ID}), name, args)
 	if err != nil {
 		var te *keel.ToolError

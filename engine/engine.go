@@ -71,6 +71,14 @@ type SideEffecter interface {
 	SideEffects(name string) (keel.SideEffect, bool)
 }
 
+// PrivateReader is implemented by Tools that know which tools may read
+// private data (a directory the user marked private). The output of
+// such a tool makes the run private from that step on: no later
+// request of the run, nor a summary of it, goes to a cloud model.
+type PrivateReader interface {
+	ReadsPrivate(name string) bool
+}
+
 // Loading is implemented by Tools whose Specs may wait: it reports
 // whether Specs would wait now.
 type Loading interface {

@@ -46,6 +46,10 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		e.end(ctx, run.ID, err)
 		return
 	}
+	if j.private {
+		// A tool read private data in an earlier step.
+		run.Policy.Private = true
+	}
 	var specs []keel.ToolSpec
 	switch {
 	case fresh != nil && fresh.started:
@@ -100,6 +104,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			return
 		case wait:
 			return
+		}
+		if msg.Private {
+			run.Policy.Private = true
 		}
 		msgs = append(msgs, msg)
 	}
@@ -170,6 +177,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			if err != nil {
 				e.end(ctx, run.ID, err)
 				return
+			}
+			if res.Private {
+				run.Policy.Private = true // from this step on, as restore does
 			}
 			msgs = append(msgs, toolMessage(run, res))
 		}
@@ -358,7 +368,7 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
 		sp.Duration, sp.Status = time.Since(start), keel.SpanOK
-		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds()}
+		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: e.readsPrivate(call.Name)}
 		if err != nil {
 			sp.Status, sp.Error = keel.SpanError, err.Error()
 		}

@@ -184,6 +184,19 @@ func (r *recording) Specs() []keel.ToolSpec {
 
 // Call answers with the journaled result of the call the engine names in
 // ctx (its Caller).
+// ReadsPrivate reports what the journal says: whether a result of the
+// tool name was private (see PrivateReader).
+func (r *recording) ReadsPrivate(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, res := range r.results {
+		if res.Name == name && res.Private {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *recording) Call(ctx context.Context, name string, _ json.RawMessage) (json.RawMessage, error) {
 	c, _ := CallerFrom(ctx)
 	r.mu.Lock()

@@ -32,6 +32,7 @@ type journal struct {
 	unread    []inboxMsg                   // human messages no model step has read yet
 	answer    *string                      // the final answer, when the last step gave one
 	model     string                       // the model that served the last step, when one did
+	private   bool                         // a tool result was private: so is the run from then on
 
 	// decided is the human.decision that answered each call's last
 	// run.waiting (a new wait on the call clears it); approvedBy is the
@@ -97,6 +98,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
+			if d.Private {
+				run.Policy.Private, j.private = true, true
+			}
 			j.msgs = append(j.msgs, toolMessage(run, d))
 			for i, c := range j.pending {
 				if c.ID == d.CallID {
@@ -122,6 +126,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			var d keel.HumanToolData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if d.Private {
+				run.Policy.Private, j.private = true, true
 			}
 			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: humanToolText(d)})
 		case keel.EventHandBack:
@@ -214,7 +221,14 @@ func toolMessage(run keel.Run, res keel.ToolResultData) models.Message {
 		b, _ := json.Marshal(map[string]any{"error": res.Error})
 		content = string(b)
 	}
-	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private}
+	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private || res.Private}
+}
+
+// readsPrivate reports whether the tool name may read private data (see
+// PrivateReader).
+func (e *Engine) readsPrivate(name string) bool {
+	pr, ok := e.cfg.Tools.(PrivateReader)
+	return ok && pr.ReadsPrivate(name)
 }
 
 // spent returns what the run's model calls spent so far: the usage

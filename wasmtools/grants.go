@@ -86,3 +86,18 @@ func (r *Registry) Progress() (loaded, total int, ready bool) {
 	}
 	return int(r.loaded.Load()), int(r.total.Load()), ready
 }
+
+// RequestsNetwork reports whether the tool name's manifest requests
+// network access. Unlike Tool, it copies nothing.
+func (r *Registry) RequestsNetwork(name string) bool {
+	t, ok := r.set.Load().tools[name]
+	return ok && len(t.info.Requests.Network) > 0
+}
+
+// GrantedPrivate reports whether the tool name was given a directory
+// marked private (capabilities.FSGrant.Private). Unlike Tool, it copies
+// nothing.
+func (r *Registry) GrantedPrivate(name string) bool {
+	t, ok := r.set.Load().tools[name]
+	return ok && t.info.Grants.HasPrivate()
+}

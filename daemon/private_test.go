@@ -1,0 +1,105 @@
+package daemon_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/openai/openaitest"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// TestPrivateGrantEndToEnd: readfile is granted a directory marked
+// private (keel tools grant --private). In a run allowed to use a cloud
+// model (an OpenAI-compatible server on loopback that records every
+// request), the model has readfile read a file holding an SSN; from that
+// step on the run is private, so the server receives nothing more:
+// neither the SSN nor anything else. fetch, declared read_only but
+// requesting the network, waits for approval as an external tool.
+func TestPrivateGrantEndToEnd(t *testing.T) {
+	const canary = "078-05-1120"
+	srv := openaitest.New(t)
+	dir := withTools(t)
+	writeModelsConfig(t, dir, map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": srv.URL(), "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
+				"capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
+	})
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil), RequireApproval: []keel.SideEffect{keel.SideEffectExternal}})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	secrets := t.TempDir()
+	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte("Jane Roe, SSN "+canary+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := runCLI(ctx, d.dir, "tools", "grant", "readfile", "fs:/workspace="+secrets, "--private"); code != 0 || !strings.Contains(out, "private") {
+		t.Fatalf("keel tools grant --private = %d:\n%s%s", code, out, errs)
+	}
+
+	srv.Script(openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_1", Name: "readfile", Arguments: `{"path":"secret.txt"}`}}})
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 4, Policy: keel.RunPolicy{AllowCloud: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := follow(t, c, run.ID)
+	var read bool
+	for _, ev := range evs {
+		if ev.Type == keel.EventToolResult && strings.Contains(string(ev.Data), canary) {
+			read = true
+			if !strings.Contains(string(ev.Data), `"private":true`) {
+				t.Errorf("tool result %s is not marked private", ev.Data)
+			}
+		}
+	}
+	if !read {
+		t.Fatalf("readfile never read the secret; events %v", evTypes(evs))
+	}
+	var chats []openaitest.Request
+	for _, r := range srv.Requests() {
+		if r.Path == openaitest.ChatPath {
+			chats = append(chats, r)
+		}
+		if strings.Contains(string(r.Body), canary) {
+			t.Errorf("the cloud server received the SSN: %s %s", r.Path, r.Body)
+		}
+	}
+	if len(chats) != 1 {
+		t.Errorf("the cloud server received %d chat requests, want only the one before the private read", len(chats))
+	}
+	got, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Status != keel.RunFailed || !strings.Contains(got.Run.Error, "private") {
+		t.Errorf("run after the private read: %s %q, want failed by policy (private content, cloud-only route)", got.Run.Status, got.Run.Error)
+	}
+
+	// fetch sends its URL over the network: external for approvals.
+	srv.Script(openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_2", Name: "fetch", Arguments: `{"url":"https://example.com/"}`}}})
+	run, err = c.StartRun(ctx, protocol.RunStartParams{Goal: "fetch it", Model: "default", MaxSteps: 4, Policy: keel.RunPolicy{AllowCloud: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		det, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if det.Run.Status == keel.RunWaiting {
+			break
+		}
+		if det.Run.Status.Terminal() || time.Now().After(deadline) {
+			t.Fatalf("fetch run is %s (%q), want waiting for approval", det.Run.Status, det.Run.Error)
+		}
+	}
+}
