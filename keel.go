@@ -242,6 +242,10 @@ type StepData struct {
 	Status  RunStatus `json:"status,omitempty"`
 	Result  string    `json:"result,omitempty"`
 	Error   string    `json:"error,omitempty"`
+	// Private is set on step.finished when the sub-agent read private
+	// data (see ToolResultData.Private): the parent is private from here
+	// on.
+	Private bool `json:"private,omitempty"`
 }
 
 // StepRetryData is the payload of EventStepRetry: a failed model or tool

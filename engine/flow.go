@@ -298,6 +298,7 @@ type stepResult struct {
 // flowState is where a plan or DAG run stands according to its journal.
 type flowState struct {
 	started    bool // run.started is journaled
+	private    bool // a sub-agent read private data: so does the run
 	lastSeq    int64
 	modelSteps int                   // model.result events (planner and composer)
 	pending    *keel.ModelResultData // a model.result no plan.proposed followed yet
@@ -382,6 +383,7 @@ func (st *flowState) apply(ev keel.Event) error {
 		if st.running[d.StepID].Run == d.Run {
 			delete(st.running, d.StepID)
 		}
+		st.private = st.private || d.Private
 		if d.Status == keel.RunSucceeded {
 			st.succeeded[d.StepID] = stepResult{goal: st.goals[d.Run], result: d.Result, run: d.Run}
 			break
@@ -488,6 +490,9 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 		log.Error("restore run", "err", err)
 		e.end(ctx, run.ID, err)
 		return
+	}
+	if f.st.private {
+		f.run.Policy.Private = true
 	}
 	if err := f.begin(ctx); err != nil {
 		log.Error("journal run start", "err", err)
@@ -796,10 +801,16 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 			continue
 		}
 		d.Status, d.Result, d.Error = child.Status, child.Result, child.Error
+		if d.Private, err = f.e.journalPrivate(ctx, child.ID); err != nil {
+			return err
+		}
 		if err := f.appendEvent(ctx, keel.EventStepFinished, d, nil); err != nil {
 			return err
 		}
 		f.endStepSpan(ctx, d)
+		if d.Private {
+			f.run.Policy.Private = true // its synthesis and later sub-agents too
+		}
 	}
 	return nil
 }

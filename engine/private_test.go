@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -107,5 +108,66 @@ func TestPrivateToolMakesRunPrivate(t *testing.T) {
 	defer mu.Unlock()
 	if len(reqs) == n || !reqs[n].private {
 		t.Errorf("the fork's first request is not private (%d requests)", len(reqs)-n)
+	}
+}
+
+// privateFlowTools is flowTools whose echo reads a directory marked
+// private.
+type privateFlowTools struct{ *flowTools }
+
+func (privateFlowTools) ReadsPrivate(name string) bool { return name == "echo" }
+
+// TestPlanPrivateSubAgent: a sub-agent that reads private data makes its
+// parent private: the step that depends on it (whose goal carries its
+// result) and the composition of the answer send only private requests.
+func TestPlanPrivateSubAgent(t *testing.T) {
+	var mu sync.Mutex
+	private := map[string][]bool{} // by step, whether each request was private
+	m := &fakeModel{plan: func(int, models.ChatRequest) string {
+		return `{"steps":[{"id":"a","goal":"read it","tools":["echo"]},{"id":"b","goal":"use it","depends_on":["a"]}]}`
+	}, step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
+		mu.Lock()
+		private[step] = append(private[step], req.IsPrivate())
+		mu.Unlock()
+		if _, ok := lastTool(req); step == "a" && !ok {
+			return callTool("echo"), nil
+		}
+		return text("result of " + step), nil
+	}}
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Store: st, Model: m.provider(), Tools: privateFlowTools{newFlowTools()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		eng.Close(context.Background())
+		st.Close()
+	})
+	h := &flowHarness{st: st, eng: eng}
+	r := h.start(t, engine.StartRequest{Kind: keel.KindPlan, Goal: "answer the question"})
+	r = waitRun(t, eng, st, r.ID)
+	if r.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", r.Status, r.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := private["a"]; len(got) != 2 || got[0] || !got[1] {
+		t.Errorf("step a's requests private = %v, want [false true] (before and after the read)", got)
+	}
+	if got := private["b"]; len(got) == 0 || slices.Contains(got, false) {
+		t.Errorf("step b's requests private = %v, want all private", got)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.compose) == 0 {
+		t.Fatal("no composition request")
+	}
+	for i, req := range m.compose {
+		if !req.IsPrivate() {
+			t.Errorf("composition request %d is not private", i+1)
+		}
 	}
 }

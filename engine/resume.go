@@ -224,6 +224,30 @@ func toolMessage(run keel.Run, res keel.ToolResultData) models.Message {
 	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private || res.Private}
 }
 
+// journalPrivate reports whether the run id read private data: a result
+// of its journal is marked private.
+func (e *Engine) journalPrivate(ctx context.Context, id keel.RunID) (bool, error) {
+	evs, err := e.cfg.Store.Events(ctx, id, 0)
+	if err != nil {
+		return false, err
+	}
+	for _, ev := range evs {
+		if ev.Type != keel.EventToolResult && ev.Type != keel.EventHumanTool {
+			continue
+		}
+		var d struct {
+			Private bool `json:"private"`
+		}
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			return false, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+		}
+		if d.Private {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // readsPrivate reports whether the tool name may read private data (see
 // PrivateReader).
 func (e *Engine) readsPrivate(name string) bool {
