@@ -59,6 +59,9 @@ func toolsCmd() *cobra.Command {
 						if g.ReadOnly {
 							mode = "read-only"
 						}
+						if g.Private {
+							mode += ", private"
+						}
 						fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, mode)
 					}
 					for _, n := range t.Grants.Network {
