@@ -46,6 +46,8 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
 	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")
 	f.BoolVar(&cfg.ToolsAllowPrivateNetwork, "tools-allow-private-network", false, "let tools with network grants reach loopback and private addresses")
+	f.Int64Var(&cfg.ToolsWriteQuotaBytes, "tools-write-quota", 0, "bytes one tool call may write through each read-write grant (default 1 GiB; negative: no quota)")
+	f.Int64Var(&cfg.ToolsMinFreeDiskBytes, "tools-min-free-disk", 0, "free disk, in bytes, a tool's write must leave (default 1 GiB; negative: no floor)")
 	f.StringSliceVar(&approve, "require-approval", nil, "side-effect classes whose tool calls wait for your approval: non_idempotent_write, external, idempotent_write, read_only (comma-separated)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd

@@ -61,6 +61,11 @@ type Config struct {
 	// ToolsAllowPrivateNetwork lets tools with a network grant reach
 	// loopback and private addresses. Default false.
 	ToolsAllowPrivateNetwork bool
+	// ToolsWriteQuotaBytes and ToolsMinFreeDiskBytes bound what a tool
+	// call may write through a read-write grant, and the free disk it
+	// must leave (wasmtools.Config.WriteQuotaBytes, MinFreeDiskBytes);
+	// 0: the defaults (1 GiB each), negative: no limit.
+	ToolsWriteQuotaBytes, ToolsMinFreeDiskBytes int64
 	// RequireApproval lists side-effect classes (keel.SideEffect values)
 	// whose tool calls wait for a person's approval; empty: none.
 	RequireApproval []keel.SideEffect
@@ -156,6 +161,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		GrantsFor: grants.get,
 		// Network grants never reach the local machine unless asked for.
 		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
+		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
+		MinFreeDiskBytes:    cfg.ToolsMinFreeDiskBytes,
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
 		OnChange:   notifier.notify,

@@ -223,3 +223,25 @@ func TestGrantsBoundToDigest(t *testing.T) {
 		t.Errorf("stored grant of writefile bound to %q, want %s", rows["writefile"].SHA256, otherSum)
 	}
 }
+
+// TestToolsWriteQuota: the daemon passes its write quota to the tools:
+// writefile may write 8 bytes in a call, not 100.
+func TestToolsWriteQuota(t *testing.T) {
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil), ToolsWriteQuotaBytes: 16})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	out := t.TempDir()
+	if s, _, code := runCLI(ctx, d.dir, "tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s", code, s)
+	}
+	if _, err := c.CallTool(ctx, "writefile", json.RawMessage(`{"path":"small.txt","content":"8 bytes!"}`)); err != nil {
+		t.Fatalf("a write within the quota: %v", err)
+	}
+	_, err := c.CallTool(ctx, "writefile", json.RawMessage(`{"path":"big.txt","content":"`+strings.Repeat("x", 100)+`"}`))
+	if err == nil || !strings.Contains(err.Error(), "resource_exhausted") || !strings.Contains(err.Error(), "16 bytes") {
+		t.Errorf("a write of 100 bytes with a quota of 16 = %v, want resource_exhausted naming the quota", err)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "big.txt")); err == nil && fi.Size() > 16 {
+		t.Errorf("big.txt has %d bytes, over the quota", fi.Size())
+	}
+}
