@@ -3,32 +3,47 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
 
 func runsCmd() *cobra.Command {
 	var limit int
 	var asJSON bool
+	var status []string
+	var cursor string
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "List runs, newest first",
-		Args:  usageArgs(cobra.NoArgs),
+		Long: "List runs, newest first. --status keeps the runs in the given states (waiting, paused, ...; " +
+			"repeat it or separate with commas); when more runs match than --limit, the last line says how to list the next ones.",
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			p := protocol.RunListParams{Limit: limit, Cursor: cursor}
+			for _, st := range status {
+				p.Status = append(p.Status, keel.RunStatus(st))
+			}
 			return withClient(cmd, func(c *client.Client) error {
-				runs, err := c.ListRuns(cmd.Context(), limit)
+				page, err := c.ListRunsPage(cmd.Context(), p)
 				if err != nil {
 					return err
 				}
+				runs := page.Runs
 				if asJSON {
 					return writeJSON(cmd, runs)
 				}
 				if len(runs) == 0 {
+					if len(status) > 0 || cursor != "" {
+						fmt.Fprintln(cmd.OutOrStdout(), "no runs match")
+						return nil
+					}
 					fmt.Fprintln(cmd.OutOrStdout(), "no runs yet; start one with: keel run \"your goal\"")
 					return nil
 				}
@@ -37,11 +52,23 @@ func runsCmd() *cobra.Command {
 				for _, r := range runs {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kindLabel(r), r.Status, r.Model, r.CreatedAt.Local().Format(time.DateTime), clip(r.Goal, 60))
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if page.NextCursor != "" {
+					next := "keel runs --limit " + strconv.Itoa(limit)
+					if len(status) > 0 {
+						next += " --status " + strings.Join(status, ",")
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "more: %s --cursor %s\n", next, page.NextCursor)
+				}
+				return nil
 			})
 		},
 	}
-	cmd.Flags().IntVar(&limit, "limit", 50, "most runs to list")
+	cmd.Flags().IntVar(&limit, "limit", 50, "most runs to list (at most 1000)")
+	cmd.Flags().StringSliceVar(&status, "status", nil, "only runs in these states: queued, running, waiting, paused, interrupted, succeeded, failed, cancelled")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "go on from where a listing stopped (its \"more:\" line)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

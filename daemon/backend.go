@@ -38,11 +38,9 @@ func (b *backend) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error
 	return b.eng.Cancel(ctx, id)
 }
 
-func (b *backend) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
-	if limit <= 0 {
-		limit = 50
-	}
-	return b.st.ListRuns(ctx, limit)
+func (b *backend) ListRuns(ctx context.Context, p protocol.RunListParams) (protocol.RunListResult, error) {
+	runs, next, err := b.st.ListRunsPage(ctx, store.ListQuery{Limit: p.Limit, Statuses: p.Status, Cursor: p.Cursor})
+	return protocol.RunListResult{Runs: runs, NextCursor: next}, err
 }
 
 func (b *backend) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {

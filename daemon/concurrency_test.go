@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,6 +142,17 @@ func TestConcurrentDecideOverWebSocket(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("run is %s, want waiting", det.Run.Status)
 		}
+	}
+
+	// keel runs --status finds it among the runs.
+	if out, errOut, code := runCLI(ctx, dir, "runs", "--status", "waiting,paused"); code != 0 || !strings.Contains(out, "run_w") {
+		t.Errorf("keel runs --status waiting,paused = exit %d: %s%s; want run_w listed", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(ctx, dir, "runs", "--status", "succeeded"); code != 0 || strings.Contains(out, "run_w") || !strings.Contains(out, "no runs match") {
+		t.Errorf("keel runs --status succeeded = exit %d: %s%s; want no runs", code, out, errOut)
+	}
+	if _, _, code := runCLI(ctx, dir, "runs", "--status", "stuck"); code == 0 {
+		t.Error("keel runs --status stuck exited 0")
 	}
 
 	decisions := []string{keel.DecisionSkip, keel.DecisionDone, keel.DecisionRetry}

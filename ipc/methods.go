@@ -150,11 +150,29 @@ func handleRunList(ctx context.Context, c *conn, p protocol.RunListParams) (any,
 	if p.Limit == 0 {
 		p.Limit = defaultListLimit
 	}
-	runs, err := c.s.b.ListRuns(ctx, p.Limit)
+	for _, st := range p.Status {
+		if !slices.Contains(runStatuses, st) {
+			return nil, paramError("status", fmt.Sprintf("%q is not a run status (%s)", st, joinStatuses()))
+		}
+	}
+	res, err := c.s.b.ListRuns(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	return protocol.RunListResult{Runs: nonNil(runs)}, nil
+	res.Runs = nonNil(res.Runs)
+	return res, nil
+}
+
+// runStatuses are the states run.list may filter on.
+var runStatuses = []keel.RunStatus{keel.RunQueued, keel.RunRunning, keel.RunWaiting, keel.RunPaused,
+	keel.RunInterrupted, keel.RunSucceeded, keel.RunFailed, keel.RunCancelled}
+
+func joinStatuses() string {
+	names := make([]string, len(runStatuses))
+	for i, st := range runStatuses {
+		names[i] = string(st)
+	}
+	return strings.Join(names, ", ")
 }
 
 func handleRunGet(ctx context.Context, c *conn, params json.RawMessage) (any, error) {

@@ -41,8 +41,10 @@ type Backend interface {
 	StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error)
 	// CancelRun asks a run to stop and returns its state.
 	CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	// ListRuns returns up to limit runs, newest first.
-	ListRuns(ctx context.Context, limit int) ([]keel.Run, error)
+	// ListRuns returns a page of runs, newest first, as p selects
+	// (p.Limit is between 1 and 1000, p.Status known states), and the
+	// cursor of the next page. A bad cursor wraps keel.ErrInvalid.
+	ListRuns(ctx context.Context, p protocol.RunListParams) (protocol.RunListResult, error)
 	// GetRun returns one run.
 	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 	// Events returns the persisted events of a run with Seq > afterSeq,

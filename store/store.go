@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -431,6 +432,78 @@ func (s *Store) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
 // ListRuns returns up to limit runs, newest first.
 func (s *Store) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
 	return s.queryRuns(ctx, `SELECT `+runCols+` FROM runs ORDER BY created_at DESC, id DESC LIMIT ?`, limit)
+}
+
+// ListQuery selects runs for ListRunsPage. The zero value lists the 50
+// newest runs.
+type ListQuery struct {
+	// Limit is the most runs returned; 0 means 50.
+	Limit int
+	// Statuses, when not empty, keeps only runs in one of them.
+	Statuses []keel.RunStatus
+	// Cursor, when set, continues a listing after the last run of the
+	// page that returned it (its next cursor).
+	Cursor string
+}
+
+// ListRunsPage returns runs newest first (by creation time, then ID), as
+// q selects, and the cursor of the next page: empty when there is none.
+// A page is consistent with the ones before it although runs are
+// created meanwhile (new runs come before the first page). A cursor
+// that no page returned fails with keel.ErrInvalid.
+func (s *Store) ListRunsPage(ctx context.Context, q ListQuery) ([]keel.Run, string, error) {
+	if q.Limit <= 0 {
+		q.Limit = 50
+	}
+	where, args := []string{}, []any{}
+	if len(q.Statuses) > 0 {
+		where = append(where, `status IN (?`+strings.Repeat(",?", len(q.Statuses)-1)+`)`)
+		for _, st := range q.Statuses {
+			args = append(args, string(st))
+		}
+	}
+	if q.Cursor != "" {
+		at, id, err := parseCursor(q.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, `(created_at < ? OR (created_at = ? AND id < ?))`)
+		args = append(args, at, at, id)
+	}
+	query := `SELECT ` + runCols + ` FROM runs`
+	if len(where) > 0 {
+		query += ` WHERE ` + strings.Join(where, ` AND `)
+	}
+	query += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, q.Limit+1)
+	runs, err := s.queryRuns(ctx, query, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(runs) <= q.Limit {
+		return runs, "", nil
+	}
+	runs = runs[:q.Limit]
+	last := runs[len(runs)-1]
+	return runs, makeCursor(nanos(last.CreatedAt), string(last.ID)), nil
+}
+
+// makeCursor encodes the position after the run created at (nanoseconds)
+// with id: opaque to clients.
+func makeCursor(at int64, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at, 10) + ":" + id))
+}
+
+func parseCursor(c string) (int64, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		if at, id, ok := strings.Cut(string(raw), ":"); ok && id != "" {
+			if n, err := strconv.ParseInt(at, 10, 64); err == nil {
+				return n, id, nil
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("cursor %q is not one a listing returned: %w", c, keel.ErrInvalid)
 }
 
 // RunsWithStatus returns every run in one of the given states, oldest first.

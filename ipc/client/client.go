@@ -476,9 +476,17 @@ func (c *Client) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 // ListRuns returns up to limit runs, newest first; limit 0 means the
 // daemon's default (50).
 func (c *Client) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
-	var r protocol.RunListResult
-	err := c.Call(ctx, protocol.MethodRunList, protocol.RunListParams{Limit: limit}, &r)
+	r, err := c.ListRunsPage(ctx, protocol.RunListParams{Limit: limit})
 	return r.Runs, err
+}
+
+// ListRunsPage returns one page of runs, newest first, as p selects
+// (states, limit, the cursor of the page before), and the next page's
+// cursor.
+func (c *Client) ListRunsPage(ctx context.Context, p protocol.RunListParams) (protocol.RunListResult, error) {
+	var r protocol.RunListResult
+	err := c.Call(ctx, protocol.MethodRunList, p, &r)
+	return r, err
 }
 
 // InspectTool validates a .wasm file (absolute path) without installing it.

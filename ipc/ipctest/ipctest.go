@@ -156,20 +156,28 @@ func (f *Backend) CancelRun(_ context.Context, id keel.RunID) (keel.Run, error) 
 	return r, nil
 }
 
-func (f *Backend) ListRuns(_ context.Context, limit int) ([]keel.Run, error) {
+// ListRuns lists the runs by ID, highest first (the fake's "newest");
+// the cursor is the last ID of the page before.
+func (f *Backend) ListRuns(_ context.Context, p protocol.RunListParams) (protocol.RunListResult, error) {
 	if err := f.failWith("ListRuns"); err != nil {
-		return nil, err
+		return protocol.RunListResult{}, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var runs []keel.Run
 	for _, r := range f.runs {
-		if limit > 0 && len(runs) == limit {
-			break
+		if (len(p.Status) == 0 || slices.Contains(p.Status, r.Status)) && (p.Cursor == "" || r.ID < keel.RunID(p.Cursor)) {
+			runs = append(runs, r)
 		}
-		runs = append(runs, r)
 	}
-	return runs, nil
+	slices.SortFunc(runs, func(a, b keel.Run) int { return strings.Compare(string(b.ID), string(a.ID)) })
+	var res protocol.RunListResult
+	if p.Limit > 0 && len(runs) > p.Limit {
+		runs = runs[:p.Limit]
+		res.NextCursor = string(runs[len(runs)-1].ID)
+	}
+	res.Runs = runs
+	return res, nil
 }
 
 func (f *Backend) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {

@@ -164,14 +164,20 @@ type RunRef struct {
 	RunID keel.RunID `json:"run_id"`
 }
 
-// RunListParams filters run.list.
+// RunListParams filters run.list, which lists runs newest first.
 type RunListParams struct {
-	Limit int `json:"limit,omitempty"` // default 50, newest first
+	Limit int `json:"limit,omitempty"` // default 50, at most 1000
+	// Status, when not empty, keeps only runs in one of these states.
+	Status []keel.RunStatus `json:"status,omitempty"`
+	// Cursor continues a listing: the NextCursor of the page before.
+	Cursor string `json:"cursor,omitempty"`
 }
 
 // RunListResult is the result of run.list.
 type RunListResult struct {
 	Runs []keel.Run `json:"runs"`
+	// NextCursor, when not empty, lists the next page (as Cursor).
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // RunDetail is the result of run.get: the run, its journal and its trace.
