@@ -646,7 +646,16 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	tools := &loadingTools{loaded: make(chan struct{})}
-	eng, err := engine.New(engine.Config{Store: st, Model: scripted.New(nil, scripted.Repeat(scripted.Answer("done"))), Tools: tools})
+	// The second run's model waits until its Start's commits are counted:
+	// its loop's own commits must not be counted with them.
+	counted := make(chan struct{})
+	model := scripted.New(nil, scripted.Repeat(scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+		if scripted.Goal(req) == "loaded" {
+			<-counted
+		}
+		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+	})))
+	eng, err := engine.New(engine.Config{Store: st, Model: model, Tools: tools})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -674,6 +683,10 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 		t.Fatalf("run started while tools load ended %s (%s)", r.Status, r.Error)
 	}
 
+	// The first run's trace commits just after its end: settle it first.
+	if err := st.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	before := st.Commits()
 	r, err := eng.Start(ctx, engine.StartRequest{Goal: "loaded"})
 	if err != nil {
@@ -682,6 +695,7 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 	if got := st.Commits() - before; got != 1 {
 		t.Errorf("Start took %d commits, want 1", got)
 	}
+	close(counted)
 	if r.Status != keel.RunRunning || r.LastSeq != 1 {
 		t.Errorf("run started with tools loaded: status %s, last seq %d; want running, 1", r.Status, r.LastSeq)
 	}
