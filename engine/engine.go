@@ -292,9 +292,11 @@ func (e *Engine) Recover(ctx context.Context) (int, error) {
 // closeSpans ends the spans a crash left open in a run's trace, so the
 // trace shows where the run was cut off instead of a step that never
 // ends. A span whose outcome the journal holds (its call's model.result
-// or tool.result, or the approval.decision of a wait, journaled while
-// the span's own finish, written lazily, was lost) is closed from it;
-// any other (the call the daemon was in when it was killed) as failed.
+// or tool.result, the approval.decision of a wait, the run's end for its
+// root and step spans, journaled while the span's own finish, written
+// lazily, was lost) is closed from it; any other (the call the daemon
+// was in when it was killed) as failed, except in a run that waits or is
+// paused, whose open spans are its wait.
 func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
@@ -305,12 +307,19 @@ func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 	if err != nil {
 		e.log.Warn("read the journal to close spans", "run", id, "err", err)
 	}
+	// A waiting or paused run's trace is open by design (its root, its
+	// step, a person's wait): only what the journal shows ended closes.
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	stopped := err == nil && (run.Status == keel.RunWaiting || run.Status == keel.RunPaused)
 	now := e.cfg.Now()
 	for _, sp := range spans {
 		if sp.Status != keel.SpanRunning {
 			continue
 		}
 		if !closeFromJournal(&sp, spans, evs) {
+			if stopped {
+				continue
+			}
 			sp.Status, sp.Error, sp.Duration = keel.SpanError, "the daemon stopped before this ended", max(0, now.Sub(sp.Start))
 		}
 		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {

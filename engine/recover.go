@@ -13,9 +13,29 @@ import (
 // it started, a tool call's the first tool.result of its step and tool;
 // either only if no later attempt of the same call (another span of all)
 // started before that result. An approval's wait is closed by its
-// approval.decision.
+// approval.decision. A run's root and step spans are closed by its end
+// (run.succeeded, run.failed, run.cancelled).
 func closeFromJournal(sp *keel.Span, all []keel.Span, evs []keel.Event) bool {
 	switch sp.Kind {
+	case keel.SpanRun, keel.SpanStep:
+		if len(evs) == 0 {
+			return false
+		}
+		switch end := evs[len(evs)-1]; end.Type {
+		case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled:
+			var d keel.RunEndData
+			if json.Unmarshal(end.Data, &d) != nil {
+				return false
+			}
+			sp.Status, sp.Error, sp.Duration = keel.SpanOK, "", max(0, end.Time.Sub(sp.Start))
+			if d.Status != keel.RunSucceeded {
+				sp.Status, sp.Error = keel.SpanError, string(d.Status)
+				if d.Reason != "" {
+					sp.Error += ": " + d.Reason
+				}
+			}
+			return true
+		}
 	case keel.SpanModelCall, keel.SpanToolCall:
 		for _, ev := range evs {
 			if ev.Time.Before(sp.Start) {

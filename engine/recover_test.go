@@ -55,9 +55,10 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 	call := keel.ToolCall{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"x"}`)}
 	started := ev{0, keel.EventRunStarted, keel.RunStartedData{Goal: "g"}, &keel.RunUpdate{Status: keel.RunRunning}}
 
-	// A run that succeeded; the finishes of its model call, its tool call
-	// and its last model call were lost.
+	// A run that succeeded; the finishes of its root span, its model
+	// call, its tool call and its last model call were lost.
 	crash("run_ok", []keel.Span{
+		{ID: "span_0_root", Kind: keel.SpanRun, Name: "agent", Start: at(0)},
 		{ID: "span_a_model1", Kind: keel.SpanModelCall, Name: "scripted", Step: 1, Start: at(10)},
 		{ID: "span_b_tool1", Kind: keel.SpanToolCall, Name: "echo", Step: 1, Start: at(1600)},
 		{ID: "span_c_model2", Kind: keel.SpanModelCall, Name: "scripted", Step: 2, Start: at(1700)},
@@ -90,6 +91,16 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 		{60, keel.EventApprovalAsked, keel.ApprovalRequestData{Call: call, SpanID: "span_g_wait"}, &keel.RunUpdate{Status: keel.RunWaiting}},
 		{2060, keel.EventApproval, keel.ApprovalData{CallID: "c1", Approved: false, Reason: "not today"}, nil},
 	})
+	// A run that waits for an approval: its trace stays open, the wait
+	// above all.
+	crash("run_waits", []keel.Span{
+		{ID: "span_h_root", Kind: keel.SpanRun, Name: "agent", Start: at(0)},
+		{ID: "span_i_wait", Kind: keel.SpanHuman, Name: "approve echo", Step: 1, Start: at(60)},
+	}, []ev{
+		started,
+		{50, keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: []keel.ToolCall{call}}, nil},
+		{60, keel.EventApprovalAsked, keel.ApprovalRequestData{Call: call, SpanID: "span_i_wait"}, &keel.RunUpdate{Status: keel.RunWaiting}},
+	})
 	if err := st.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +130,7 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 	cut := "the daemon stopped before this ended"
 	for id, wants := range map[keel.RunID]map[string]want{
 		"run_ok": {
+			"span_0_root":   {keel.SpanOK, "", 1801 * time.Millisecond, 0},
 			"span_a_model1": {keel.SpanOK, "", 1500 * time.Millisecond, 15},
 			"span_b_tool1":  {keel.SpanError, (&keel.ToolError{Code: keel.ToolCrashed, Message: "boom"}).Error(), 40 * time.Millisecond, 0},
 			"span_c_model2": {keel.SpanOK, "", 90 * time.Millisecond, 22},
@@ -130,6 +142,10 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 		},
 		"run_approved": {
 			"span_g_wait": {keel.SpanError, "not today", 2 * time.Second, 0},
+		},
+		"run_waits": {
+			"span_h_root": {keel.SpanRunning, "", 0, 0},
+			"span_i_wait": {keel.SpanRunning, "", 0, 0},
 		},
 	} {
 		spans, err := st.Spans(ctx, id)
