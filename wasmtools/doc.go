@@ -47,7 +47,8 @@
 // keel_call(ptr, len) returns the result object as ptr<<32|len. Its
 // manifest comes from keel_manifest(), returning ptr<<32|len, unless a
 // sidecar is present. Initialized instances are kept in a bounded pool
-// per tool ([Config.MaxIdleInstances]), so a warm call pays neither
+// per tool ([Config.MaxIdleInstances]), each closed once it has been idle
+// for [Config.IdleInstanceTimeout], so a warm call pays neither
 // instantiation nor the guest runtime's start-up. An instance goes back
 // to the pool only after a clean call or the tool's own error; after a
 // timeout, trap, exit, memory or output limit, or a malformed result it

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -82,25 +84,38 @@ type instance struct {
 	// interrupted is set once the interrupt fired on the instance, even
 	// after its call had ended: it would trap at its next loop.
 	interrupted bool
+	// idleSince is when it last went back to the pool.
+	idleSince time.Time
 }
 
 // pool is a bounded LIFO free list of idle instances of one tool. The
 // most recently used instance is reused first, while its memory is warm.
+//
+// An instance left idle for the pool's timeout is closed, so a tool that
+// is not being called stops holding memory. One timer per pool does it,
+// armed only while the pool holds idle instances: an idle daemon runs no
+// code for its pools.
 type pool struct {
-	mu     sync.Mutex
-	idle   []*instance
-	max    int
-	closed bool // set when the tool is retired or the registry closes
+	mu      sync.Mutex
+	idle    []*instance // oldest first
+	max     int
+	timeout time.Duration // <0: idle instances are kept until closed
+	timer   *time.Timer   // nil until first armed
+	armed   bool
+	closed  bool // set when the tool is retired or the registry closes
 	// instantiations counts every instance created for calls, for tests
 	// and statistics.
 	instantiations atomic.Int64
 }
 
-func newPool(max int) *pool {
+func newPool(max int, timeout time.Duration) *pool {
 	if max <= 0 {
 		max = 2 * runtime.GOMAXPROCS(0)
 	}
-	return &pool{max: max}
+	if timeout == 0 {
+		timeout = DefaultIdleInstanceTimeout
+	}
+	return &pool{max: max, timeout: timeout}
 }
 
 func (p *pool) get() *instance {
@@ -120,6 +135,10 @@ func (p *pool) get() *instance {
 func (p *pool) put(ctx context.Context, inst *instance) {
 	p.mu.Lock()
 	if !p.closed && len(p.idle) < p.max {
+		if p.timeout > 0 {
+			inst.idleSince = time.Now()
+			p.arm(p.timeout)
+		}
 		p.idle = append(p.idle, inst)
 		p.mu.Unlock()
 		return
@@ -128,12 +147,61 @@ func (p *pool) put(ctx context.Context, inst *instance) {
 	inst.close(ctx)
 }
 
+// arm starts the timer to fire after d unless it is already armed. p.mu
+// is held.
+func (p *pool) arm(d time.Duration) {
+	if p.armed {
+		return
+	}
+	p.armed = true
+	if p.timer == nil {
+		p.timer = time.AfterFunc(d, p.sweep)
+	} else {
+		p.timer.Reset(d)
+	}
+}
+
+// testHookSweep, set by tests before the pool's first put, runs after
+// each sweep.
+var testHookSweep func(*pool)
+
+// sweep closes the instances idle for the timeout or longer and re-arms
+// the timer for the oldest one left, if any.
+func (p *pool) sweep() {
+	p.mu.Lock()
+	p.armed = false
+	var old []*instance
+	if !p.closed {
+		now := time.Now()
+		n := 0
+		for n < len(p.idle) && now.Sub(p.idle[n].idleSince) >= p.timeout {
+			n++
+		}
+		old = slices.Clone(p.idle[:n])
+		clear(p.idle[:n])
+		p.idle = append(p.idle[:0], p.idle[n:]...)
+		if len(p.idle) > 0 {
+			p.arm(p.timeout - now.Sub(p.idle[0].idleSince))
+		}
+	}
+	p.mu.Unlock()
+	for _, inst := range old {
+		inst.close(context.Background())
+	}
+	if testHookSweep != nil {
+		testHookSweep(p)
+	}
+}
+
 // close closes the idle instances; instances put back later are closed
 // too.
 func (p *pool) close(ctx context.Context) {
 	p.mu.Lock()
 	idle := p.idle
 	p.idle, p.closed = nil, true
+	if p.timer != nil {
+		p.timer.Stop()
+	}
 	p.mu.Unlock()
 	for _, inst := range idle {
 		inst.close(ctx)

@@ -208,3 +208,37 @@ func BenchmarkCallHost(b *testing.B) {
 		}
 	}
 }
+
+// TestPoolReleasesIdle: an instance idle for IdleInstanceTimeout is
+// closed, by the pool's timer, and the next call makes a new one.
+func TestPoolReleasesIdle(t *testing.T) {
+	swept := make(chan *pool, 16)
+	testHookSweep = func(p *pool) { swept <- p }
+	t.Cleanup(func() { testHookSweep = nil })
+	r := openRegistry(t, Config{Dir: toolsDir, IdleInstanceTimeout: 50 * time.Millisecond})
+	p := r.set.Load().tools["wordcount"].pool
+	call := func() {
+		t.Helper()
+		if _, err := r.Call(context.Background(), "wordcount", json.RawMessage(`{"text":"a b"}`)); err != nil {
+			t.Fatalf("wordcount: %v", err)
+		}
+	}
+	call()
+	// The first sweep fires the timeout after the instance went idle.
+	timeout := time.After(bound)
+	for done := false; !done; {
+		select {
+		case got := <-swept:
+			done = got == p
+		case <-timeout:
+			t.Fatalf("no sweep of wordcount's pool within %v", bound)
+		}
+	}
+	if s := stats(t, r, "wordcount"); s.Idle != 0 || s.Instantiations != 1 {
+		t.Errorf("PoolStats(wordcount) after the sweep = %+v, want nothing idle after 1 instantiation", s)
+	}
+	call()
+	if s := stats(t, r, "wordcount"); s.Instantiations != 2 {
+		t.Errorf("PoolStats(wordcount) after a call past the timeout = %+v, want a second instantiation", s)
+	}
+}

@@ -38,6 +38,9 @@ const (
 	DefaultCallTimeout    = 10 * time.Second
 	DefaultMemoryLimitMiB = 256
 	DefaultMaxOutputBytes = 1 << 20
+	// DefaultIdleInstanceTimeout is how long an idle pooled instance is
+	// kept; see Config.IdleInstanceTimeout.
+	DefaultIdleInstanceTimeout = 30 * time.Second
 )
 
 // maxMemoryLimitMiB is the most a 32-bit WebAssembly memory can address.
@@ -111,6 +114,11 @@ type Config struct {
 	// MaxIdleInstances bounds the idle, initialized instances kept per
 	// reactor tool for warm calls. Default 2 × GOMAXPROCS.
 	MaxIdleInstances int
+	// IdleInstanceTimeout is how long an idle pooled instance is kept
+	// before it is closed and its memory released; the next call after
+	// that pays a new instance. Default 30s; negative keeps idle
+	// instances until the tool is retired or the registry closed.
+	IdleInstanceTimeout time.Duration
 	// Logger receives load problems and call outcomes. Default discards.
 	Logger *slog.Logger
 }
@@ -570,7 +578,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		return nil, err
 	}
 	if reactor {
-		t.pool = newPool(r.cfg.MaxIdleInstances)
+		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout)
 	}
 
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
