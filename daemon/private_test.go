@@ -2,15 +2,19 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/openai/openaitest"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -101,5 +105,96 @@ func TestPrivateGrantEndToEnd(t *testing.T) {
 		if det.Run.Status.Terminal() || time.Now().After(deadline) {
 			t.Fatalf("fetch run is %s (%q), want waiting for approval", det.Run.Status, det.Run.Error)
 		}
+	}
+}
+
+// TestPrivateSummaryEndToEnd: after a private read, a run whose route
+// falls back to the local model goes on there, counting words of more
+// text than its context holds, so its older steps, the private read
+// among them, are summarized (the summary keeps the SSN). The cloud
+// server (first target of the route) receives only the first step:
+// neither the later steps nor the summary, though no private tool result
+// is left in the context.
+func TestPrivateSummaryEndToEnd(t *testing.T) {
+	const canary = "078-05-1120"
+	srv := openaitest.New(t)
+	dir := withTools(t)
+	writeModelsConfig(t, dir, map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": srv.URL(), "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 1200,
+				"capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default",
+			"targets":  []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}},
+			"fallback": []any{map[string]any{"provider": "ollama", "model": scripted.DefaultModel.Name}}}},
+	})
+	var mu sync.Mutex
+	summaries, steps := 0, 0
+	local := scripted.DefaultModel
+	local.ContextLength = 1200
+	p := scripted.New([]models.ModelInfo{local}, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(req.Messages[0].Content, "Summarize the following text") {
+			// A summary keeps the facts, the SSN among them.
+			summaries++
+			sum := "SUMMARY: counted words"
+			for _, m := range req.Messages {
+				if strings.Contains(m.Content, canary) {
+					sum += "; the file holds SSN " + canary
+				}
+			}
+			return models.ChatResponse{Message: models.Message{Content: sum}}, nil
+		}
+		// Then it counts words of text that is not private, until the
+		// private read is summarized away.
+		if steps++; steps <= 4 {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: fmt.Sprintf("local_%d", steps), Name: "wordcount",
+				Arguments: json.RawMessage(`{"text":"` + strings.Repeat("lorem ipsum ", 90) + `"}`)}}}}, nil
+		}
+		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+	})))
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	secrets := t.TempDir()
+	secret := "Jane Roe, SSN " + canary + "\n" + strings.Repeat("dolor sit amet ", 60)
+	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := runCLI(ctx, d.dir, "tools", "grant", "readfile", "fs:/workspace="+secrets, "--private"); code != 0 {
+		t.Fatalf("keel tools grant --private = %d:\n%s%s", code, out, errs)
+	}
+	srv.Script(openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_1", Name: "readfile", Arguments: `{"path":"secret.txt"}`}}})
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 8, Policy: keel.RunPolicy{AllowCloud: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, run.ID)
+	got, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Status != keel.RunSucceeded {
+		t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
+	}
+	mu.Lock()
+	if summaries == 0 {
+		t.Errorf("no summary was asked of the local model (%d steps); the test needs one", steps)
+	}
+	mu.Unlock()
+	chats := 0
+	for _, r := range srv.Requests() {
+		if r.Path == openaitest.ChatPath {
+			chats++
+		}
+		if strings.Contains(string(r.Body), canary) {
+			t.Errorf("the cloud server received private content: %s %.300s", r.Path, r.Body)
+		}
+	}
+	if chats != 1 {
+		t.Errorf("the cloud server received %d chat requests, want only the one before the private read", chats)
 	}
 }
