@@ -488,9 +488,9 @@ func (e *Engine) relaunch(id keel.RunID) {
 			return
 		}
 	}
-	if err := e.launch(r); err != nil {
+	if err := e.launch(r); err != nil && !errors.Is(err, keel.ErrUnavailable) {
 		e.log.Error("launch an answered run", "run", id, "err", err)
-	}
+	} // closing: the next start's Resume launches it
 }
 
 func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) {

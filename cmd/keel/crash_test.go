@@ -133,6 +133,13 @@ func TestCrashHarness(t *testing.T) {
 			t.Errorf("%s (%s) ended %s: %s", id, det.Run.Goal, det.Run.Status, det.Run.Error)
 		}
 		checkCrashJournal(t, det)
+		// A span the kills left open was closed on restart, in ended
+		// runs too (issue 13, item 12).
+		for _, sp := range det.Spans {
+			if sp.Status == keel.SpanRunning {
+				t.Errorf("%s ended %s with span %s (%s %s, step %d) still running", id, det.Run.Status, sp.ID, sp.Kind, sp.Name, sp.Step)
+			}
+		}
 		for k := 1; k <= crashToolCalls; k++ {
 			key := fmt.Sprintf("%s#%d", det.Run.Goal, k)
 			if counts[key] != 1 {
