@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -148,5 +149,79 @@ func TestDecideWhileWaitingLoopEnds(t *testing.T) {
 	r := waitRun(t, eng, st, "run_quick")
 	if r.Status != keel.RunSucceeded || tools.writes != 1 {
 		t.Fatalf("run = %s %q with %d writes, want succeeded after one retried write", r.Status, r.Error, tools.writes)
+	}
+}
+
+// TestConcurrentApprovalsOneWins: several people approve or deny one
+// call at once; exactly one answer is journaled and acted on, the others
+// get a *keel.AlreadyDecidedError naming it.
+func TestConcurrentApprovalsOneWins(t *testing.T) {
+	t.Parallel()
+	args := json.RawMessage(`{"n":1}`)
+	p := scripted.New(nil,
+		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "write", Arguments: args}),
+		scripted.Repeat(scripted.Answer("after the answer")))
+	st, eng, tools := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
+	ctx := context.Background()
+	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
+		t.Fatalf("run = %s, want waiting for approval", got.Status)
+	}
+	var asked keel.ApprovalRequestData
+	for _, ev := range journal(t, st, r.ID) {
+		if ev.Type == keel.EventApprovalAsked {
+			if err := json.Unmarshal(ev.Data, &asked); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const people = 8
+	errs := make([]error, people)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range people {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = eng.Approve(ctx, r.ID, keel.ApprovalData{CallID: "c1", ArgsSHA256: asked.ArgsSHA256, Approved: i%2 == 0, Reason: "no"})
+		})
+	}
+	close(start)
+	wg.Wait()
+	winner := -1
+	for i, err := range errs {
+		if err == nil {
+			if winner >= 0 {
+				t.Fatalf("Approve by person %d and %d both succeeded", winner, i)
+			}
+			winner = i
+		}
+	}
+	if winner < 0 {
+		t.Fatalf("no Approve succeeded: %v", errs)
+	}
+	want := map[bool]string{true: "approved", false: "denied"}[winner%2 == 0]
+	var answers int
+	for _, ev := range journal(t, st, r.ID) {
+		if ev.Type == keel.EventApproval {
+			answers++
+		}
+	}
+	if answers != 1 {
+		t.Fatalf("journal has %d approval decisions, want 1", answers)
+	}
+	for i, err := range errs {
+		var ad *keel.AlreadyDecidedError
+		if i != winner && (!errors.As(err, &ad) || ad.Decision != want) {
+			t.Errorf("Approve by person %d = %v, want already decided: %s", i, err, want)
+		}
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q, want succeeded", got.Status, got.Error)
+	}
+	if w := map[string]int{"approved": 1}[want]; tools.writes != w {
+		t.Errorf("write ran %d times after %s, want %d", tools.writes, want, w)
 	}
 }
