@@ -557,7 +557,7 @@ type Span struct {
 	// TemplateHash and PromptHash identify the prompt: the first 16 hex
 	// digits of the sha256 of the call's system prompt template (its
 	// first system message), and of everything the model was sent (its
-	// messages, tool specs and output schema, as JSON).
+	// messages, tool specs and output schema; see models.PromptHashes).
 	TemplateHash string `json:"prompt_template_hash,omitempty"`
 	PromptHash   string `json:"prompt_hash,omitempty"`
 }

@@ -2,31 +2,95 @@ package models
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
+	"hash"
 )
 
 // PromptHashes identifies the prompt of req, for a trace: template is
 // the first 16 hex digits of the sha256 of its system prompt template
 // (the content of its first message, when that is a system message; ""
-// otherwise), full those of everything the model is sent, as JSON: the
-// messages, the tool specs and the output schema (Format). Two calls
-// with the same full hash sent the model the same prompt; the same
+// otherwise), full those of everything the model is sent: the messages
+// (role, content, tool calls, tool results, images, privacy), the tool
+// specs and the output schema (Format), each field length-prefixed. Two
+// calls with the same full hash sent the model the same prompt; the same
 // template hash, the same instructions. A provider's own additions
 // (Ollama's tool instruction for a model without native tool calling)
-// are not part of either.
+// are not part of either. It reads the request once, without encoding
+// it as JSON: a run hashes its whole, growing, context at every step.
 func PromptHashes(req ChatRequest) (template, full string) {
 	if len(req.Messages) > 0 && req.Messages[0].Role == RoleSystem {
 		sum := sha256.Sum256([]byte(req.Messages[0].Content))
 		template = hex.EncodeToString(sum[:8])
 	}
-	h := sha256.New()
-	// Encoding to a hash cannot fail but for values JSON cannot hold,
-	// which these types do not have.
-	_ = json.NewEncoder(h).Encode(struct {
-		Messages []Message       `json:"messages"`
-		Tools    any             `json:"tools,omitempty"`
-		Format   json.RawMessage `json:"format,omitempty"`
-	}{req.Messages, req.Tools, req.Format})
-	return template, hex.EncodeToString(h.Sum(nil)[:8])
+	w := hashWriter{h: sha256.New(), buf: make([]byte, 0, 4096)}
+	w.uint(uint64(len(req.Messages)))
+	for _, m := range req.Messages {
+		w.str(string(m.Role))
+		w.str(m.Content)
+		w.uint(uint64(len(m.ToolCalls)))
+		for _, c := range m.ToolCalls {
+			w.str(c.ID)
+			w.str(c.Name)
+			w.str(string(c.Arguments))
+		}
+		w.str(m.ToolCallID)
+		w.str(m.ToolName)
+		w.uint(uint64(len(m.Images)))
+		for _, img := range m.Images {
+			w.str(string(img))
+		}
+		if m.Private {
+			w.uint(1)
+		} else {
+			w.uint(0)
+		}
+	}
+	w.uint(uint64(len(req.Tools)))
+	for _, t := range req.Tools {
+		w.str(t.Name)
+		w.str(t.Version)
+		w.str(t.Description)
+		w.str(string(t.InputSchema))
+		w.str(string(t.OutputSchema))
+		w.str(string(t.SideEffects))
+	}
+	w.str(string(req.Format))
+	return template, hex.EncodeToString(w.sum()[:8])
+}
+
+// hashWriter feeds a hash through a buffer, so that the many short
+// fields of a request cost few calls to the hash.
+type hashWriter struct {
+	h   hash.Hash
+	buf []byte
+}
+
+func (w *hashWriter) uint(n uint64) {
+	w.buf = binary.AppendUvarint(w.buf, n)
+	w.flush(false)
+}
+
+func (w *hashWriter) str(s string) {
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(s)))
+	if len(s) > cap(w.buf)-len(w.buf) {
+		w.flush(true)
+		w.h.Write([]byte(s))
+		return
+	}
+	w.buf = append(w.buf, s...)
+	w.flush(false)
+}
+
+// flush writes the buffer to the hash when it is nearly full, or now.
+func (w *hashWriter) flush(now bool) {
+	if now || len(w.buf) > cap(w.buf)-64 {
+		w.h.Write(w.buf)
+		w.buf = w.buf[:0]
+	}
+}
+
+func (w *hashWriter) sum() []byte {
+	w.flush(true)
+	return w.h.Sum(nil)
 }

@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -50,5 +51,21 @@ func TestPromptHashes(t *testing.T) {
 	}
 	if gt, _ := models.PromptHashes(models.ChatRequest{Messages: []models.Message{{Role: models.RoleUser, Content: "hi"}}}); gt != "" {
 		t.Errorf("template hash of a request without a system prompt = %q, want none", gt)
+	}
+}
+
+// BenchmarkPromptHashes hashes the context of an agent run's 50th step
+// (100 messages), which every model call of a run's trace does.
+func BenchmarkPromptHashes(b *testing.B) {
+	req := models.ChatRequest{Messages: []models.Message{{Role: models.RoleSystem, Content: "You are an agent running inside keel."}, {Role: models.RoleUser, Content: "count to fifty"}}}
+	for i := range 50 {
+		id := "call_" + strconv.Itoa(i)
+		req.Messages = append(req.Messages, models.Message{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: id, Name: "next", Arguments: json.RawMessage(`{"n":1}`)}}},
+			models.Message{Role: models.RoleTool, ToolCallID: id, ToolName: "next", Content: `{"n":2}`})
+	}
+	req.Tools = []keel.ToolSpec{{Name: "next", Description: "next number", InputSchema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)}}
+	b.ReportAllocs()
+	for b.Loop() {
+		models.PromptHashes(req)
 	}
 }
