@@ -42,7 +42,9 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/bench/internal/tentools"
+	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
 func main() {
@@ -164,7 +166,7 @@ func measure(bin, dir string, want int, idle, window time.Duration) (sample, err
 	}
 	s.ready = time.Since(start)
 	if err := callAll(ctx, c, dir); err != nil {
-		return s, err
+		return s, fmt.Errorf("%w\nthe daemon's log:\n%s", err, logs.String())
 	}
 	if s.busyRSS, s.peakRSS, err = rss(pid); err != nil {
 		return s, err
@@ -251,6 +253,13 @@ func callAll(ctx context.Context, c *client.Client, dir string) error {
 	tools, err := c.ListTools(ctx)
 	if err != nil {
 		return err
+	}
+	// A data dir seeded by hand has no grants; give readfile the one the
+	// daemon gives it on a first start (granting an equal set again is a
+	// no-op).
+	ro := capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: filepath.Join(dir, "workspace"), GuestPath: "/workspace", ReadOnly: true}}}
+	if _, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "readfile", Grants: ro}); err != nil {
+		return fmt.Errorf("grant readfile: %w", err)
 	}
 	for _, t := range tools {
 		var in string
