@@ -344,6 +344,53 @@ func TestRunWithRealOllama(t *testing.T) {
 	}
 }
 
+// TestPlanWithRealOllama runs `keel run --plan` against the real Ollama
+// with the completion-only tiny model: the planner's output schema, sent
+// as is, crashed Ollama's runner three times and failed the run. The plan
+// may be nonsense; the run must end (succeeded, or failed with a clear
+// reason) and no model call may have crashed the runner.
+func TestPlanWithRealOllama(t *testing.T) {
+	if os.Getenv("OLLAMA_HOST") == "" {
+		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
+	}
+	d := startDaemon(t, daemon.Config{})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "Write a short story about a dog, then give it a title.",
+		Model: envOr("KEEL_TEST_OLLAMA_MODEL", "keel-tiny"), Kind: keel.KindPlan, MaxSteps: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := follow(t, c, run.ID)
+	detail, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("plan run: %s %q after %v", detail.Run.Status, detail.Run.Error, evTypes(evs))
+	if !detail.Run.Status.Terminal() {
+		t.Fatalf("run = %s, want an end", detail.Run.Status)
+	}
+	if detail.Run.Status == keel.RunFailed && detail.Run.Error == "" {
+		t.Errorf("the run failed without a reason")
+	}
+	var calls int
+	for _, s := range detail.Spans {
+		if s.Kind != keel.SpanModelCall {
+			continue
+		}
+		calls++
+		if strings.Contains(s.Error, string(models.KindCrashed)) || strings.Contains(s.Error, string(models.KindOverloaded)) {
+			t.Errorf("model span %s: %s; the runner must not crash", s.Name, s.Error)
+		}
+	}
+	if calls == 0 {
+		t.Errorf("no planner call was made")
+	}
+	if strings.Contains(detail.Run.Error, string(models.KindCrashed)) || strings.Contains(detail.Run.Error, string(models.KindOverloaded)) {
+		t.Errorf("run error %q: the runner crashed", detail.Run.Error)
+	}
+}
+
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v

@@ -377,3 +377,78 @@ func TestRealStructured(t *testing.T) {
 		t.Errorf("the schema was not sent as Ollama's format (no constrained decoding)")
 	}
 }
+
+// TestRealPlannerSchema sends the planner's kind of output schema (an
+// 8 KiB maxLength, an id pattern, 32-item arrays of objects), which as
+// is crashed Ollama's runner, through models.Structured: the runner must
+// not crash, and the outcome is a schema-valid value or a clear
+// invalid_output after the repairs.
+func TestRealPlannerSchema(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: p}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const schema = `{"type":"object","additionalProperties":false,"required":["steps"],"properties":{"steps":{
+		"type":"array","minItems":1,"maxItems":32,"items":{"type":"object","additionalProperties":false,"required":["id","goal"],"properties":{
+			"id":{"type":"string","pattern":"^[A-Za-z0-9_-]{1,64}$"},
+			"goal":{"type":"string","minLength":1,"maxLength":8192},
+			"tools":{"type":"array","uniqueItems":true,"items":{"type":"string","enum":["wordcount","fetch"]}},
+			"depends_on":{"type":"array","uniqueItems":true,"items":{"type":"string"}},
+			"retries":{"type":"integer","minimum":0,"maximum":5}}}}}}`
+	req := models.ChatRequest{Model: tiny, MaxTokens: 128, Messages: []models.Message{
+		{Role: models.RoleSystem, Content: "You plan. Reply with only the JSON plan."},
+		{Role: models.RoleUser, Content: "Goal: count the words of a story."}}}
+	res, err := models.Structured(t.Context(), r, req, json.RawMessage(schema), 2)
+	switch k := models.KindOf(err); {
+	case err == nil:
+		t.Logf("plan: %s", res.Value)
+	case k == models.KindInvalidOutput:
+		t.Logf("no valid plan after %d replies (a tiny model): %v", len(res.Attempts), err)
+	default:
+		t.Fatalf("Structured(planner schema) = %v (kind %s), want a plan or invalid_output", err, k)
+	}
+	f, _ := json.Marshal(rec.last(t)["format"])
+	if strings.Contains(string(f), "8192") || strings.Contains(string(f), "pattern") {
+		t.Errorf("format sent = %s, want it without the big maxLength and the pattern", f)
+	}
+	if _, err := p.Chat(t.Context(), models.ChatRequest{Model: tiny, Messages: []models.Message{{Role: models.RoleUser, Content: "Hi."}}, MaxTokens: 8}, nil); err != nil {
+		t.Fatalf("Chat after the planner schema = %v", err)
+	}
+}
+
+// TestRealPromptNeverCut: a prompt the byte estimate says fits but the
+// tiny model's tokenizer counts over num_ctx is refused by Ollama
+// (context_too_long), never answered from its cut tail; after that the
+// provider counts such prompts right and refuses them before sending,
+// and every reply it does get counts at most num_ctx prompt tokens.
+func TestRealPromptNeverCut(t *testing.T) {
+	p, rec, tiny, _ := realOllama(t)
+	story := strings.Repeat("Once upon a time, Lily found a big red ball in the park. ", 100) // 5.7 KB
+	req := models.ChatRequest{Model: tiny, MaxTokens: 16, Messages: []models.Message{{Role: models.RoleUser, Content: story}}}
+	if est := models.EstimateTokens(req.Messages, nil); est+16 >= 2048 {
+		t.Fatalf("the story is %d tokens by the estimate; the test needs one that looks as if it fits", est)
+	}
+	resp, err := p.Chat(t.Context(), req, nil)
+	if !errors.Is(err, models.ErrContextTooLong) {
+		t.Fatalf("Chat(story over num_ctx by the model's count) = %+v, %v; want ErrContextTooLong (Ollama would cut it)", resp.Usage, err)
+	}
+	rec.mu.Lock()
+	sent := len(rec.chats)
+	rec.mu.Unlock()
+	if _, err := p.Chat(t.Context(), req, nil); !errors.Is(err, models.ErrContextTooLong) {
+		t.Fatalf("Chat(the same story again) = %v, want ErrContextTooLong", err)
+	}
+	rec.mu.Lock()
+	if len(rec.chats) != sent {
+		t.Errorf("the story known not to fit was sent again")
+	}
+	rec.mu.Unlock()
+	// A third of it fits, and Ollama counts it under num_ctx.
+	req.Messages[0].Content = story[:len(story)/3]
+	resp, err = p.Chat(t.Context(), req, nil)
+	if err != nil || resp.Usage.PromptTokens <= 0 || resp.Usage.PromptTokens > 2048 {
+		t.Fatalf("Chat(a third of the story) = %+v, %v; want a reply counting at most 2048 prompt tokens", resp.Usage, err)
+	}
+	t.Logf("a third of the story: %d bytes, %d estimated, %d counted", len(req.Messages[0].Content), models.EstimateTokens(req.Messages, nil), resp.Usage.PromptTokens)
+}
