@@ -37,7 +37,7 @@ func (f *forcedTools) Chat(ctx context.Context, req models.ChatRequest, onDelta 
 	if f.n++; f.n <= f.steps {
 		resp.Message.Content = ""
 		resp.Message.ToolCalls = []keel.ToolCall{{ID: fmt.Sprintf("forced%d", f.n), Name: "dump",
-			Arguments: json.RawMessage(fmt.Sprintf(`{"n":600,"tag":"R%d"}`, f.n))}}
+			Arguments: json.RawMessage(fmt.Sprintf(`{"n":900,"tag":"R%d"}`, f.n))}}
 	}
 	return resp, err
 }
@@ -52,21 +52,24 @@ func TestRealOllamaContextFit(t *testing.T) {
 	if host == "" {
 		t.Skip("OLLAMA_HOST is unset; start a test server with ../shared/ollama/start")
 	}
-	for _, model := range []string{cmp.Or(os.Getenv("KEEL_TEST_OLLAMA_MODEL"), "keel-tiny"), cmp.Or(os.Getenv("KEEL_TEST_OLLAMA_TOOLS_MODEL"), "keel-tiny-tools")} {
+	// The completion-only model: its tool instruction is a large part of
+	// the prompt that keel's estimate does not see. (The tools model takes
+	// minutes more on a busy machine and shares the path.)
+	for _, model := range []string{cmp.Or(os.Getenv("KEEL_TEST_OLLAMA_MODEL"), "keel-tiny")} {
 		t.Run(model, func(t *testing.T) {
 			p, err := ollama.New(ollama.Config{Host: host})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { p.Close() })
-			r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: p}}})
+			r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: p, DefaultMaxTokens: 24}}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			st, eng := fitHarness(t, &forcedTools{Model: r, steps: 8})
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			st, eng := fitHarness(t, &forcedTools{Model: r, steps: 4})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			run, err := eng.Start(ctx, engine.StartRequest{Goal: "Dump some text eight times, then say what you saw.", Model: model, MaxSteps: 12})
+			run, err := eng.Start(ctx, engine.StartRequest{Goal: "Dump some text four times, then say what you saw.", Model: model, MaxSteps: 12})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,8 +104,8 @@ func TestRealOllamaContextFit(t *testing.T) {
 					t.Errorf("step %d: Ollama counted %d prompt tokens; want some, under num_ctx 2048 (2048 is a cut prompt)", sp.Step, sp.PromptTokens)
 				}
 			}
-			if calls < 9 {
-				t.Errorf("%d model calls served, want at least 9 (8 forced steps and the answer)", calls)
+			if calls < 5 {
+				t.Errorf("%d model calls served, want at least 5 (4 forced steps and the answer)", calls)
 			}
 		})
 	}

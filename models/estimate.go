@@ -34,86 +34,115 @@ func EstimateTokens(msgs []Message, tools []keel.ToolSpec) int {
 	return n
 }
 
-// Bounds of a Calibration's ratio.
-const (
-	minRatio = 1
-	maxRatio = 16
-)
+// calibWindow is how many recent observations a Calibration keeps per
+// model.
+const calibWindow = 16
+
+// maxSlope bounds a Calibration's tokens per estimated token.
+const maxSlope = 16
 
 // Calibration corrects EstimateTokens per model with the prompt token
-// counts a provider reports (Ollama's prompt_eval_count): it keeps the
-// ratio of reported to estimated tokens, which rises at once to a higher
-// observation and falls halfway toward a lower one, and is never below 1
-// (the raw estimate errs high for the usual tokenizers, and the checks
-// that use it stay consistent with a calibrated one). A tiny model's
-// tokenizer can need twice the estimate: without calibration its prompts
-// look as if they fit when they do not.
+// counts a provider reports (Ollama's prompt_eval_count). It fits the
+// model's count as base + slope × estimate over the last 16 calls: the
+// slope is how the model's tokenizer compares with the estimate (a tiny
+// model's counts JSON at about a token a byte), the base what the
+// provider adds that the estimate does not see (a template, a tool
+// instruction). The fit errs high: the slope is at least 1 and the base
+// puts every observation on or under the line. With one observation the
+// slope is taken as 1; a count the provider refused as over its context
+// (Exceeded) is recorded as one just over it.
 //
 // The zero value is ready to use; a nil *Calibration estimates raw. It is
 // safe for concurrent use.
 type Calibration struct {
-	mu    sync.Mutex
-	ratio map[string]float64
+	mu  sync.Mutex
+	obs map[string][]calibPoint
 }
 
-// Ratio returns the model's reported-to-estimated token ratio: 1 until
-// something was observed.
-func (c *Calibration) Ratio(model string) float64 {
+type calibPoint struct{ est, got float64 }
+
+// line returns the model's fit; ok is false when nothing was observed.
+func (c *Calibration) line(model string) (base, slope float64, ok bool) {
 	if c == nil {
-		return 1
+		return 0, 1, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r, ok := c.ratio[model]; ok {
-		return r
+	ps := c.obs[model]
+	if len(ps) == 0 {
+		return 0, 1, false
 	}
-	return 1
+	slope = 1
+	if len(ps) > 1 {
+		var me, mg float64
+		for _, p := range ps {
+			me, mg = me+p.est, mg+p.got
+		}
+		me, mg = me/float64(len(ps)), mg/float64(len(ps))
+		var cov, v float64
+		for _, p := range ps {
+			cov += (p.est - me) * (p.got - mg)
+			v += (p.est - me) * (p.est - me)
+		}
+		if v > 0 {
+			slope = min(maxSlope, max(1, cov/v))
+		}
+	}
+	base = math.Inf(-1)
+	for _, p := range ps {
+		base = max(base, p.got-slope*p.est)
+	}
+	return base, slope, true
+}
+
+// Ratio returns the model's tokens per estimated token (the fit's
+// slope): 1 until something was observed.
+func (c *Calibration) Ratio(model string) float64 {
+	_, slope, _ := c.line(model)
+	return slope
 }
 
 // Tokens returns the calibrated count of a prompt EstimateTokens puts at
-// estimated tokens for model, rounded up.
+// estimated tokens for model, rounded up; never less than estimated.
 func (c *Calibration) Tokens(model string, estimated int) int {
-	return int(math.Ceil(float64(estimated) * c.Ratio(model)))
+	base, slope, ok := c.line(model)
+	if !ok {
+		return estimated
+	}
+	return max(estimated, int(math.Ceil(base+slope*float64(estimated))))
 }
 
 // Observe records that a prompt estimated at estimated tokens was
 // reported as reported tokens by model's provider. Counts of 0 are
 // ignored (a provider that reports nothing).
 func (c *Calibration) Observe(model string, estimated, reported int) {
-	if c == nil || estimated <= 0 || reported <= 0 {
+	if estimated <= 0 || reported <= 0 {
 		return
 	}
-	obs := float64(reported) / float64(estimated)
-	c.set(model, func(old float64) float64 {
-		if obs >= old {
-			return obs
-		}
-		return (old + obs) / 2
-	})
+	c.add(model, calibPoint{float64(estimated), float64(reported)})
 }
 
 // Exceeded records that a prompt estimated at estimated tokens was
-// refused as longer than limit tokens: the ratio rises so that it
-// would have been counted over the limit, with a tenth to spare, and by
-// at least a quarter.
+// refused as longer than limit tokens: it counts as a twentieth over.
 func (c *Calibration) Exceeded(model string, estimated, limit int) {
-	if c == nil || estimated <= 0 {
+	if estimated <= 0 {
 		return
 	}
-	c.set(model, func(old float64) float64 {
-		return max(old*1.25, float64(limit+1)/float64(estimated)*1.1)
-	})
+	c.add(model, calibPoint{float64(estimated), math.Ceil(float64(limit+1) * 1.05)})
 }
 
-func (c *Calibration) set(model string, next func(old float64) float64) {
+func (c *Calibration) add(model string, p calibPoint) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ratio == nil {
-		c.ratio = map[string]float64{}
+	if c.obs == nil {
+		c.obs = map[string][]calibPoint{}
 	}
-	old, ok := c.ratio[model]
-	if !ok {
-		old = 1
+	ps := append(c.obs[model], p)
+	if len(ps) > calibWindow {
+		ps = ps[len(ps)-calibWindow:]
 	}
-	c.ratio[model] = min(maxRatio, max(minRatio, next(old)))
+	c.obs[model] = ps
 }

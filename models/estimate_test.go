@@ -12,23 +12,26 @@ func TestCalibration(t *testing.T) {
 	if got := c.Tokens("m", 100); got != 100 {
 		t.Errorf("Tokens before any observation = %d, want 100", got)
 	}
-	c.Observe("m", 100, 230) // the model counts 2.3 times the estimate
-	if got := c.Tokens("m", 100); got != 230 {
-		t.Errorf("Tokens after 230/100 = %d, want 230", got)
+	c.Observe("m", 100, 600) // a big fixed overhead: slope 1, base 500
+	if got := c.Tokens("m", 300); got != 800 {
+		t.Errorf("Tokens(300) after 100->600 = %d, want 800", got)
+	}
+	c.Observe("m", 300, 1100) // 2.5 tokens per estimated token, on a base of 350
+	if got, want := c.Tokens("m", 500), 1600; got != want {
+		t.Errorf("Tokens(500) after 100->600, 300->1100 = %d, want %d", got, want)
+	}
+	if got := c.Ratio("m"); math.Abs(got-2.5) > 1e-9 {
+		t.Errorf("Ratio = %v, want 2.5", got)
 	}
 	if got := c.Tokens("other", 100); got != 100 {
 		t.Errorf("Tokens of another model = %d, want 100", got)
 	}
-	c.Observe("m", 100, 130) // lower: halfway down
-	if got := c.Ratio("m"); math.Abs(got-1.8) > 1e-9 {
-		t.Errorf("Ratio after 2.3 then 1.3 = %v, want 1.8", got)
-	}
-	c.Observe("m", 100, 10) // never below 1
-	c.Observe("m", 100, 10)
-	c.Observe("m", 100, 10)
-	c.Observe("m", 100, 10)
-	if got := c.Ratio("m"); got < 1 {
-		t.Errorf("Ratio after low observations = %v, want at least 1", got)
+	// The fit errs high: every observation is on or under it.
+	c.Observe("m", 200, 1000)
+	for _, p := range [][2]int{{100, 600}, {300, 1100}, {200, 1000}} {
+		if got := c.Tokens("m", p[0]); got < p[1] {
+			t.Errorf("Tokens(%d) = %d, under the observed %d", p[0], got, p[1])
+		}
 	}
 	c.Observe("m", 100, 0) // nothing reported: ignored
 	c.Exceeded("n", 1000, 2048)
@@ -36,6 +39,7 @@ func TestCalibration(t *testing.T) {
 		t.Errorf("Tokens after a refusal at 2048 = %d, want over 2048", got)
 	}
 	var nilc *Calibration
+	nilc.Observe("m", 1, 2)
 	if got := nilc.Tokens("m", 7); got != 7 {
 		t.Errorf("nil Calibration Tokens = %d, want 7", got)
 	}
