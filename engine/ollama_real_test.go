@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"sync"
 	"testing"
@@ -57,11 +58,15 @@ func TestRealOllamaContextFit(t *testing.T) {
 	// minutes more on a busy machine and shares the path.)
 	for _, model := range []string{cmp.Or(os.Getenv("KEEL_TEST_OLLAMA_MODEL"), "keel-tiny")} {
 		t.Run(model, func(t *testing.T) {
-			p, err := ollama.New(ollama.Config{Host: host})
+			hc := &http.Client{Transport: &http.Transport{}}
+			p, err := ollama.New(ollama.Config{Host: host, HTTPClient: hc})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { p.Close() })
+			t.Cleanup(func() {
+				p.Close()
+				hc.CloseIdleConnections() // not a leak, but the package's goleak check would say so
+			})
 			r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: p, DefaultMaxTokens: 24}}})
 			if err != nil {
 				t.Fatal(err)
