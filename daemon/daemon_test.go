@@ -353,7 +353,12 @@ func TestPlanWithRealOllama(t *testing.T) {
 	if os.Getenv("OLLAMA_HOST") == "" {
 		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
 	}
-	d := startDaemon(t, daemon.Config{})
+	// Short replies keep the test quick on a busy machine.
+	dir := noTools(t)
+	if err := os.WriteFile(filepath.Join(dir, daemon.ModelsConfigFile), []byte(`{"ollama":{"default_max_tokens":64}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, daemon.Config{DataDir: dir})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "Write a short story about a dog, then give it a title.",
