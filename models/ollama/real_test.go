@@ -396,7 +396,7 @@ func TestRealPlannerSchema(t *testing.T) {
 			"tools":{"type":"array","uniqueItems":true,"items":{"type":"string","enum":["wordcount","fetch"]}},
 			"depends_on":{"type":"array","uniqueItems":true,"items":{"type":"string"}},
 			"retries":{"type":"integer","minimum":0,"maximum":5}}}}}}`
-	req := models.ChatRequest{Model: tiny, MaxTokens: 128, Messages: []models.Message{
+	req := models.ChatRequest{Model: tiny, MaxTokens: 64, Messages: []models.Message{
 		{Role: models.RoleSystem, Content: "You plan. Reply with only the JSON plan."},
 		{Role: models.RoleUser, Content: "Goal: count the words of a story."}}}
 	res, err := models.Structured(t.Context(), r, req, json.RawMessage(schema), 2)
