@@ -16,7 +16,16 @@
 // Ollama v0.17.4 can hang for good when a client disconnects mid-stream.
 // Close ends those background readers; the composition root calls it.
 //
-// Errors wrap models.ErrUnavailable (Ollama unreachable or failing),
-// models.ErrModelNotFound (not pulled) or models.ErrInvalidRequest
-// (refused as malformed), with a message that says what to do.
+// Prompts are never cut: requests set truncate and shift false, so a
+// prompt longer than num_ctx fails with models.ErrContextTooLong, and
+// prompt sizes are calibrated per model with the prompt_eval_count of
+// each reply (models.Calibration). Output schemas reach Ollama's grammar
+// cut down to what it handles (grammarSchema); the caller validates the
+// full schema.
+//
+// Errors wrap models.ErrUnavailable (Ollama unreachable or failing; a
+// model runner that died is models.KindCrashed, not retried),
+// models.ErrModelNotFound (not pulled), models.ErrContextTooLong or
+// models.ErrInvalidRequest (refused as malformed), with a message that
+// says what to do.
 package ollama
