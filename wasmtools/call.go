@@ -70,6 +70,11 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: "the tool runtime is closed"}
 	}
 	defer r.calls.Done()
+	compiled, terr := r.acquire(ctx, t)
+	if terr != nil {
+		return nil, terr
+	}
+	defer r.unuse(t) // after the instance is back in the pool
 
 	late := "" // the time limit's message, made only if needed (see failure)
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.cfg.CallTimeout {
@@ -87,9 +92,9 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	if t.pool == nil {
 		var mc wazero.ModuleConfig
 		mc, disk = r.instanceConfig(t)
-		o = r.run(ctx, t.compiled, mc, input)
+		o = r.run(ctx, compiled, mc, input)
 	} else {
-		if inst, o = r.callReactor(ctx, t, input); inst != nil {
+		if inst, o = r.callReactor(ctx, t, compiled, input); inst != nil {
 			disk = inst.disk
 		}
 	}
@@ -207,7 +212,7 @@ func armInterrupt(ctx context.Context, g api.MutableGlobal) (disarm func() bool)
 // callReactor runs one call on an instance of a reactor tool: an idle one
 // from the pool, or a new one. It returns the instance, nil if it could
 // not be started, for the caller to put back or close.
-func (r *Registry) callReactor(ctx context.Context, t *tool, input []byte) (*instance, outcome) {
+func (r *Registry) callReactor(ctx context.Context, t *tool, compiled wazero.CompiledModule, input []byte) (*instance, outcome) {
 	var inst *instance
 	if !t.fresh {
 		inst = t.pool.get()
@@ -216,7 +221,7 @@ func (r *Registry) callReactor(ctx context.Context, t *tool, input []byte) (*ins
 		t.pool.instantiations.Add(1)
 		var o outcome
 		mc, disk := r.instanceConfig(t)
-		if inst, o = r.instantiate(ctx, t.compiled, mc); inst == nil {
+		if inst, o = r.instantiate(ctx, compiled, mc); inst == nil {
 			return nil, o
 		}
 		inst.disk = disk

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,19 +103,21 @@ type pool struct {
 	timer   *time.Timer   // nil until first armed
 	armed   bool
 	closed  bool // set when the tool is retired or the registry closes
+	// reclaim hands released memory back to the OS (Registry.reclaim).
+	reclaim func()
 	// instantiations counts every instance created for calls, for tests
 	// and statistics.
 	instantiations atomic.Int64
 }
 
-func newPool(max int, timeout time.Duration) *pool {
+func newPool(max int, timeout time.Duration, reclaim func()) *pool {
 	if max <= 0 {
 		max = 2 * runtime.GOMAXPROCS(0)
 	}
 	if timeout == 0 {
 		timeout = DefaultIdleInstanceTimeout
 	}
-	return &pool{max: max, timeout: timeout}
+	return &pool{max: max, timeout: timeout, reclaim: reclaim}
 }
 
 func (p *pool) get() *instance {
@@ -191,13 +192,23 @@ func (p *pool) sweep() {
 	}
 	if len(old) > 0 {
 		// The instances' memory is garbage now, but the Go runtime would
-		// hand it back to the OS only slowly: without this, the daemon's
-		// idle RSS did not drop at all (bench/footprint). It costs a
-		// collection, at most once per pool per timeout.
-		debug.FreeOSMemory()
+		// hand it back to the OS only slowly.
+		p.reclaim()
 	}
 	if testHookSweep != nil {
 		testHookSweep(p)
+	}
+}
+
+// drain closes the idle instances, leaving the pool open; the tool's
+// unload calls it when no call holds an instance.
+func (p *pool) drain(ctx context.Context) {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, inst := range idle {
+		inst.close(ctx)
 	}
 }
 

@@ -120,8 +120,20 @@ type Config struct {
 	// that pays a new instance. Default 30s; negative keeps idle
 	// instances until the tool is retired or the registry closed.
 	IdleInstanceTimeout time.Duration
+	// IdleToolTimeout is how long a loaded tool is kept without calls
+	// before its compiled module (tens of MiB for a Go tool) is released;
+	// the tool stays listed, granted and callable, and the next call
+	// loads the module again from CacheDir first (about 0.1 s for a Go
+	// tool). Default 5 minutes; negative keeps every tool loaded. Without
+	// a CacheDir tools are never unloaded, since loading one again would
+	// mean compiling it again.
+	IdleToolTimeout time.Duration
 	// Logger receives load problems and call outcomes. Default discards.
 	Logger *slog.Logger
+
+	// testHookUnload, set by tests, runs after each unload of an idle
+	// tool (see unloadIdle).
+	testHookUnload func(name string)
 }
 
 // Tool is one loaded tool.
@@ -169,6 +181,16 @@ type Registry struct {
 	mu     sync.Mutex
 	closed bool
 	calls  sync.WaitGroup
+
+	// toolTimeout is Config.IdleToolTimeout resolved: 0 when tools are
+	// never unloaded (see unload.go).
+	toolTimeout time.Duration
+	// reclaim's timer, which gathers the releases of idle memory into
+	// one debug.FreeOSMemory.
+	reclaimMu      sync.Mutex
+	reclaimTimer   *time.Timer
+	reclaimArmed   bool
+	reclaimStopped bool
 }
 
 // toolSet is an immutable snapshot of the loaded tools.
@@ -178,7 +200,9 @@ type toolSet struct {
 }
 
 // tool is a loaded tool, or one listed from the index while it loads
-// (pending). It is not changed after Open.
+// (pending). Only its compiled module and what tracks its use (under mu)
+// change after it is loaded: an idle tool gives the module up until its
+// next call (see unload.go).
 type tool struct {
 	info Tool
 	// pending marks a tool listed from the index and not loaded yet: it
@@ -188,9 +212,23 @@ type tool struct {
 	stamp    fileStamp
 	manifest []byte
 
+	// mu guards compiled and the fields after it up to loads. compiled
+	// is nil while the tool is unloaded (and for a pending tool); calls
+	// take it through acquire.
+	mu       sync.Mutex
 	compiled wazero.CompiledModule
-	input    *schema.Schema
-	output   *schema.Schema // nil: no output schema
+	refs     int          // calls holding compiled
+	waiters  int          // calls waiting for it to be loaded again
+	loading  *loadAttempt // non-nil while it is loaded again
+	lastUse  time.Time    // when refs last fell to 0
+	timer    *time.Timer  // the idle timer; nil until first armed
+	armed    bool
+	closed   bool // set by close: no timer, no loading again
+	// loads and unloads count the loads after an unload and the unloads.
+	loads, unloads int
+
+	input  *schema.Schema
+	output *schema.Schema // nil: no output schema
 	// module holds argv, clocks, randomness and the granted environment;
 	// each instance adds the mounts (instanceConfig), each call its own
 	// stdio.
@@ -238,6 +276,9 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	if cfg.MinFreeDiskBytes == 0 {
 		cfg.MinFreeDiskBytes = DefaultMinFreeDiskBytes
 	}
+	if cfg.IdleToolTimeout == 0 {
+		cfg.IdleToolTimeout = DefaultIdleToolTimeout
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -262,6 +303,9 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 			r.cache = cache
 			rc = rc.WithCompilationCache(cache)
 		}
+	}
+	if r.cache != nil && cfg.IdleToolTimeout > 0 {
+		r.toolTimeout = cfg.IdleToolTimeout
 	}
 	r.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.rt); err != nil {
@@ -586,7 +630,7 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		return nil, err
 	}
 	if reactor {
-		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout)
+		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout, r.reclaim)
 	}
 
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
@@ -624,6 +668,11 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
+	// Loaded and idle: a tool never called is unloaded too.
+	t.mu.Lock()
+	t.lastUse = time.Now()
+	r.armUnload(t, r.toolTimeout)
+	t.mu.Unlock()
 	return t, nil
 }
 
@@ -841,14 +890,21 @@ func baseModuleConfig() wazero.ModuleConfig {
 		WithRandSource(rand.Reader)
 }
 
-// close releases what load acquired; Registry.Close leaves the compiled
-// module to the runtime, which closes them all.
+// close releases what load acquired and stops the idle timer;
+// Registry.Close leaves the compiled module to the runtime, which closes
+// them all.
 func (t *tool) close(ctx context.Context, compiled bool) {
+	t.mu.Lock()
+	t.closed = true
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	if compiled && t.compiled != nil {
+		_ = t.compiled.Close(ctx)
+	}
+	t.mu.Unlock()
 	if t.pool != nil {
 		t.pool.close(ctx)
-	}
-	if compiled {
-		_ = t.compiled.Close(ctx)
 	}
 	for _, root := range t.roots {
 		_ = root.Close()
@@ -932,6 +988,7 @@ func (r *Registry) Close(ctx context.Context) error {
 	r.closed = true
 	r.mu.Unlock()
 	r.cancel()
+	r.stopReclaim()
 	released := make(chan error, 1)
 	go func() {
 		r.calls.Wait()
