@@ -120,8 +120,13 @@
 // (not WebAssembly, unknown imports, bad manifest, name mismatch) and
 // fails only when the configuration itself is unusable.
 //
-// A Registry is safe for concurrent use. Compiled modules are kept for
-// the registry's life; [Config.CacheDir] keeps compiled code on disk
-// between runs, which matters because a Go module takes seconds to
-// compile.
+// A Registry is safe for concurrent use. [Config.CacheDir] keeps
+// compiled code on disk between runs, which matters because a Go module
+// takes seconds to compile. With it, a tool not called for
+// [Config.IdleToolTimeout] releases its compiled module (tens of MiB for
+// a Go tool) and keeps only its description, manifest and grants, as a
+// tool listed before it has loaded; the next call loads the module
+// again from the cache, by the digest the tool was loaded with (see
+// unload.go). Listing, grants and Reload do not see the difference, and
+// a call never loses the module it runs on.
 package wasmtools

@@ -67,6 +67,10 @@ func TestToolUnloadsWhenIdle(t *testing.T) {
 				if got, _ := r.Tool(tt.tool); fmt.Sprint(got) != fmt.Sprint(before) {
 					t.Errorf("Tool(%s) while unloaded = %+v, want it as loaded: %+v", tt.tool, got, before)
 				}
+				// A rescan keeps the unloaded tool as it is.
+				if changed, err := r.Reload(context.Background()); err != nil || changed || r.set.Load().tools[tt.tool] != tl {
+					t.Errorf("Reload while unloaded = %v, %v; want the tool kept, unchanged", changed, err)
+				}
 				out, err := r.Call(context.Background(), tt.tool, json.RawMessage(tt.input))
 				if err != nil || !strings.Contains(string(out), tt.want) {
 					t.Fatalf("round %d: Call(%s) after an unload = %s, %v; want %s", round, tt.tool, out, err, tt.want)
