@@ -123,7 +123,7 @@ type Config struct {
 	// IdleToolTimeout is how long a loaded tool is kept without calls
 	// before its compiled module (tens of MiB for a Go tool) is released;
 	// the tool stays listed, granted and callable, and the next call
-	// loads the module again from CacheDir first (about 0.1 s for a Go
+	// loads the module again from CacheDir first (about 0.2 s for a Go
 	// tool). Default 5 minutes; negative keeps every tool loaded. Without
 	// a CacheDir tools are never unloaded, since loading one again would
 	// mean compiling it again.
