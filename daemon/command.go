@@ -48,6 +48,7 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.BoolVar(&cfg.ToolsAllowPrivateNetwork, "tools-allow-private-network", false, "let tools with network grants reach loopback and private addresses")
 	f.Int64Var(&cfg.ToolsWriteQuotaBytes, "tools-write-quota", 0, "bytes one tool call may write through each read-write grant (default 1 GiB; negative: no quota)")
 	f.Int64Var(&cfg.ToolsMinFreeDiskBytes, "tools-min-free-disk", 0, "free disk, in bytes, a tool's write must leave (default 1 GiB; negative: no floor)")
+	f.DurationVar(&cfg.ToolsIdleTimeout, "tools-idle-timeout", 0, "unload a tool's compiled code after this long without calls; the next call loads it from the cache (default 5m; negative: never)")
 	f.StringSliceVar(&approve, "require-approval", nil, "side-effect classes whose tool calls wait for your approval: non_idempotent_write, external, idempotent_write, read_only (comma-separated)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd

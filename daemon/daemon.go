@@ -66,6 +66,10 @@ type Config struct {
 	// must leave (wasmtools.Config.WriteQuotaBytes, MinFreeDiskBytes);
 	// 0: the defaults (1 GiB each), negative: no limit.
 	ToolsWriteQuotaBytes, ToolsMinFreeDiskBytes int64
+	// ToolsIdleTimeout is how long a tool's compiled code is kept without
+	// calls before it is unloaded (wasmtools.Config.IdleToolTimeout); 0:
+	// the default (5 minutes), negative: never.
+	ToolsIdleTimeout time.Duration
 	// RequireApproval lists side-effect classes (keel.SideEffect values)
 	// whose tool calls wait for a person's approval; empty: none.
 	RequireApproval []keel.SideEffect
@@ -163,6 +167,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
 		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
 		MinFreeDiskBytes:    cfg.ToolsMinFreeDiskBytes,
+		IdleToolTimeout:     cfg.ToolsIdleTimeout,
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
 		OnChange:   notifier.notify,

@@ -16,7 +16,6 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -426,12 +425,13 @@ func (r *Registry) loadAll(set *toolSet, q *loadQueue) (*toolSet, error) {
 	}
 	q.mu.Unlock()
 	q.workers.Wait()
-	if len(q.todo) > 0 {
+	if len(q.done) > 0 {
 		// Compiling a Go module takes hundreds of MiB of heap that is
 		// garbage once it is done; Go would hand it back to the system
 		// only slowly, and a daemon that idles all day should not keep
-		// its compile peak. One forced collection per load.
-		debug.FreeOSMemory()
+		// its compile peak. (q.todo is empty by now: the workers took
+		// every name from it.)
+		r.reclaim()
 	}
 	publish := q.publish != nil
 	if err := q.ctx.Err(); err != nil {

@@ -6,7 +6,7 @@
 // reads the kernel's own accounting of that process (/proc/PID/status
 // VmRSS and VmHWM, /proc/PID/stat utime+stime). Linux only.
 //
-// Four starts, one run each:
+// Six starts, one run each:
 //
 //  1. cold, 4 tools: a fresh data dir; the daemon installs and compiles
 //     its 4 bundled tools. Peak RSS (VmHWM) is over the whole compile.
@@ -17,7 +17,10 @@
 //     binary, and so its compiled code, different); peak RSS over the
 //     compile of all 10.
 //  4. warm, 10 tools: a restart of that data dir. (4 - 2) / 6 is the
-//     cost of one more idle installed tool.
+//     cost of one more idle installed tool while tools stay loaded.
+//  5. and 6. the restarts of 2 and 4 again, with --tools-idle-timeout
+//     10s: idle tools unload their compiled code, as they do after the
+//     default 5 minutes.
 //
 // Each start calls every tool that can run once, then idles.
 // Every start idles: on a cold start its idle RSS shows whether the
@@ -58,6 +61,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// unloadAfter is the --tools-idle-timeout of the unloading restarts.
+const unloadAfter = 10 * time.Second
 
 // targets are issue 13's, in MiB.
 const (
@@ -110,11 +116,27 @@ func run(idle, window time.Duration) error {
 	}
 	report("restart, 10 tools, each called once, idle", warm10)
 
+	// The same restarts with tools unloaded after unloadAfter idle (the
+	// default is 5 minutes, longer than this benchmark idles).
+	unload := "--tools-idle-timeout=" + unloadAfter.String()
+	un4, err := measure(bin, four, 4, idle, window, unload)
+	if err != nil {
+		return fmt.Errorf("restart, 4 tools, unloading: %w", err)
+	}
+	report(fmt.Sprintf("restart, 4 bundled tools, each called once, idle, tools unloaded after %s", unloadAfter), un4)
+	un10, err := measure(bin, ten, 10, idle, window, unload)
+	if err != nil {
+		return fmt.Errorf("restart, 10 tools, unloading: %w", err)
+	}
+	report(fmt.Sprintf("restart, 10 tools, each called once, idle, tools unloaded after %s", unloadAfter), un10)
+
 	per := (warm10.idleRSS - warm4.idleRSS) / 6
+	perUn := (un10.idleRSS - un4.idleRSS) / 6
 	fmt.Println()
 	fmt.Printf("idle RSS, 4 tools warm:       %6.1f MiB (target ≤ %d)\n", mib(warm4.idleRSS), targetIdle4)
 	fmt.Printf("idle RSS after a cold start:  %6.1f MiB (4 tools), %.1f MiB (10 tools)\n", mib(cold4.idleRSS), mib(cold10.idleRSS))
-	fmt.Printf("per additional idle tool:     %6.1f MiB (target ≤ %d)\n", mib(per), targetPerTool)
+	fmt.Printf("idle RSS, 4 tools unloaded:   %6.1f MiB\n", mib(un4.idleRSS))
+	fmt.Printf("per additional idle tool:     %6.1f MiB kept loaded, %.1f MiB unloaded (target ≤ %d)\n", mib(per), mib(perUn), targetPerTool)
 	fmt.Printf("peak RSS, cold compile of 10: %6.1f MiB (target ≤ %d)\n", mib(cold10.peakRSS), targetPeak10)
 	fmt.Printf("idle CPU, 4 tools:            %6.4f of a core over %s\n", warm4.idleCPU, window)
 	fmt.Printf("idle CPU, 10 tools:           %6.4f of a core over %s\n", warm10.idleCPU, window)
@@ -140,10 +162,11 @@ type sample struct {
 
 // measure starts the daemon on dir, waits until its want tools are all
 // loaded, calls each runnable tool once, idles, and stops it.
-func measure(bin, dir string, want int, idle, window time.Duration) (sample, error) {
+func measure(bin, dir string, want int, idle, window time.Duration, flags ...string) (sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "daemon", "--data-dir", dir, "--addr", "127.0.0.1:0", "--ollama-host", "127.0.0.1:1")
+	args := append([]string{"daemon", "--data-dir", dir, "--addr", "127.0.0.1:0", "--ollama-host", "127.0.0.1:1"}, flags...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
