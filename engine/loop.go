@@ -29,7 +29,7 @@ type created struct {
 // event that says so.
 func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	e.openTrace(ctx, run)
-	defer e.closeTrace(run.ID)
+	defer e.closeTrace(ctx, run.ID)
 	if run.KindOrAgent() != keel.KindAgent {
 		e.flow(ctx, run)
 		return

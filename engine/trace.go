@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"strconv"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/models"
@@ -23,9 +24,9 @@ import (
 // calls and a step span per attempt of a plan step, which is the parent
 // of that attempt's sub-agent's root span (in the sub-agent's trace).
 //
-// The root's ID is derived from the run's ID, and a plan step's from
-// its sub-agent's, so both are known again after a restart without a
-// read. A run's loop keeps its root and current step span in e.traces;
+// The root's ID is derived from the run's ID, a model step's from the
+// run's ID and the step, and a plan step's from its sub-agent's, so all
+// are known again after a restart without a read. A run's loop keeps its root and current step span in e.traces;
 // every span it starts takes the step span, or else the root, for
 // parent (newSpan). When the run resumes, its root is started again
 // (the store replaces the row: it is running again, from the run's
@@ -38,11 +39,24 @@ import (
 type runTrace struct {
 	root keel.Span
 	step keel.Span // the open step span; ID "" between steps
+	// stored is whether step has been written. A step span is written
+	// once, finished, when its step ends (the common case: a step span
+	// started before the step's commit and finished after it would cost
+	// the writer an update of a row it just inserted, at every step), or
+	// as running when the loop leaves it open (a wait, a pause) or the
+	// run resumes in it.
+	stored bool
 }
 
 // rootSpanID is the ID of run id's root span.
 func rootSpanID(id keel.RunID) string {
 	return derivedSpanID("run\x00" + string(id))
+}
+
+// stepSpanID is the ID of the span of model step step of agent run id:
+// known again when the run resumes, whether or not the span was written.
+func stepSpanID(id keel.RunID, step int) string {
+	return derivedSpanID("step\x00" + string(id) + "\x00" + strconv.Itoa(step))
 }
 
 // planStepSpanID is the ID of the step span, in the trace of plan or DAG
@@ -84,32 +98,41 @@ func (e *Engine) openTrace(ctx context.Context, run keel.Run) {
 	e.mu.Unlock()
 }
 
-// closeTrace forgets the trace of run id's loop, which returns; spans
-// still open stay so (the run waits or paused) or were closed by
-// endTrace.
-func (e *Engine) closeTrace(id keel.RunID) {
+// closeTrace forgets the trace of run id's loop, which returns. Spans
+// still open stay so (the run waits or paused): a step span not written
+// yet is written, running.
+func (e *Engine) closeTrace(ctx context.Context, id keel.RunID) {
 	e.mu.Lock()
+	t := e.traces[id]
 	delete(e.traces, id)
 	e.mu.Unlock()
+	if t != nil && t.step.ID != "" && !t.stored {
+		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), t.step); err != nil {
+			e.log.Warn("start a step span", "run", id, "err", err)
+		}
+	}
 }
 
 // beginStep opens the span of an agent run's model step: sp when it is
 // the stored span of the step the run resumes in (started again), else a
-// new one.
+// new one, written when it ends (see runTrace.stored).
 func (e *Engine) beginStep(ctx context.Context, id keel.RunID, step int, sp *keel.Span) {
 	var s keel.Span
+	stored := sp != nil && sp.Status != ""
 	if sp != nil {
 		s = *sp
 		s.Status, s.Error, s.Duration = keel.SpanRunning, "", 0
 	} else {
-		s = e.newSpan(id, keel.SpanStep, "step", step)
+		s = keel.Span{ID: stepSpanID(id, step), RunID: id, ParentID: rootSpanID(id), Kind: keel.SpanStep, Name: "step", Step: step, Start: e.cfg.Now()}
 	}
-	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), s); err != nil {
-		e.log.Warn("start a step span", "run", id, "err", err)
+	if stored {
+		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), s); err != nil {
+			e.log.Warn("start a step span", "run", id, "err", err)
+		}
 	}
 	e.mu.Lock()
 	if t := e.traces[id]; t != nil {
-		t.step = s
+		t.step, t.stored = s, stored
 	}
 	e.mu.Unlock()
 }
@@ -118,34 +141,59 @@ func (e *Engine) beginStep(ctx context.Context, id keel.RunID, step int, sp *kee
 func (e *Engine) endStep(ctx context.Context, id keel.RunID) {
 	e.mu.Lock()
 	var s keel.Span
+	stored := false
 	if t := e.traces[id]; t != nil {
-		s, t.step = t.step, keel.Span{}
+		s, stored, t.step = t.step, t.stored, keel.Span{}
 	}
 	e.mu.Unlock()
 	if s.ID == "" {
 		return
 	}
 	s.Status, s.Duration = keel.SpanOK, max(0, e.cfg.Now().Sub(s.Start))
-	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), s); err != nil {
-		e.log.Warn("finish a step span", "run", id, "err", err)
+	e.finishStep(ctx, s, stored)
+}
+
+// finishStep writes the end of step span s: its update, or the whole
+// span when it was not written yet.
+func (e *Engine) finishStep(ctx context.Context, s keel.Span, stored bool) {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if !stored {
+		open := s
+		open.Status, open.Error, open.Duration = keel.SpanRunning, "", 0
+		err = e.cfg.Store.StartSpan(ctx, open)
+	}
+	if err == nil {
+		err = e.cfg.Store.FinishSpan(ctx, s)
+	}
+	if err != nil {
+		e.log.Warn("finish a step span", "run", s.RunID, "err", err)
 	}
 }
 
-// resumedStep returns the stored span of model step step of run id,
-// the step a resumed run goes on with; nil when the trace has none (it
-// was lost in a crash, or the run predates step spans).
+// resumedStep returns the span of model step step of run id, the step a
+// resumed run goes on with: as stored, or, when it was never written (a
+// crash cut the step), made again with the ID its spans name and the
+// start of the first of them (Status ""); nil when the step has no span
+// and no spans.
 func (e *Engine) resumedStep(ctx context.Context, id keel.RunID, step int) *keel.Span {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
 		e.log.Warn("read the trace to resume", "run", id, "err", err)
 		return nil
 	}
+	want := stepSpanID(id, step)
+	var made *keel.Span
 	for i := len(spans) - 1; i >= 0; i-- {
-		if sp := spans[i]; sp.Kind == keel.SpanStep && sp.Step == step {
+		sp := spans[i]
+		switch {
+		case sp.ID == want:
 			return &sp
+		case sp.ParentID == want:
+			made = &keel.Span{ID: want, RunID: id, ParentID: rootSpanID(id), Kind: keel.SpanStep, Name: "step", Step: step, Start: sp.Start}
 		}
 	}
-	return nil
+	return made
 }
 
 // endTrace closes the root and open step span of run id when upd moves
@@ -169,9 +217,10 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 	e.mu.Lock()
 	t := e.traces[id]
 	var open []keel.Span
+	stepStored := false
 	if t != nil {
 		open = []keel.Span{t.step, t.root}
-		t.step = keel.Span{}
+		stepStored, t.step = t.stored, keel.Span{}
 	}
 	e.mu.Unlock()
 	if t == nil {
@@ -192,6 +241,10 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 		sp.Status, sp.Error, sp.Duration = status, why, max(0, now.Sub(sp.Start))
 		if sp.Kind != keel.SpanRun && sp.Kind != keel.SpanStep {
 			sp.Status = keel.SpanError // a wait or call the run's end cut off
+		}
+		if t != nil && sp.Kind == keel.SpanStep {
+			e.finishStep(ctx, sp, stepStored)
+			continue
 		}
 		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {
 			e.log.Warn("close a span", "run", id, "span", sp.ID, "err", err)
