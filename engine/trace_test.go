@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
@@ -238,6 +239,41 @@ func TestTraceOfDAGRun(t *testing.T) {
 			if sp.Kind == keel.SpanRun && sp.ParentID != step.ID {
 				t.Errorf("root span of %s has parent %q, want the parent's step span %s", child, sp.ParentID, step.ID)
 			}
+		}
+	}
+}
+
+// TestTraceStepLostInACrash: a crash lost the span of the step the run
+// was in (it is written when the step ends) but not the model call's
+// under it; the resumed run writes the step span with the ID its
+// children name, so the trace is one tree again.
+func TestTraceStepLostInACrash(t *testing.T) {
+	p := scripted.New(nil, scripted.Answer("done"))
+	st, eng, _ := resumeHarness(t, p)
+	ctx := context.Background()
+	id := keel.RunID("run_cut")
+	interrupted(t, st, id, keel.ToolCall{ID: "c1", Name: "echo", Arguments: json.RawMessage(`{"text":"x"}`)}, true)
+	model := keel.Span{ID: "span_model", RunID: id, ParentID: engine.StepSpanID(id, 1), Kind: keel.SpanModelCall, Name: "scripted", Step: 1, Start: time.Now()}
+	if err := st.StartSpan(ctx, model); err != nil {
+		t.Fatal(err)
+	}
+	model.Status = keel.SpanOK
+	if err := st.FinishSpan(ctx, model); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := eng.Resume(ctx); err != nil || n != 1 {
+		t.Fatalf("Resume = %d, %v; want 1", n, err)
+	}
+	if got := waitRun(t, eng, st, id); got.Status != keel.RunSucceeded {
+		t.Fatalf("resumed run = %s (%s), want succeeded", got.Status, got.Error)
+	}
+	spans := spansOf(t, st, id)
+	if got, want := traceTree(t, spans), "run/ok(step/ok(model.call/ok tool.call/ok) step/ok(model.call/ok))"; got != want {
+		t.Errorf("trace = %s, want %s", got, want)
+	}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanStep && sp.Step == 1 && !sp.Start.Equal(model.Start) {
+			t.Errorf("step 1 starts at %v, want with its first span, %v", sp.Start, model.Start)
 		}
 	}
 }
