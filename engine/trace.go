@@ -102,14 +102,26 @@ func (e *Engine) openTrace(ctx context.Context, run keel.Run) {
 // still open stay so (the run waits or paused): a step span not written
 // yet is written, running.
 func (e *Engine) closeTrace(ctx context.Context, id keel.RunID) {
+	e.storeOpenStep(ctx, id)
 	e.mu.Lock()
-	t := e.traces[id]
 	delete(e.traces, id)
 	e.mu.Unlock()
-	if t != nil && t.step.ID != "" && !t.stored {
-		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), t.step); err != nil {
-			e.log.Warn("start a step span", "run", id, "err", err)
-		}
+}
+
+// storeOpenStep writes run id's open step span, running, unless it is
+// written already: the run stops in the step (it waits, or pauses).
+func (e *Engine) storeOpenStep(ctx context.Context, id keel.RunID) {
+	e.mu.Lock()
+	var s keel.Span
+	if t := e.traces[id]; t != nil && t.step.ID != "" && !t.stored {
+		s, t.stored = t.step, true
+	}
+	e.mu.Unlock()
+	if s.ID == "" {
+		return
+	}
+	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), s); err != nil {
+		e.log.Warn("start a step span", "run", id, "err", err)
 	}
 }
 
@@ -202,6 +214,10 @@ func (e *Engine) resumedStep(ctx context.Context, id keel.RunID, step int) *keel
 // while waiting, paused or interrupted) has every span still open in its
 // trace closed.
 func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdate) {
+	if upd != nil && (upd.Status == keel.RunWaiting || upd.Status == keel.RunPaused) {
+		e.storeOpenStep(ctx, id) // to commit with the wait
+		return
+	}
 	if upd == nil || !upd.Status.Terminal() && upd.Status != keel.RunInterrupted {
 		return
 	}
