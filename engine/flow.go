@@ -1075,7 +1075,7 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 	}
 	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
 	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
-	modelCallInfo(&sp, req, resp)
+	e.modelCallInfo(run.ID, &sp, req, resp)
 	if resp.Model != "" && resp.Model != sp.Name {
 		sp.Name = resp.Model
 	}

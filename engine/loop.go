@@ -265,7 +265,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	}
 	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
 	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
-	modelCallInfo(&sp, req, resp)
+	e.modelCallInfo(run.ID, &sp, req, resp)
 	if resp.Model != "" && resp.Model != sp.Name {
 		sp.Name = resp.Model // the model a route chose
 	}

@@ -46,6 +46,9 @@ type runTrace struct {
 	// as running when the loop leaves it open (a wait, a pause) or the
 	// run resumes in it.
 	stored bool
+	// hasher hashes the prompts of the run's model calls, each only
+	// what its conversation added; used by the loop's goroutine alone.
+	hasher models.PromptHasher
 }
 
 // rootSpanID is the ID of run id's root span.
@@ -268,11 +271,19 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 	}
 }
 
-// modelCallInfo records on a model call's span what served it: the
-// model's digest and the hashes of the prompt it was sent.
-func modelCallInfo(sp *keel.Span, req models.ChatRequest, resp models.ChatResponse) {
+// modelCallInfo records on a model call's span of run id what served
+// it: the model's digest and the hashes of the prompt it was sent. It
+// is called by the run's loop goroutine.
+func (e *Engine) modelCallInfo(id keel.RunID, sp *keel.Span, req models.ChatRequest, resp models.ChatResponse) {
 	sp.ModelDigest = resp.ModelDigest
-	sp.TemplateHash, sp.PromptHash = models.PromptHashes(req)
+	e.mu.Lock()
+	t := e.traces[id]
+	e.mu.Unlock()
+	if t == nil {
+		sp.TemplateHash, sp.PromptHash = models.PromptHashes(req)
+		return
+	}
+	sp.TemplateHash, sp.PromptHash = t.hasher.Hashes(req)
 }
 
 // planStepAttrs is the attributes of a plan step's span: the sub-agent

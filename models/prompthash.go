@@ -19,13 +19,39 @@ import (
 // are not part of either. It reads the request once, without encoding
 // it as JSON: a run hashes its whole, growing, context at every step.
 func PromptHashes(req ChatRequest) (template, full string) {
+	var p PromptHasher
+	return p.Hashes(req)
+}
+
+// PromptHasher computes PromptHashes for the requests of one
+// conversation, which grows at every step: it hashes only the messages
+// added since its last call when the ones before are unchanged, and all
+// of them again otherwise (older steps summarized, another conversation).
+// It keeps a copy of each message it hashed, sharing their contents:
+// callers must not change a request's messages in place. The zero value
+// is ready to use; a PromptHasher is not safe for concurrent use.
+type PromptHasher struct {
+	msgs  []Message   // the messages hashed into state
+	state hash.Cloner // sha256 of msgs
+	buf   []byte      // reused by hashWriter
+}
+
+// Hashes returns PromptHashes(req).
+func (p *PromptHasher) Hashes(req ChatRequest) (template, full string) {
 	if len(req.Messages) > 0 && req.Messages[0].Role == RoleSystem {
 		sum := sha256.Sum256([]byte(req.Messages[0].Content))
 		template = hex.EncodeToString(sum[:8])
 	}
-	w := hashWriter{h: sha256.New(), buf: make([]byte, 0, 4096)}
-	w.uint(uint64(len(req.Messages)))
-	for _, m := range req.Messages {
+	n := len(p.msgs)
+	if p.state == nil || n > len(req.Messages) || !sameMessages(p.msgs, req.Messages[:n]) {
+		p.state, p.msgs, n = sha256.New().(hash.Cloner), p.msgs[:0], 0
+	}
+	if p.buf == nil {
+		p.buf = make([]byte, 0, 4096)
+	}
+	w := hashWriter{h: p.state, buf: p.buf[:0]}
+	for _, m := range req.Messages[n:] {
+		w.uint(1) // a message follows
 		w.str(string(m.Role))
 		w.str(m.Content)
 		w.uint(uint64(len(m.ToolCalls)))
@@ -46,6 +72,14 @@ func PromptHashes(req ChatRequest) (template, full string) {
 			w.uint(0)
 		}
 	}
+	w.flush(true)
+	p.msgs = append(p.msgs, req.Messages[n:]...)
+	rest, err := p.state.Clone()
+	if err != nil { // sha256 clones without fail
+		rest = sha256.New().(hash.Cloner)
+	}
+	w = hashWriter{h: rest, buf: w.buf[:0]}
+	w.uint(0) // no more messages
 	w.uint(uint64(len(req.Tools)))
 	for _, t := range req.Tools {
 		w.str(t.Name)
@@ -57,6 +91,31 @@ func PromptHashes(req ChatRequest) (template, full string) {
 	}
 	w.str(string(req.Format))
 	return template, hex.EncodeToString(w.sum()[:8])
+}
+
+// sameMessages reports whether a and b hold the same messages. Strings
+// that share their bytes compare at once, so a conversation's unchanged
+// prefix costs little to check.
+func sameMessages(a, b []Message) bool {
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.Role != y.Role || x.Content != y.Content || x.ToolCallID != y.ToolCallID || x.ToolName != y.ToolName || x.Private != y.Private ||
+			len(x.ToolCalls) != len(y.ToolCalls) || len(x.Images) != len(y.Images) {
+			return false
+		}
+		for j := range x.ToolCalls {
+			c, d := x.ToolCalls[j], y.ToolCalls[j]
+			if c.ID != d.ID || c.Name != d.Name || string(c.Arguments) != string(d.Arguments) {
+				return false
+			}
+		}
+		for j := range x.Images {
+			if string(x.Images[j]) != string(y.Images[j]) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // hashWriter feeds a hash through a buffer, so that the many short

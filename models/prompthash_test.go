@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -67,5 +68,52 @@ func BenchmarkPromptHashes(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		models.PromptHashes(req)
+	}
+}
+
+// TestPromptHasher: hashing a growing conversation step by step gives
+// what PromptHashes gives for each request, also when an earlier
+// message changed (a summary replaced older steps) or was changed in a
+// copy.
+func TestPromptHasher(t *testing.T) {
+	var h models.PromptHasher
+	msgs := []models.Message{{Role: models.RoleSystem, Content: "You are an agent."}, {Role: models.RoleUser, Content: "goal"}}
+	check := func(name string, req models.ChatRequest) {
+		t.Helper()
+		gt, gf := h.Hashes(req)
+		wt, wf := models.PromptHashes(req)
+		if gt != wt || gf != wf {
+			t.Errorf("%s: PromptHasher.Hashes = %q, %q; PromptHashes = %q, %q", name, gt, gf, wt, wf)
+		}
+	}
+	tools := []keel.ToolSpec{{Name: "echo", InputSchema: json.RawMessage(`{}`)}}
+	for i := range 5 {
+		check("step "+strconv.Itoa(i), models.ChatRequest{Messages: msgs, Tools: tools})
+		msgs = append(msgs, models.Message{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: "c" + strconv.Itoa(i), Name: "echo", Arguments: json.RawMessage(`{"n":1}`)}}},
+			models.Message{Role: models.RoleTool, ToolCallID: "c" + strconv.Itoa(i), Content: "ok"})
+	}
+	summarized := append([]models.Message{msgs[0], {Role: models.RoleUser, Content: "summary"}}, msgs[6:]...)
+	check("summarized", models.ChatRequest{Messages: summarized, Tools: tools})
+	edited := slices.Clone(summarized)
+	edited[2].ToolCalls = []keel.ToolCall{{ID: edited[2].ToolCalls[0].ID, Name: "echo", Arguments: json.RawMessage(`{"n":2}`)}}
+	check("an argument edited in a copy", models.ChatRequest{Messages: edited, Tools: tools})
+	check("shorter", models.ChatRequest{Messages: msgs[:2]})
+}
+
+// BenchmarkPromptHasher hashes the 50 model calls of a run of 50
+// steps, each sent the conversation so far: a run's whole cost.
+func BenchmarkPromptHasher(b *testing.B) {
+	msgs := []models.Message{{Role: models.RoleSystem, Content: "You are an agent running inside keel."}, {Role: models.RoleUser, Content: "count to fifty"}}
+	for i := range 50 {
+		id := "call_" + strconv.Itoa(i)
+		msgs = append(msgs, models.Message{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: id, Name: "next", Arguments: json.RawMessage(`{"n":1}`)}}},
+			models.Message{Role: models.RoleTool, ToolCallID: id, ToolName: "next", Content: `{"n":2}`})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var h models.PromptHasher
+		for step := range 50 {
+			h.Hashes(models.ChatRequest{Messages: msgs[:2+2*step]})
+		}
 	}
 }
