@@ -99,18 +99,22 @@ type ToolDecl struct {
 	Name        string `json:"name"`
 	Version     string `json:"version,omitempty"`
 	SideEffects string `json:"side_effects"`
-	SHA256      string `json:"sha256,omitempty"`
+	SHA256      string `json:"sha256,omitempty"` // of the .wasm file
+	// GrantDigest is what grants are bound to: SHA256, or a digest over it
+	// and the sidecar manifest when the tool has one.
+	GrantDigest string `json:"grant_digest,omitempty"`
 	Grants      Grants `json:"grants"`
 	// PendingGrants is set when the tool's name was granted something
-	// while it was another module: see PendingGrants.
+	// while it was another module or manifest: see PendingGrants.
 	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
 }
 
 // PendingGrants are grants the user gave an earlier module of a tool's
-// name. Grants belong to a module (the SHA-256 of its file): a module of
+// name. Grants belong to a module and its manifest (the grant digest: the
+// SHA-256 of its file, covering its sidecar manifest if any): a tool of
 // another digest gets none of them until the user confirms.
 type PendingGrants struct {
-	SHA256 string `json:"sha256"` // the module they were given to
+	SHA256 string `json:"sha256"` // the grant digest they were given to
 	Grants Grants `json:"grants"`
 }
 

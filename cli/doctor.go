@@ -69,7 +69,7 @@ func doctorCmd() *cobra.Command {
 			}
 			for _, t := range env.Tools {
 				fmt.Fprintf(out, "  %-12s %-8s %-20s grants: %s\n", t.Name, t.Version, t.SideEffects, grantsLine(t.Grants))
-				describePending(out, "    ", t.Name, t.SHA256, t.PendingGrants)
+				describePending(out, "    ", t.Name, t.GrantDigest, t.PendingGrants)
 			}
 			if !healthy {
 				return &exitError{code: ExitFailure}

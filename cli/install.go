@@ -104,14 +104,16 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 
 // grantsLine renders grants on one line, for people: "none" when empty.
 // describePending tells the user that a tool was replaced and what it
-// takes to give the new module the grants the old one had.
-func describePending(w io.Writer, prefix, name, sum string, p *capabilities.PendingGrants) {
+// takes to give the new module the grants the old one had. digest is the
+// tool's grant digest (its module's sha256, covering its sidecar manifest
+// if any).
+func describePending(w io.Writer, prefix, name, digest string, p *capabilities.PendingGrants) {
 	if p == nil {
 		return
 	}
-	fmt.Fprintf(w, "%sreplaced: this module (sha256 %s) has none of the grants given to sha256 %s:\n", prefix, sum, p.SHA256)
+	fmt.Fprintf(w, "%sreplaced: this module and manifest (grant digest %s) have none of the grants given to %s:\n", prefix, digest, p.SHA256)
 	describeGrants(w, prefix+"  ", p.Grants)
-	fmt.Fprintf(w, "%sto give it them: keel tools grant %s --confirm %s\n", prefix, name, sum)
+	fmt.Fprintf(w, "%sto give it them: keel tools grant %s --confirm %s\n", prefix, name, digest)
 }
 
 func grantsLine(g capabilities.Grants) string {
@@ -283,12 +285,13 @@ func grantCmd() *cobra.Command {
 		Use:   "grant NAME [SPEC...]",
 		Short: "Grant an installed tool more of what it requests",
 		Long: "Grant an installed tool more of what it requests.\n\n" +
-			"Grants belong to a module: when a tool's file is replaced by one of another sha256, the new module\n" +
-			"gets none of them until you confirm, with --confirm and the new module's sha256 (`keel tools list` shows it).\n\n" + grantHelp,
+			"Grants belong to a module and its manifest: when a tool's file or its sidecar NAME.manifest.json is\n" +
+			"replaced, giving it another grant digest, the new tool gets none of them until you confirm, with\n" +
+			"--confirm and the new grant digest (`keel tools list` shows it; without a sidecar it is the module's sha256).\n\n" + grantHelp,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if confirm == "" && len(args) < 2 {
-				return &exitError{code: ExitUsage, err: fmt.Errorf("name what to grant, or confirm pending grants with --confirm SHA256")}
+				return &exitError{code: ExitUsage, err: fmt.Errorf("name what to grant, or confirm pending grants with --confirm GRANT_DIGEST")}
 			}
 			g, err := parseGrants(args[1:], true)
 			if err != nil {
@@ -316,7 +319,7 @@ func grantCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
-	cmd.Flags().StringVar(&confirm, "confirm", "", "give the installed module, of this sha256, the grants its name had before it was replaced")
+	cmd.Flags().StringVar(&confirm, "confirm", "", "give the installed tool, of this grant digest, the grants its name had before it was replaced")
 	return cmd
 }
 

@@ -71,7 +71,7 @@ func toolsCmd() *cobra.Command {
 						fmt.Fprintln(out, "  requested but not granted (calls needing it fail):")
 						describeGrants(out, "    ", missing)
 					}
-					describePending(out, "  ", t.Name, t.SHA256, t.PendingGrants)
+					describePending(out, "  ", t.Name, t.GrantDigest, t.PendingGrants)
 					fmt.Fprintf(out, "  input:  %s\n", compact(t.InputSchema))
 					if len(t.OutputSchema) > 0 {
 						fmt.Fprintf(out, "  output: %s\n", compact(t.OutputSchema))

@@ -115,7 +115,7 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 	env.Providers = []capabilities.ProviderDecl{pd}
 	for _, t := range b.reg.Tools() {
 		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
-			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, Grants: t.Grants,
+			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, GrantDigest: t.GrantDigest, Grants: t.Grants,
 			PendingGrants: b.mgr.grants.withPending(toolInfo(t)).PendingGrants})
 	}
 	if loaded, total, ready := b.reg.Progress(); !ready {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
@@ -20,6 +21,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
 )
 
 // withCustomSection returns the module bin with a custom section
@@ -243,5 +245,135 @@ func TestToolsWriteQuota(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(out, "big.txt")); err == nil && fi.Size() > 16 {
 		t.Errorf("big.txt has %d bytes, over the quota", fi.Size())
+	}
+}
+
+// TestGrantsCoverSidecar: grants belong to a module and its sidecar
+// manifest. A new sidecar beside the same writefile module (relabelled
+// read_only, which would dodge approval) gets none of its grants until
+// the user confirms its grant digest; grants stored bound to the module's
+// digest alone, before the digest covered the sidecar, are bound to the
+// installed module and sidecar at the next start.
+func TestGrantsCoverSidecar(t *testing.T) {
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	keelCLI := func(args ...string) (string, int) {
+		var out bytes.Buffer
+		code := cli.Main(ctx, append(args, "--data-dir", d.dir), &out, &out)
+		return out.String(), code
+	}
+	toolFile := filepath.Join(d.dir, "tools", "writefile.wasm")
+	orig, err := os.ReadFile(toolFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	origSum := hexSHA256(orig)
+	info := waitDigest(t, c, "writefile", origSum)
+	out := t.TempDir()
+	write := func(file string) error {
+		_, err := c.CallTool(ctx, "writefile", json.RawMessage(`{"path":"`+file+`","content":"x"}`))
+		return err
+	}
+	written := func(file string) bool {
+		_, err := os.Stat(filepath.Join(out, file))
+		return err == nil
+	}
+	// putSidecar writes writefile's own manifest as a sidecar, with
+	// another description and side_effects, and waits until it is loaded.
+	putSidecar := func(desc string, effects keel.SideEffect) (protocol.ToolInfo, []byte) {
+		t.Helper()
+		m := map[string]any{
+			"name": "writefile", "version": info.Version, "description": desc,
+			"input_schema": info.InputSchema, "side_effects": effects,
+			"requests": map[string]any{"fs": []map[string]any{{"guest_path": "/workspace", "read_only": false}}},
+		}
+		if len(info.OutputSchema) > 0 {
+			m["output_schema"] = info.OutputSchema
+		}
+		side, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(d.dir, "tools", "writefile.manifest.json")
+		if err := os.WriteFile(file+".tmp", side, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if got := toolInfo(t, c, "writefile"); got.Description == desc && !got.Compiling {
+				return got, side
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("writefile never loaded the sidecar describing it as %q", desc)
+			}
+		}
+	}
+
+	first, side := putSidecar("writes a file (first sidecar)", keel.SideEffectIdempotentWrite)
+	if want := wasmtools.GrantDigest(origSum, side); first.SHA256 != origSum || first.GrantDigest != want {
+		t.Errorf("with a sidecar: sha256 %s, grant digest %s; want %s, %s", first.SHA256, first.GrantDigest, origSum, want)
+	}
+	if s, code := keelCLI("tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s", code, s)
+	}
+	if err := write("a.txt"); err != nil || !written("a.txt") {
+		t.Fatalf("write with the grant: %v", err)
+	}
+
+	// Only the sidecar changes: the same module, relabelled read_only.
+	second, side := putSidecar("writes a file (second sidecar)", keel.SideEffectReadOnly)
+	if second.SHA256 != origSum {
+		t.Fatalf("module sha256 = %s after a new sidecar, want %s (unchanged)", second.SHA256, origSum)
+	}
+	if !second.Grants.Empty() {
+		t.Errorf("writefile with a new sidecar has grants %+v, want none", second.Grants)
+	}
+	if p := second.PendingGrants; p == nil || p.SHA256 != first.GrantDigest || len(p.Grants.FS) != 1 || p.Grants.FS[0].HostPath != out {
+		t.Errorf("pending grants = %+v, want fs:/workspace=%s given to %s", p, out, first.GrantDigest)
+	}
+	if err := write("b.txt"); err == nil || !strings.Contains(err.Error(), "permission_denied") || written("b.txt") {
+		t.Fatalf("write under a new sidecar = %v (file written: %v), want permission_denied and nothing written", err, written("b.txt"))
+	}
+	if want := wasmtools.GrantDigest(origSum, side); second.GrantDigest != want || want == first.GrantDigest || want == origSum {
+		t.Fatalf("grant digest with the second sidecar = %s, want %s (neither the first's %s nor the module's)", second.GrantDigest, want, first.GrantDigest)
+	}
+	if s, _ := keelCLI("tools", "list"); !strings.Contains(s, "--confirm "+second.GrantDigest) {
+		t.Errorf("keel tools list does not show how to confirm the new grant digest:\n%s", s)
+	}
+	if s, code := keelCLI("tools", "grant", "writefile", "--confirm", origSum); code == 0 {
+		t.Errorf("confirm naming the module's sha256, not the grant digest: code %d\n%s", code, s)
+	}
+	if s, code := keelCLI("tools", "grant", "writefile", "--confirm", second.GrantDigest); code != 0 || !strings.Contains(s, out) {
+		t.Fatalf("confirm: code %d\n%s", code, s)
+	}
+	if err := write("b.txt"); err != nil || !written("b.txt") {
+		t.Fatalf("write after confirming: %v", err)
+	}
+
+	// A row bound to the module's digest alone (store migration 011 marks
+	// it "wasm:") is bound to the module and sidecar installed at the next
+	// start.
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, filepath.Join(d.dir, "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := store.ToolGrant{SHA256: "wasm:" + origSum, Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: out, GuestPath: "/workspace"}}}}
+	if err := st.SetToolGrants(ctx, "writefile", old, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	d2 := startDaemon(t, daemon.Config{DataDir: d.dir, Provider: scripted.New(nil)})
+	c = dial(t, d2.dir)
+	if got := waitDigest(t, c, "writefile", origSum); got.GrantDigest != second.GrantDigest || got.PendingGrants != nil {
+		t.Errorf("after the restart: grant digest %s, pending %+v; want %s, none", got.GrantDigest, got.PendingGrants, second.GrantDigest)
+	}
+	if err := write("c.txt"); err != nil || !written("c.txt") {
+		t.Fatalf("write with a grant bound to the module alone before: %v", err)
 	}
 }

@@ -2,11 +2,8 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path"
@@ -67,43 +64,46 @@ func (g *grantTable) delete(name string) {
 	delete(g.m, name)
 }
 
-// bindLegacyGrants binds the grants stored before grants belonged to a
-// module (no digest) to the module installed under that name now, as the
-// user's grant was meant for it. A row whose tool file is gone stays
-// unbound: it applies to nothing, and installing the tool replaces it.
+// bindLegacyGrants binds the grants stored before they belonged to a
+// tool's grant digest (wasmtools.GrantDigest) to the tool installed under
+// that name now, as the user's grant was meant for it:
+//   - rows from before grants were bound to a module (no digest) are
+//     bound to the installed tool;
+//   - rows from before the digest covered the sidecar manifest ("wasm:"
+//     and the .wasm digest, marked once by store migration 011) are bound
+//     to the installed tool if its .wasm file still has that digest, its
+//     sidecar included; else they stay bound to that earlier module.
+//
+// A row whose tool file is gone stays unbound: it applies to nothing, and
+// installing the tool replaces it.
 func bindLegacyGrants(ctx context.Context, st *store.Store, toolsDir string, rows map[string]store.ToolGrant, log *slog.Logger) error {
 	for name, row := range rows {
-		if row.SHA256 != "" {
+		wasmSum, marked := strings.CutPrefix(row.SHA256, legacyWasmPrefix)
+		if row.SHA256 != "" && !marked {
 			continue
 		}
-		sum, err := fileSHA256(filepath.Join(toolsDir, name+".wasm"))
-		if err != nil {
+		sum, digest, err := wasmtools.FileDigests(filepath.Join(toolsDir, name+".wasm"))
+		switch {
+		case err != nil && !marked:
 			log.Warn("grants of a tool whose file is missing stay unbound; they apply to no module", "tool", name, "err", err)
 			continue
+		case marked && (err != nil || sum != wasmSum):
+			row.SHA256 = wasmSum // pending, for the module it was granted
+		default:
+			row.SHA256 = digest
 		}
-		row.SHA256 = sum
 		if err := st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
 			return err
 		}
 		rows[name] = row
-		log.Info("tool grants bound to the installed module", "tool", name, "sha256", sum)
+		log.Info("tool grants bound", "tool", name, "grant_digest", row.SHA256)
 	}
 	return nil
 }
 
-// fileSHA256 is the hex SHA-256 of a file, as wasmtools.Tool.SHA256.
-func fileSHA256(file string) (string, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
+// legacyWasmPrefix marks a stored grant bound to a .wasm file's digest
+// alone, from before the digest covered the sidecar manifest.
+const legacyWasmPrefix = "wasm:"
 
 // toolsNotifier fans tool changes out to subscribers (the IPC server).
 type toolsNotifier struct {
@@ -155,7 +155,7 @@ func installExamples(ctx context.Context, st *store.Store, toolsDir, workspace s
 	if err := builtin.Install(toolsDir); err != nil {
 		return err
 	}
-	sum, err := fileSHA256(filepath.Join(toolsDir, "readfile.wasm"))
+	_, sum, err := wasmtools.FileDigests(filepath.Join(toolsDir, "readfile.wasm"))
 	if err != nil {
 		return err
 	}
@@ -189,12 +189,12 @@ func (m *toolManager) info(ctx context.Context, name string) (protocol.ToolInfo,
 }
 
 func toolInfo(t wasmtools.Tool) protocol.ToolInfo {
-	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256, Compiling: t.Compiling}
+	return protocol.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256, GrantDigest: t.GrantDigest, Compiling: t.Compiling}
 }
 
 // withPending adds to info the grants its name holds for another module.
 func (g *grantTable) withPending(info protocol.ToolInfo) protocol.ToolInfo {
-	if row, ok := g.row(info.Name); ok && row.SHA256 != info.SHA256 && info.SHA256 != "" && !row.Grants.Empty() {
+	if row, ok := g.row(info.Name); ok && row.SHA256 != info.GrantDigest && info.GrantDigest != "" && !row.Grants.Empty() {
 		info.PendingGrants = &protocol.PendingGrants{SHA256: row.SHA256, Grants: row.Grants}
 	}
 	return info
@@ -242,7 +242,7 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	if old, ok := m.grants.row(name); ok && p.KeepGrants {
 		g = carryGrants(t.Requests, old.Grants).Add(g)
 	}
-	row := store.ToolGrant{SHA256: t.SHA256, Grants: g}
+	row := store.ToolGrant{SHA256: t.GrantDigest, Grants: g}
 	if err := m.st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
 		return protocol.ToolInfo{}, err
 	}
@@ -300,19 +300,19 @@ func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (p
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	next := m.grants.get(p.Name, info.SHA256)
+	next := m.grants.get(p.Name, info.GrantDigest)
 	switch {
-	case p.Confirm != "" && p.Confirm != info.SHA256:
-		return protocol.ToolInfo{}, fmt.Errorf("tool %s is now the module of sha256 %s, not %s: look at it again before confirming: %w", p.Name, info.SHA256, p.Confirm, keel.ErrConflict)
+	case p.Confirm != "" && p.Confirm != info.GrantDigest:
+		return protocol.ToolInfo{}, fmt.Errorf("tool %s now has grant digest %s, not %s: look at it again before confirming: %w", p.Name, info.GrantDigest, p.Confirm, keel.ErrConflict)
 	case p.Confirm != "" && info.PendingGrants == nil:
 		return protocol.ToolInfo{}, fmt.Errorf("tool %s has no grants pending confirmation: %w", p.Name, keel.ErrInvalid)
 	case p.Confirm != "":
 		next = carryGrants(info.Requests, info.PendingGrants.Grants)
 	case info.PendingGrants != nil:
-		return protocol.ToolInfo{}, fmt.Errorf("tool %s was replaced (sha256 %s, granted as %s): confirm its earlier grants with `keel tools grant %s --confirm %s`, or revoke them with `keel tools revoke %s --all`: %w",
-			p.Name, info.SHA256, info.PendingGrants.SHA256, p.Name, info.SHA256, p.Name, keel.ErrConflict)
+		return protocol.ToolInfo{}, fmt.Errorf("tool %s was replaced (grant digest %s, granted as %s): confirm its earlier grants with `keel tools grant %s --confirm %s`, or revoke them with `keel tools revoke %s --all`: %w",
+			p.Name, info.GrantDigest, info.PendingGrants.SHA256, p.Name, info.GrantDigest, p.Name, keel.ErrConflict)
 	}
-	return m.store(ctx, p.Name, store.ToolGrant{SHA256: info.SHA256, Grants: next.Add(add)})
+	return m.store(ctx, p.Name, store.ToolGrant{SHA256: info.GrantDigest, Grants: next.Add(add)})
 }
 
 // Revoke takes grants back. Entries are taken from the stored grants,
@@ -323,7 +323,7 @@ func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) 
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	next := store.ToolGrant{SHA256: info.SHA256}
+	next := store.ToolGrant{SHA256: info.GrantDigest}
 	if cur, ok := m.grants.row(p.Name); ok && !p.All {
 		next.SHA256 = cur.SHA256
 		next.Grants.FS = slices.DeleteFunc(slices.Clone(cur.Grants.FS), func(e capabilities.FSGrant) bool {

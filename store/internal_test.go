@@ -104,6 +104,54 @@ func TestMigrateEventsByNumber(t *testing.T) {
 	}
 }
 
+// TestMigrateGrantsCoverSidecar: migration 011 marks the grants bound to a
+// .wasm file's digest alone "wasm:", for the daemon to bind to the grant
+// digest, and leaves rows never bound (no digest) as they are.
+func TestMigrateGrantsCoverSidecar(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=foreign_keys(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, _ := migrations.ReadDir("migrations")
+	for n := 1; n <= 10; n++ {
+		for _, e := range names {
+			if strings.HasPrefix(e.Name(), fmt.Sprintf("%03d_", n)) {
+				body, _ := migrations.ReadFile("migrations/" + e.Name())
+				if _, err := db.ExecContext(ctx, string(body)); err != nil {
+					t.Fatalf("migration %s: %v", e.Name(), err)
+				}
+			}
+		}
+	}
+	if _, err := db.ExecContext(ctx, "PRAGMA user_version = 10"); err != nil {
+		t.Fatal(err)
+	}
+	for tool, sum := range map[string]string{"bound": "ab12", "unbound": ""} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO tool_grants (tool, sha256, grants, updated_at) VALUES (?, ?, '{}', 1)`, tool, sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rows, err := s.ToolGrants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rows["bound"].SHA256; got != "wasm:ab12" {
+		t.Errorf("row bound to ab12 = %q after migration 011, want wasm:ab12", got)
+	}
+	if got := rows["unbound"].SHA256; got != "" {
+		t.Errorf("row never bound = %q after migration 011, want empty", got)
+	}
+}
+
 // TestAppendAllUndoesItsInserts: an append whose later insert fails (here
 // a key another handle took, which keel never does) removes the events
 // its earlier inserts stored, so none of them is kept.

@@ -68,7 +68,14 @@
 // Grants come from [Config.GrantsFor] (or the fixed [Config.Grants]) and
 // nothing else: a tool without grants gets no directory, no environment
 // variable and no network. GrantsFor is asked with the tool's name and
-// the SHA-256 of its file, so grants can belong to one module. Each granted directory is mounted exactly as
+// its grant digest ([Tool.GrantDigest], [GrantDigest]), so grants can
+// belong to one module and manifest: the SHA-256 of its file when it has
+// no sidecar, else a SHA-256 over that digest and the sidecar's bytes. The
+// sidecar says what the tool is (its side effects, which decide approval)
+// and what it requests, so a new sidecar beside the same module is
+// another tool for grants; [Tool.SHA256] stays the file's own digest,
+// which the audit records and the compilation cache is keyed by. Each
+// granted directory is mounted exactly as
 // configured. Mounts go through os.Root, which keeps every path, and
 // every symbolic link, inside the granted host directory; wazero's own
 // directory mounts follow links out of the mount

@@ -2,8 +2,12 @@ package wasmtools
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,7 +16,7 @@ import (
 )
 
 // grantsFor returns what the configuration grants the tool name, whose
-// file has the hex SHA-256 sum, now.
+// GrantDigest is sum, now.
 func (r *Registry) grantsFor(name, sum string) capabilities.Grants {
 	if r.cfg.GrantsFor != nil {
 		return r.cfg.GrantsFor(name, sum)
@@ -100,4 +104,43 @@ func (r *Registry) RequestsNetwork(name string) bool {
 func (r *Registry) GrantedPrivate(name string) bool {
 	t, ok := r.set.Load().tools[name]
 	return ok && t.info.Grants.HasPrivate()
+}
+
+// GrantDigest is the identity a tool's grants are bound to: the hex
+// SHA-256 of its .wasm file, wasmSHA256, when it has no sidecar manifest
+// (sidecar nil); otherwise the hex SHA-256 of a domain tag, that digest
+// and the sidecar's bytes, so a sidecar dropped beside an unchanged
+// module (relabelling its side effects, requesting more) is another
+// identity that has none of the module's grants.
+func GrantDigest(wasmSHA256 string, sidecar []byte) string {
+	if sidecar == nil {
+		return wasmSHA256
+	}
+	h := sha256.New()
+	// The wasm digest has a fixed length, so the encoding is unambiguous.
+	io.WriteString(h, "keel grant digest v1\x00")
+	io.WriteString(h, wasmSHA256)
+	h.Write(sidecar)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// FileDigests returns, for the tool file NAME.wasm, the hex SHA-256 of
+// the file (Tool.SHA256) and its GrantDigest with the sidecar
+// NAME.manifest.json beside it, if any (Tool.GrantDigest). The error
+// wraps fs.ErrNotExist when the .wasm file is missing; a sidecar that
+// cannot be read is an error too, as it would not load.
+func FileDigests(file string) (sum, grantDigest string, err error) {
+	if sum, err = fileSHA256(file); err != nil {
+		return "", "", err
+	}
+	side, err := readSidecar(strings.TrimSuffix(file, ".wasm") + ".manifest.json")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		side = nil
+	case err != nil:
+		return "", "", err
+	case side == nil:
+		side = []byte{} // present but empty: still a sidecar
+	}
+	return sum, GrantDigest(sum, side), nil
 }

@@ -107,8 +107,12 @@ func (r *Registry) listed(name string) (*tool, bool) {
 	if err != nil || m.Name != name {
 		return nil, false
 	}
-	t := &tool{pending: true, info: describe(m, e.SHA256, file)}
-	t.info.Grants = configured(r.grantsFor(name, e.SHA256))
+	var sidecar []byte
+	if e.Sidecar {
+		sidecar = side
+	}
+	t := &tool{pending: true, info: describe(m, e.SHA256, sidecar, file)}
+	t.info.Grants = configured(r.grantsFor(name, t.info.GrantDigest))
 	t.info.Compiling = true
 	return t, true
 }
@@ -127,8 +131,9 @@ func configured(g capabilities.Grants) capabilities.Grants {
 }
 
 // describe is the public description of a tool from its manifest, the
-// hex sha256 of its file and the file's path.
-func describe(m *parsedManifest, sha256, file string) Tool {
+// hex sha256 of its file, its sidecar manifest (nil if none) and the
+// file's path.
+func describe(m *parsedManifest, sha256 string, sidecar []byte, file string) Tool {
 	abs, err := filepath.Abs(file)
 	if err != nil {
 		abs = file
@@ -142,8 +147,9 @@ func describe(m *parsedManifest, sha256, file string) Tool {
 			OutputSchema: m.OutputSchema,
 			SideEffects:  m.SideEffects,
 		},
-		Requests: m.Requests,
-		SHA256:   sha256,
-		Path:     abs,
+		Requests:    m.Requests,
+		SHA256:      sha256,
+		GrantDigest: GrantDigest(sha256, sidecar),
+		Path:        abs,
 	}
 }

@@ -65,12 +65,14 @@ type Config struct {
 	// environment.
 	Grants map[string]capabilities.Grants
 	// GrantsFor, when set, is asked for a tool's grants at every load and
-	// Reload instead of Grants, with the tool's name and the hex SHA-256
-	// of its .wasm file, so grants can be bound to one module (a file
-	// replaced by another gets what GrantsFor says of the new digest) and
-	// can change while the daemon runs: a tool whose grants changed is
-	// reloaded by the next Reload. It must be safe for concurrent use.
-	GrantsFor func(name, sha256 string) capabilities.Grants
+	// Reload instead of Grants, with the tool's name and its
+	// Tool.GrantDigest (the .wasm file's digest, covering the sidecar
+	// manifest when there is one), so grants can be bound to one module
+	// and manifest (a file or sidecar replaced by another gets what
+	// GrantsFor says of the new digest) and can change while the daemon
+	// runs: a tool whose grants changed is reloaded by the next Reload. It
+	// must be safe for concurrent use.
+	GrantsFor func(name, grantDigest string) capabilities.Grants
 	// AllowPrivateNetwork lets tools reach loopback, private and
 	// link-local addresses when granted. Default false: the daemon, Ollama
 	// and the rest of the local network are out of reach whatever a tool
@@ -141,7 +143,11 @@ type Tool struct {
 	Requests capabilities.Grants // what the manifest asked for
 	Grants   capabilities.Grants // what it was given
 	SHA256   string              // hex digest of the .wasm file
-	Path     string              // the .wasm file
+	// GrantDigest is what grants are bound to (Config.GrantsFor): SHA256
+	// when the tool has no sidecar manifest, else a digest over SHA256
+	// and the sidecar's bytes (see GrantDigest).
+	GrantDigest string
+	Path        string // the .wasm file
 	// Compiling is set for a tool listed, while the tools found at Open
 	// load in the background, from what the last start recorded of its
 	// unchanged file (see index.go): a call waits for it to load.
@@ -393,7 +399,7 @@ func (r *Registry) plan(ctx context.Context, entries []os.DirEntry, prev *toolSe
 		}
 		if prev != nil {
 			file := filepath.Join(r.cfg.Dir, e.Name())
-			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name, old.info.SHA256)) {
+			if old, ok := prev.tools[name]; ok && unchanged(old, file) && sameGrants(old.granted, r.grantsFor(name, old.info.GrantDigest)) {
 				set.tools[name] = old
 				continue
 			}
@@ -662,8 +668,8 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	t.input, t.output = m.input, m.output
 	t.fresh = m.Isolation == isolationFresh
 	t.manifest = data
-	t.info = describe(m, hex.EncodeToString(sum[:]), file)
-	t.granted = r.grantsFor(name, t.info.SHA256)
+	t.info = describe(m, hex.EncodeToString(sum[:]), t.sidecar, file)
+	t.granted = r.grantsFor(name, t.info.GrantDigest)
 	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)

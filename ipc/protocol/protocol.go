@@ -208,15 +208,21 @@ type ToolInfo struct {
 	keel.ToolSpec
 	Requests capabilities.Grants `json:"requests"`
 	Grants   capabilities.Grants `json:"grants"`
-	SHA256   string              `json:"sha256,omitempty"`
+	SHA256   string              `json:"sha256,omitempty"` // of the .wasm file
+	// GrantDigest is what the tool's grants are bound to: SHA256 when it
+	// has no sidecar manifest, else a digest over SHA256 and the
+	// sidecar's bytes, so a new sidecar beside the same module is another
+	// tool for grants.
+	GrantDigest string `json:"grant_digest,omitempty"`
 	// Compiling is set, while the daemon compiles the tools it found at
 	// start, for a tool listed from what the last start recorded of its
 	// unchanged file: a call of it waits until it has compiled.
 	Compiling bool `json:"compiling,omitempty"`
 	// PendingGrants is set when the user granted this tool's name
-	// something while it was another module (another SHA256): grants
-	// belong to a module, so this one has none of them until the user
-	// confirms them (tools.grant with confirm set to SHA256).
+	// something while it was another module or manifest (another
+	// GrantDigest): grants belong to a module and its manifest, so this
+	// one has none of them until the user confirms them (tools.grant with
+	// confirm set to GrantDigest).
 	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
 }
 
@@ -246,7 +252,7 @@ type ToolRef struct {
 }
 
 // ToolsGrantParams adds grants to an installed tool, bound to its
-// installed module. Confirm, set to the installed module's SHA256, also
+// installed module. Confirm, set to the installed tool's GrantDigest, also
 // carries its pending grants (ToolInfo.PendingGrants) to it; Grants may
 // then be empty.
 type ToolsGrantParams struct {
