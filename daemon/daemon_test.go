@@ -661,7 +661,9 @@ func TestToolsHotReload(t *testing.T) {
 
 	// A replacement that requests more than was granted gets none of the
 	// new request: readfile, granted the workspace, now also asks for an
-	// environment value through a sidecar manifest.
+	// environment value through a sidecar manifest. The sidecar is part of
+	// what grants are bound to, so the tool first has none of them (they
+	// are pending); confirmed, it gets the workspace back, not HOME.
 	if err := os.WriteFile(filepath.Join(d.dir, "workspace", "a.txt"), []byte("hi"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -686,14 +688,27 @@ func TestToolsHotReload(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.dir, "tools", "readfile.manifest.json"), manifest, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	var info protocol.ToolInfo
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"a.txt"}`))
-		if err != nil && strings.Contains(err.Error(), "permission_denied") && strings.Contains(err.Error(), "HOME") {
+		if info = toolInfo(t, c, "readfile"); info.Version == "0.2.0" && !info.Compiling {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replacement requesting env HOME still runs: last err %v", err)
+			t.Fatal("readfile never loaded its sidecar manifest")
 		}
+	}
+	if info.PendingGrants == nil || !info.Grants.Empty() {
+		t.Fatalf("readfile with a new sidecar: grants %+v, pending %+v; want none, the workspace pending", info.Grants, info.PendingGrants)
+	}
+	if _, err := c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"a.txt"}`)); err == nil || !strings.Contains(err.Error(), "permission_denied") {
+		t.Fatalf("readfile with its grants pending = %v, want permission_denied", err)
+	}
+	if _, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "readfile", Confirm: info.GrantDigest}); err != nil {
+		t.Fatalf("confirm: %v", err)
+	}
+	_, err = c.CallTool(ctx, "readfile", json.RawMessage(`{"path":"a.txt"}`))
+	if err == nil || !strings.Contains(err.Error(), "permission_denied") || !strings.Contains(err.Error(), "HOME") {
+		t.Fatalf("replacement requesting env HOME, confirmed = %v, want permission_denied naming HOME", err)
 	}
 }
 
