@@ -851,17 +851,8 @@ func appendU32(b []byte, v uint32) []byte {
 	}
 }
 
-// appendS32 appends v as a signed LEB128.
-func appendS32(b []byte, v int32) []byte {
-	for {
-		c := byte(v & 0x7f)
-		v >>= 7
-		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
-			return append(b, c)
-		}
-		b = append(b, c|0x80)
-	}
-}
+// appendS32 appends v as a signed LEB128 (the same bytes as its int64).
+func appendS32(b []byte, v int32) []byte { return appendS64(b, int64(v)) }
 
 // appendS64 appends v as a signed LEB128.
 func appendS64(b []byte, v int64) []byte {

@@ -100,9 +100,8 @@ type pool struct {
 	idle    []*instance // oldest first
 	max     int
 	timeout time.Duration // <0: idle instances are kept until closed
-	timer   *time.Timer   // nil until first armed
-	armed   bool
-	closed  bool // set when the tool is retired or the registry closes
+	timer   onceTimer     // runs sweep
+	closed  bool          // set when the tool is retired or the registry closes
 	// reclaim hands released memory back to the OS (Registry.reclaim).
 	reclaim func()
 	// instantiations counts every instance created for calls, for tests
@@ -151,17 +150,7 @@ func (p *pool) put(ctx context.Context, inst *instance) {
 
 // arm starts the timer to fire after d unless it is already armed. p.mu
 // is held.
-func (p *pool) arm(d time.Duration) {
-	if p.armed {
-		return
-	}
-	p.armed = true
-	if p.timer == nil {
-		p.timer = time.AfterFunc(d, p.sweep)
-	} else {
-		p.timer.Reset(d)
-	}
-}
+func (p *pool) arm(d time.Duration) { p.timer.arm(d, p.sweep) }
 
 // testHookSweep, set by tests before the pool's first put, runs after
 // each sweep.
@@ -171,7 +160,7 @@ var testHookSweep func(*pool)
 // the timer for the oldest one left, if any.
 func (p *pool) sweep() {
 	p.mu.Lock()
-	p.armed = false
+	p.timer.fired()
 	var old []*instance
 	if !p.closed {
 		now := time.Now()
@@ -218,9 +207,7 @@ func (p *pool) close(ctx context.Context) {
 	p.mu.Lock()
 	idle := p.idle
 	p.idle, p.closed = nil, true
-	if p.timer != nil {
-		p.timer.Stop()
-	}
+	p.timer.stop()
 	p.mu.Unlock()
 	for _, inst := range idle {
 		inst.close(ctx)

@@ -193,8 +193,7 @@ type Registry struct {
 	// reclaim's timer, which gathers the releases of idle memory into
 	// one debug.FreeOSMemory.
 	reclaimMu      sync.Mutex
-	reclaimTimer   *time.Timer
-	reclaimArmed   bool
+	reclaimTimer   onceTimer
 	reclaimStopped bool
 }
 
@@ -226,9 +225,8 @@ type tool struct {
 	waiters  int          // calls waiting for it to be loaded again
 	loading  *loadAttempt // non-nil while it is loaded again
 	lastUse  time.Time    // when refs last fell to 0
-	timer    *time.Timer  // the idle timer; nil until first armed
-	armed    bool
-	closed   bool // set by close: no timer, no loading again
+	timer    onceTimer    // the idle timer: runs unloadIdle
+	closed   bool         // set by close: no timer, no loading again
 	// loads and unloads count the loads after an unload and the unloads.
 	loads, unloads int
 
@@ -902,9 +900,7 @@ func baseModuleConfig() wazero.ModuleConfig {
 func (t *tool) close(ctx context.Context, compiled bool) {
 	t.mu.Lock()
 	t.closed = true
-	if t.timer != nil {
-		t.timer.Stop()
-	}
+	t.timer.stop()
 	if compiled && t.compiled != nil {
 		_ = t.compiled.Close(ctx)
 	}

@@ -179,15 +179,10 @@ func (r *Registry) compileAgain(ctx context.Context, t *tool) (wazero.CompiledMo
 // armUnload starts t's idle timer to fire after d unless it is armed or
 // unloading is off (d <= 0). t.mu is held.
 func (r *Registry) armUnload(t *tool, d time.Duration) {
-	if t.armed || d <= 0 || t.closed {
+	if d <= 0 || t.closed {
 		return
 	}
-	t.armed = true
-	if t.timer == nil {
-		t.timer = time.AfterFunc(d, func() { r.unloadIdle(t) })
-	} else {
-		t.timer.Reset(d)
-	}
+	t.timer.arm(d, func() { r.unloadIdle(t) })
 }
 
 // unloadIdle is t's idle timer: it unloads t if it is loaded and has had
@@ -195,7 +190,7 @@ func (r *Registry) armUnload(t *tool, d time.Duration) {
 // of it. A tool in use is left alone; its last call re-arms the timer.
 func (r *Registry) unloadIdle(t *tool) {
 	t.mu.Lock()
-	t.armed = false
+	t.timer.fired()
 	if t.closed || t.compiled == nil || t.refs > 0 || t.waiters > 0 {
 		t.mu.Unlock()
 		return
@@ -228,20 +223,15 @@ func (r *Registry) unloadIdle(t *tool) {
 func (r *Registry) reclaim() {
 	r.reclaimMu.Lock()
 	defer r.reclaimMu.Unlock()
-	if r.reclaimArmed || r.reclaimStopped {
+	if r.reclaimStopped {
 		return
 	}
-	r.reclaimArmed = true
-	if r.reclaimTimer == nil {
-		r.reclaimTimer = time.AfterFunc(reclaimDelay, func() {
-			r.reclaimMu.Lock()
-			r.reclaimArmed = false
-			r.reclaimMu.Unlock()
-			debug.FreeOSMemory()
-		})
-	} else {
-		r.reclaimTimer.Reset(reclaimDelay)
-	}
+	r.reclaimTimer.arm(reclaimDelay, func() {
+		r.reclaimMu.Lock()
+		r.reclaimTimer.fired()
+		r.reclaimMu.Unlock()
+		debug.FreeOSMemory()
+	})
 }
 
 // stopReclaim stops reclaim's timer for good; Close calls it.
@@ -249,9 +239,7 @@ func (r *Registry) stopReclaim() {
 	r.reclaimMu.Lock()
 	defer r.reclaimMu.Unlock()
 	r.reclaimStopped = true
-	if r.reclaimTimer != nil {
-		r.reclaimTimer.Stop()
-	}
+	r.reclaimTimer.stop()
 }
 
 // residency reports whether t's module is loaded and how often it was

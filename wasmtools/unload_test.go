@@ -108,8 +108,8 @@ func TestToolNotUnloaded(t *testing.T) {
 			tl := r.set.Load().tools["fixed"]
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
-			if tl.timer != nil || tl.compiled == nil {
-				t.Errorf("fixed: idle timer %v, compiled %v; want no timer, loaded", tl.timer != nil, tl.compiled != nil)
+			if tl.timer.t != nil || tl.compiled == nil {
+				t.Errorf("fixed: idle timer %v, compiled %v; want no timer, loaded", tl.timer.t != nil, tl.compiled != nil)
 			}
 		})
 	}
