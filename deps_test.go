@@ -6,9 +6,10 @@ import (
 	"testing"
 )
 
-// TestDependencyDirection enforces the layering of STYLE.md: lower layers
-// never import higher ones. It lists every package's transitive deps with
-// `go list -deps` and fails on a forbidden edge.
+// TestDependencyDirection enforces the layering described in
+// docs/DESIGN.md ("Layering"): lower layers never import higher ones. It
+// lists every package's transitive deps with `go list -deps` and fails on
+// a forbidden edge.
 func TestDependencyDirection(t *testing.T) {
 	const mod = "github.com/keel-runtime/keel"
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Deps " "}}`, "./...").CombinedOutput()
@@ -67,7 +68,7 @@ func TestDependencyDirection(t *testing.T) {
 			}
 			for _, f := range rule {
 				if drel == f || strings.HasPrefix(drel, f+"/") {
-					t.Errorf("%s depends on %s: forbidden by the layering in STYLE.md", pkg, d)
+					t.Errorf("%s depends on %s: forbidden by the layering in docs/DESIGN.md", pkg, d)
 				}
 			}
 		}

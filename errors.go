@@ -21,6 +21,12 @@ var (
 	// ErrModelUnavailable: no model can serve the request: the provider
 	// is unreachable or does not have the model.
 	ErrModelUnavailable = errors.New("model unavailable")
+	// ErrUnusableTool: a tool file cannot be run as a keel tool: it is not
+	// valid WebAssembly, uses a feature keel cannot bound (tail calls,
+	// threads, exception handling, several memories), breaks the tool
+	// convention (imports, exports, name) or has a bad manifest. The file
+	// is at fault, not the request that named it, so it is not ErrInvalid.
+	ErrUnusableTool = errors.New("unusable tool")
 )
 
 // AlreadyDecidedError is the error of a decision (run.decide) or an

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path"
@@ -203,7 +204,11 @@ func (g *grantTable) withPending(info protocol.ToolInfo) protocol.ToolInfo {
 func (m *toolManager) inspect(ctx context.Context, file string) (wasmtools.Tool, error) {
 	t, err := m.reg.Inspect(ctx, file)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		switch {
+		case errors.Is(err, keel.ErrUnusableTool):
+			// The file is at fault, not the request: its own error class.
+			return wasmtools.Tool{}, err
+		case errors.Is(err, os.ErrNotExist):
 			return wasmtools.Tool{}, fmt.Errorf("%s does not exist: %w", file, keel.ErrInvalid)
 		}
 		return wasmtools.Tool{}, fmt.Errorf("%w: %w", keel.ErrInvalid, err)
@@ -388,7 +393,12 @@ func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 		if !filepath.IsAbs(f.HostPath) {
 			return out, fmt.Errorf("grant fs:%s: host path %q must be absolute: %w", guest, f.HostPath, keel.ErrInvalid)
 		}
-		if fi, err := os.Stat(f.HostPath); err != nil || !fi.IsDir() {
+		switch fi, err := os.Stat(f.HostPath); {
+		case errors.Is(err, fs.ErrNotExist):
+			return out, fmt.Errorf("grant fs:%s: host directory %s does not exist; create it first (mkdir -p %s): %w", guest, f.HostPath, f.HostPath, keel.ErrInvalid)
+		case err != nil:
+			return out, fmt.Errorf("grant fs:%s: host directory %s: %w: %w", guest, f.HostPath, err, keel.ErrInvalid)
+		case !fi.IsDir():
 			return out, fmt.Errorf("grant fs:%s: host path %s is not a directory: %w", guest, f.HostPath, keel.ErrInvalid)
 		}
 		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly, Private: f.Private})

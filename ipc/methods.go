@@ -543,6 +543,8 @@ func rpcError(log *slog.Logger, method string, err error) *protocol.Error {
 		code = protocol.CodeNotFound
 	case errors.Is(err, keel.ErrConflict):
 		code = protocol.CodeConflict
+	case errors.Is(err, keel.ErrUnusableTool):
+		code = protocol.CodeUnusableTool
 	case errors.Is(err, keel.ErrInvalid):
 		code = protocol.CodeInvalidParams
 	case errors.Is(err, keel.ErrModelUnavailable):

@@ -125,7 +125,11 @@
 // [Registry.Call] returns only *keel.ToolError values; its documentation
 // lists the codes. [Open] logs and skips a file that cannot be loaded
 // (not WebAssembly, unknown imports, bad manifest, name mismatch) and
-// fails only when the configuration itself is unusable.
+// fails only when the configuration itself is unusable. [Registry.Inspect]
+// returns why: an error that is the file's fault matches
+// keel.ErrUnusableTool, and one about a feature keel cannot bound (tail
+// calls, threads, exception handling, several memories) carries an
+// [*UnsupportedError] naming it.
 //
 // A Registry is safe for concurrent use. [Config.CacheDir] keeps
 // compiled code on disk between runs, which matters because a Go module

@@ -59,6 +59,22 @@ import (
 // ones and clear stop), and any instruction outside the WebAssembly 2.0
 // features keel runs (wazero would refuse those too).
 
+// UnsupportedError is why instrument refuses a module that may well be
+// valid WebAssembly: it uses a feature whose code the rewrite cannot
+// bound (the interrupt, the memory cap) or that wazero does not run.
+// Load errors wrap it; find it with errors.As.
+type UnsupportedError struct {
+	// Feature names what the module uses: "tail calls", "threads
+	// (atomic instructions)", "threads (a shared memory)", "exception
+	// handling", "multiple memories", "a 64-bit memory",
+	// "garbage-collected types" or "typed function references".
+	Feature string
+}
+
+func (e *UnsupportedError) Error() string {
+	return "uses " + e.Feature + ", which keel cannot bound"
+}
+
 // The names of what the rewrite exports. A module's own exports may not
 // use the reservedPrefix.
 const (
@@ -229,7 +245,21 @@ func instrument(bin []byte) ([]byte, error) {
 		case secIDGlobal:
 			n.globals += sr.u32()
 		case secIDMemory:
-			n.memories += sr.u32()
+			count := sr.u32()
+			n.memories += count
+			for range min(count, 2) { // more than one is refused below
+				flags := sr.byte()
+				switch {
+				case flags&0x02 != 0:
+					return nil, &UnsupportedError{Feature: "threads (a shared memory)"}
+				case flags&0x04 != 0:
+					return nil, &UnsupportedError{Feature: "a 64-bit memory"}
+				}
+				sr.u32() // minimum
+				if flags&1 != 0 {
+					sr.u32() // maximum
+				}
+			}
 		case secIDStart:
 			n.start, n.hasStart = sr.u32(), true
 		case secIDTable:
@@ -241,7 +271,7 @@ func instrument(bin []byte) ([]byte, error) {
 				}
 			}
 		case secIDTag:
-			return nil, errors.New("uses exception handling, which keel does not run")
+			return nil, &UnsupportedError{Feature: "exception handling"}
 		}
 		if sr.err != nil {
 			return nil, fmt.Errorf("section %d: %w", s.id, sr.err)
@@ -249,6 +279,9 @@ func instrument(bin []byte) ([]byte, error) {
 	}
 	if n.memories == 0 {
 		return nil, errors.New("has no memory; a tool must define and export one")
+	}
+	if n.memories > 1 {
+		return nil, &UnsupportedError{Feature: "multiple memories"}
 	}
 	if n.globals > 1<<20 || n.funcs > 1<<24 || n.types > 1<<20 {
 		return nil, errors.New("too many globals, functions or types")
@@ -421,7 +454,12 @@ func countImports(payload []byte, n *moduleCounts) error {
 				return errors.New("imports a table; a tool must define its own")
 			}
 		case 0x02: // memory: limits
-			r.limits()
+			if flags := r.byte(); flags&0x02 != 0 && r.err == nil {
+				return &UnsupportedError{Feature: "threads (a shared memory)"}
+			} else if flags&1 != 0 {
+				r.u32()
+			}
+			r.u32()
 			n.memories++
 		case 0x03: // global: valtype, mutability
 			r.byte()
@@ -704,10 +742,16 @@ func (r *reader) immediates(op byte) error {
 		return r.miscImmediates(r.u32())
 	case 0xfd:
 		return r.simdImmediates(r.u32())
-	case 0x12, 0x13:
-		return errors.New("tail calls are not supported")
+	case 0x12, 0x13, 0x15:
+		return &UnsupportedError{Feature: "tail calls"}
 	case 0xfe:
-		return errors.New("threads are not supported")
+		return &UnsupportedError{Feature: "threads (atomic instructions)"}
+	case 0x06, 0x07, 0x08, 0x09, 0x0a, 0x18, 0x19, 0x1f:
+		return &UnsupportedError{Feature: "exception handling"}
+	case 0xfb:
+		return &UnsupportedError{Feature: "garbage-collected types"}
+	case 0x14:
+		return &UnsupportedError{Feature: "typed function references"}
 	}
 	return errors.New("unknown instruction")
 }

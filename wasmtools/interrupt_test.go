@@ -160,7 +160,7 @@ func TestInstrumentRefuses(t *testing.T) {
 			section(secType, vec(voidType)),
 			section(secFunc, vec([]byte{0})),
 			section(secMemory, vec([]byte{0x00, 0x01})),
-			section(secCode, vec(body(0x06, 0x40, 0x0b, 0x0b))),
+			section(secCode, vec(body(0x27, 0x0b))),
 		), "unknown instruction"},
 		"truncated body": {module(
 			section(secType, vec(voidType)),

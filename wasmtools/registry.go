@@ -601,10 +601,36 @@ func fileSHA256(file string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// load compiles and checks one tool file.
+// unusableError marks a load error as the tool file's fault: it matches
+// keel.ErrUnusableTool as well as what it wraps.
+type unusableError struct{ err error }
+
+func (e *unusableError) Error() string   { return e.err.Error() }
+func (e *unusableError) Unwrap() []error { return []error{e.err, keel.ErrUnusableTool} }
+
+// unusable marks err, if not nil, as the tool file's fault.
+func unusable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unusableError{err}
+}
+
+// moduleProblem explains why instrument or wazero refused bin's module: a
+// feature keel cannot bound (an *UnsupportedError), or a broken binary.
+func moduleProblem(err error) error {
+	if _, ok := errors.AsType[*UnsupportedError](err); ok {
+		return unusable(fmt.Errorf("keel cannot run this module: %w", err))
+	}
+	return unusable(fmt.Errorf("not a valid WebAssembly module: %w", err))
+}
+
+// load compiles and checks one tool file. An error that is the file's
+// fault (its bytes, its manifest, its name) matches keel.ErrUnusableTool;
+// a module keel cannot bound has an *UnsupportedError in its chain.
 func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err error) {
 	if !namePattern.MatchString(name) {
-		return nil, fmt.Errorf("file name %q is not a tool name: it must match %s", name, namePattern)
+		return nil, unusable(fmt.Errorf("file name %q is not a tool name: it must match %s", name, namePattern))
 	}
 	bin, stamp, err := readTool(file)
 	if err != nil {
@@ -612,12 +638,15 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	}
 	sum := sha256.Sum256(bin)
 	if bin, err = r.instrumented(bin, sum); err != nil {
-		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+		return nil, moduleProblem(err)
 	}
 	// Compiling a Go module takes seconds; use every core for it.
 	compiled, err := r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
 	if err != nil {
-		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, moduleProblem(err)
 	}
 	t := &tool{compiled: compiled, stamp: stamp}
 	defer func() {
@@ -627,11 +656,11 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	}()
 	tables, err := tableBytes(bin)
 	if err != nil {
-		return nil, fmt.Errorf("not a usable WebAssembly module: %w", err)
+		return nil, moduleProblem(err)
 	}
 	reactor, err := r.checkModule(compiled, tables)
 	if err != nil {
-		return nil, err
+		return nil, unusable(err)
 	}
 	if reactor {
 		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout, r.reclaim)
@@ -649,7 +678,10 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		}
 		key := fmt.Sprintf("%x-%s-v%s.json", sum, name, manifestCacheVersion)
 		if data, err = r.cached("manifests", key, func() ([]byte, error) { return ask(ctx, name, compiled) }); err != nil {
-			return nil, err
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			return nil, unusable(err)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("read sidecar manifest: %w", err)
@@ -658,10 +690,10 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	}
 	m, err := parseManifest(data)
 	if err != nil {
-		return nil, err
+		return nil, unusable(err)
 	}
 	if m.Name != name {
-		return nil, fmt.Errorf("manifest name %q does not match the file name %q", m.Name, name)
+		return nil, unusable(fmt.Errorf("manifest name %q does not match the file name %q", m.Name, name))
 	}
 	t.input, t.output = m.input, m.output
 	t.fresh = m.Isolation == isolationFresh

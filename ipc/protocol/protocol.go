@@ -91,6 +91,7 @@ const (
 	CodeUnavailable      = -32003 // the daemon is shutting down or a dependency is down
 	CodeToolError        = -32010 // the tool failed; data is a keel.ToolError
 	CodeInvalidToolInput = -32011 // tool arguments break its input schema; data is a keel.ToolError
+	CodeUnusableTool     = -32012 // the tool file cannot be run as a keel tool (keel.ErrUnusableTool); the message says why
 	CodeModelUnavailable = -32020 // the model provider is unreachable or lacks the model
 )
 

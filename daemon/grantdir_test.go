@@ -1,0 +1,47 @@
+package daemon
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+)
+
+// TestCheckGrantsHostDirectory checks what a filesystem grant says of its
+// host directory: one that does not exist is named as such (the README's
+// tour grants ~/notes, which a fresh machine lacks), a file is not a
+// directory, and an existing directory is granted.
+func TestCheckGrantsHostDirectory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file.txt")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	req := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace"}}}
+	for _, tc := range []struct {
+		name, host, want string // want: "" for granted
+	}{
+		{"missing", filepath.Join(dir, "notes"), "does not exist"},
+		{"file", file, "is not a directory"},
+		{"directory", dir, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace", HostPath: tc.host}}}
+			out, err := checkGrants(req, g)
+			if tc.want == "" {
+				if err != nil || len(out.FS) != 1 || out.FS[0].HostPath != tc.host {
+					t.Fatalf("checkGrants(%s) = %+v, %v; want it granted", tc.host, out, err)
+				}
+				return
+			}
+			if !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkGrants(%s) error = %v, want keel.ErrInvalid saying %q", tc.host, err, tc.want)
+			}
+		})
+	}
+}
