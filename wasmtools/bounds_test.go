@@ -120,7 +120,7 @@ func TestCloseStopsLoading(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { testHookLoad = nil })
-	r, err := Open(context.Background(), Config{Dir: dir, CacheDir: cacheDir, Background: true, CallTimeout: time.Hour, Logger: testLogger(t, nil)})
+	r, err := Open(context.Background(), shared(Config{Dir: dir, Background: true, CallTimeout: time.Hour, Logger: testLogger(t, nil)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestCloseStopsLoading(t *testing.T) {
 // work it waits for, and says so.
 func TestCloseBounded(t *testing.T) {
 	t.Parallel()
-	r, err := Open(context.Background(), Config{Dir: tinyDir, CacheDir: cacheDir})
+	r, err := Open(context.Background(), shared(Config{Dir: tinyDir}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,9 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 		return nil, terr
 	}
 	defer r.unuse(t) // after the instance is back in the pool
+	if r.cfg.testHookCall != nil {
+		r.cfg.testHookCall(name)
+	}
 
 	late := "" // the time limit's message, made only if needed (see failure)
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.cfg.CallTimeout {

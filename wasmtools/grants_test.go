@@ -18,6 +18,7 @@ import (
 // TestGrantsChangeOnReload grants, then revokes, a directory through
 // GrantsFor; each change takes effect at the next Reload and only then.
 func TestGrantsChangeOnReload(t *testing.T) {
+	t.Parallel()
 	work := t.TempDir()
 	if err := os.WriteFile(filepath.Join(work, "hello.txt"), []byte("hi there"), 0o644); err != nil {
 		t.Fatal(err)
@@ -67,6 +68,7 @@ func TestGrantsChangeOnReload(t *testing.T) {
 // Open returns before the tools are loaded, a call waits for its tool,
 // and Close during the load stops it without leaking its goroutine.
 func TestBackgroundOpen(t *testing.T) {
+	t.Parallel()
 	r := openRegistry(t, Config{Dir: toolsDir, Background: true})
 	if _, total, _ := r.Progress(); total != 4 {
 		t.Errorf("Progress total = %d, want the 4 bundled tools", total)
@@ -141,17 +143,12 @@ func TestCallDuringLoadWaitsForItsToolOnly(t *testing.T) {
 // compiling any; each becomes callable as it loads. A changed file or
 // sidecar is not listed until it has loaded.
 func TestIndexListsToolsBeforeTheyLoad(t *testing.T) {
-	dir, cache := t.TempDir(), t.TempDir()
+	dir := t.TempDir()
 	if err := os.CopyFS(dir, os.DirFS(toolsDir)); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.CopyFS(cache, os.DirFS(cacheDir)); err != nil { // compiled code only: the index is per cache
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(filepath.Join(cache, "index-v"+indexVersion)); err != nil {
-		t.Fatal(err)
-	}
-	first := openRegistry(t, Config{Dir: dir, CacheDir: cache})
+	cache := cloneCache(t, "index-v"+indexVersion) // compiled code only: the index is per cache
+	first := openRegistry(t, Config{Dir: dir, CacheDir: cache, testCache: sharedCache})
 	if err := first.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +160,7 @@ func TestIndexListsToolsBeforeTheyLoad(t *testing.T) {
 				<-release
 			}
 		}
-		r := openRegistry(t, Config{Dir: dir, CacheDir: cache, Background: true})
+		r := openRegistry(t, Config{Dir: dir, CacheDir: cache, testCache: sharedCache, Background: true})
 		return r, func() {
 			close(release)
 			_ = r.WaitReady(context.Background())

@@ -31,6 +31,7 @@ func compileBare(t testing.TB, bin []byte) (wazero.Runtime, wazero.CompiledModul
 // watch contexts, stops when the host sets the interrupt global, and
 // only then.
 func TestInterruptStopsLoop(t *testing.T) {
+	t.Parallel()
 	bin, err := instrument(spinModule())
 	if err != nil {
 		t.Fatalf("instrument: %v", err)

@@ -7,15 +7,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
+	"github.com/tetratelabs/wazero"
 	"go.uber.org/goleak"
 )
 
@@ -24,6 +28,9 @@ var (
 	// toolsDir holds the embedded example tools, readfile and wordcount;
 	// readfileDir holds readfile alone, for the tests of grants.
 	toolsDir, readfileDir string
+	// bundledDir holds each bundled tool alone in a directory, by name:
+	// a test that calls one tool loads only that one.
+	bundledDir = map[string]string{}
 	// hostileDir holds hostile.wasm (built from testdata/hostile) and two
 	// hand-assembled modules with sidecar manifests: spin (an endless
 	// loop) and fixed (writes a constant result through fd_write).
@@ -41,6 +48,14 @@ var (
 	// user's cache directory and survives between runs, like Go's build
 	// cache.
 	cacheDir string
+	// sharedCache is the one wazero compilation cache, on cacheDir, of
+	// every registry the tests open on cacheDir (Config.testCache): a
+	// module is compiled, or read from cacheDir (tens of MiB of machine
+	// code for a Go tool), once per package run, not once per registry.
+	// keepers, open from TestMain to its end, hold each fixture's
+	// modules in it.
+	sharedCache wazero.CompilationCache
+	keepers     []*Registry
 
 	// plainOnce opens plain, a registry on toolsDir without grants that
 	// tests share; TestMain closes it.
@@ -53,7 +68,7 @@ var (
 func plainRegistry(t *testing.T) *Registry {
 	t.Helper()
 	plainOnce.Do(func() {
-		plain, plainErr = Open(context.Background(), Config{Dir: toolsDir, CacheDir: cacheDir})
+		plain, plainErr = Open(context.Background(), shared(Config{Dir: toolsDir}))
 	})
 	if plainErr != nil {
 		t.Fatalf("Open: %v", plainErr)
@@ -87,17 +102,21 @@ func testMain(m *testing.M) (int, error) {
 		return 0, err
 	}
 
-	readfileDir = filepath.Join(tmp, "readfile")
-	if err := os.Mkdir(readfileDir, 0o755); err != nil {
-		return 0, err
+	for _, name := range []string{"fetch", "readfile", "wordcount", "writefile"} {
+		dir := filepath.Join(tmp, "bundled", name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return 0, err
+		}
+		bin, err := os.ReadFile(filepath.Join(toolsDir, name+".wasm"))
+		if err != nil {
+			return 0, err
+		}
+		if err := writeFiles(dir, map[string][]byte{name + ".wasm": bin}); err != nil {
+			return 0, err
+		}
+		bundledDir[name] = dir
 	}
-	readfile, err := os.ReadFile(filepath.Join(toolsDir, "readfile.wasm"))
-	if err != nil {
-		return 0, err
-	}
-	if err := writeFiles(readfileDir, map[string][]byte{"readfile.wasm": readfile}); err != nil {
-		return 0, err
-	}
+	readfileDir = bundledDir["readfile"]
 
 	hostileDir = filepath.Join(tmp, "hostile")
 	if err := os.Mkdir(hostileDir, 0o755); err != nil {
@@ -181,7 +200,25 @@ func testMain(m *testing.M) (int, error) {
 	if err := writeFiles(brokenDir, files); err != nil {
 		return 0, err
 	}
+
+	sharedCache, err = wazero.NewCompilationCacheWithDir(cacheDir)
+	if err != nil {
+		return 0, err
+	}
+	defer sharedCache.Close(context.Background())
+	for _, dir := range []string{toolsDir, hostileDir, reactorDir} {
+		r, err := Open(context.Background(), shared(Config{Dir: dir, IdleToolTimeout: -1}))
+		if err != nil {
+			return 0, err
+		}
+		keepers = append(keepers, r)
+	}
 	code := m.Run()
+	for _, r := range keepers {
+		if err := r.Close(context.Background()); err != nil {
+			return 0, err
+		}
+	}
 	if plain != nil {
 		if err := plain.Close(context.Background()); err != nil {
 			return 0, err
@@ -196,6 +233,50 @@ func testMain(m *testing.M) (int, error) {
 	return code, nil
 }
 
+// cloneCache returns a new cache directory holding keel's part of
+// cacheDir (instrumented modules, manifests, the index) but the
+// subdirectories skip, hard-linked where it can be (the registry
+// replaces cache files by renaming, never writes into one), else
+// copied. wazero's compiled code is left out: a registry on the clone
+// takes it from sharedCache (Config.testCache).
+func cloneCache(t *testing.T, skip ...string) string {
+	t.Helper()
+	clone := t.TempDir()
+	err := filepath.WalkDir(cacheDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(cacheDir, path)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(clone, rel)
+		switch {
+		case d.IsDir() && (slices.Contains(skip, rel) || strings.HasPrefix(rel, "wazero-")):
+			return fs.SkipDir
+		case d.IsDir():
+			return os.MkdirAll(dst, 0o700)
+		case !d.Type().IsRegular() || strings.HasSuffix(path, ".tmp"): // another registry's file being written
+			return nil
+		}
+		if os.Link(path, dst) == nil {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) { // replaced meanwhile
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(dst, data, 0o600)
+	})
+	if err != nil {
+		t.Fatalf("clone the compilation cache: %v", err)
+	}
+	return clone
+}
+
 func writeFiles(dir string, files map[string][]byte) error {
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
@@ -205,13 +286,23 @@ func writeFiles(dir string, files map[string][]byte) error {
 	return nil
 }
 
+// shared returns cfg on the shared cache: cacheDir and sharedCache,
+// unless cfg has a CacheDir of its own.
+func shared(cfg Config) Config {
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = cacheDir
+	}
+	if cfg.CacheDir == cacheDir {
+		cfg.testCache = sharedCache
+	}
+	return cfg
+}
+
 // openRegistry opens a registry on cfg (filling in the shared cache) and
 // closes it when the test ends.
 func openRegistry(t *testing.T, cfg Config) *Registry {
 	t.Helper()
-	if cfg.CacheDir == "" {
-		cfg.CacheDir = cacheDir
-	}
+	cfg = shared(cfg)
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t, nil)
 	}

@@ -15,6 +15,7 @@ import (
 // server on loopback: only granted destinations are reached, redirects
 // are checked too, and loopback is refused unless the host allows it.
 func TestNetworkGrants(t *testing.T) {
+	t.Parallel()
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Errorf("the ungranted server was reached: %s", r.URL)
 	}))
@@ -34,7 +35,7 @@ func TestNetworkGrants(t *testing.T) {
 	}
 	granted := map[string]capabilities.Grants{"fetch": {Network: []string{d.String()}}}
 
-	open := openRegistry(t, Config{Dir: toolsDir, Grants: granted, AllowPrivateNetwork: true})
+	open := openRegistry(t, Config{Dir: bundledDir["fetch"], Grants: granted, AllowPrivateNetwork: true})
 	out := mustCall(t, open, "fetch", fmt.Sprintf(`{"url":%q}`, srv.URL+"/"))
 	if m, _ := out.(map[string]any); m["body"] != "hello from the granted server" || m["status"] != float64(200) {
 		t.Errorf("fetch of a granted URL = %v", out)
@@ -51,7 +52,7 @@ func TestNetworkGrants(t *testing.T) {
 	mustCall(t, open, "fetch", fmt.Sprintf(`{"url":%q}`, srv.URL+"/again"))
 
 	// By default loopback is out of reach even when granted, by IP or by name.
-	strict := openRegistry(t, Config{Dir: toolsDir, Grants: map[string]capabilities.Grants{"fetch": {Network: []string{d.String(), "http://localhost:" + fmt.Sprint(d.Port)}}}})
+	strict := openRegistry(t, Config{Dir: bundledDir["fetch"], Grants: map[string]capabilities.Grants{"fetch": {Network: []string{d.String(), "http://localhost:" + fmt.Sprint(d.Port)}}}})
 	for _, u := range []string{srv.URL + "/", fmt.Sprintf("http://localhost:%d/", d.Port)} {
 		te = wantCode(t, strict, "fetch", fmt.Sprintf(`{"url":%q}`, u), keel.ToolPermissionDenied)
 		if !strings.Contains(te.Message, "private") {
@@ -60,7 +61,7 @@ func TestNetworkGrants(t *testing.T) {
 	}
 
 	// Without any network grant the call is refused before the tool runs.
-	none := openRegistry(t, Config{Dir: toolsDir})
+	none := openRegistry(t, Config{Dir: bundledDir["fetch"]})
 	te = wantCode(t, none, "fetch", fmt.Sprintf(`{"url":%q}`, srv.URL+"/"), keel.ToolPermissionDenied)
 	if !strings.Contains(te.Message, "network") {
 		t.Errorf("ungranted fetch: %q does not name the network", te.Message)

@@ -39,7 +39,8 @@ func stats(t *testing.T, r *Registry, tool string) PoolStats {
 }
 
 func TestReactorWarmCalls(t *testing.T) {
-	r := openRegistry(t, Config{Dir: toolsDir, MaxIdleInstances: 2})
+	t.Parallel()
+	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], MaxIdleInstances: 2})
 	for i := range 200 {
 		text := strings.Repeat("a b\n", i)
 		out, err := r.Call(context.Background(), "wordcount", json.RawMessage(fmt.Sprintf(`{"text":%q}`, text)))
@@ -61,6 +62,7 @@ func TestReactorWarmCalls(t *testing.T) {
 }
 
 func TestReactorIsolation(t *testing.T) {
+	t.Parallel()
 	r := openRegistry(t, Config{Dir: reactorDir, MaxIdleInstances: 1})
 	for i := 1; i <= 3; i++ {
 		if got := counter(t, r, "hostile"); got != i {
@@ -81,6 +83,7 @@ func TestReactorIsolation(t *testing.T) {
 // tool's own error, its instance is gone (the next call sees a new one)
 // and calls still work.
 func TestReactorDiscard(t *testing.T) {
+	t.Parallel()
 	const timeout = 2 * time.Second
 	r := openRegistry(t, Config{Dir: reactorDir, CallTimeout: time.Minute, MemoryLimitMiB: 64, MaxOutputBytes: 64 << 10, MaxIdleInstances: 1})
 	short := openRegistry(t, Config{Dir: reactorDir, CallTimeout: timeout, MaxIdleInstances: 1})
@@ -129,8 +132,9 @@ func TestReactorDiscard(t *testing.T) {
 }
 
 func TestReactorConcurrent(t *testing.T) {
+	t.Parallel()
 	const workers, calls, idle = 16, 20, 3
-	r := openRegistry(t, Config{Dir: toolsDir, MaxIdleInstances: idle})
+	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], MaxIdleInstances: idle})
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Go(func() {
@@ -215,7 +219,7 @@ func TestPoolReleasesIdle(t *testing.T) {
 	swept := make(chan *pool, 16)
 	testHookSweep = func(p *pool) { swept <- p }
 	t.Cleanup(func() { testHookSweep = nil })
-	r := openRegistry(t, Config{Dir: toolsDir, IdleInstanceTimeout: 50 * time.Millisecond})
+	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], IdleInstanceTimeout: 50 * time.Millisecond})
 	p := r.set.Load().tools["wordcount"].pool
 	call := func() {
 		t.Helper()

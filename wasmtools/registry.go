@@ -135,6 +135,14 @@ type Config struct {
 	// testHookUnload, set by tests, runs after each unload of an idle
 	// tool (see unloadIdle).
 	testHookUnload func(name string)
+	// testHookCall, set by tests, runs in each Call once the call is in
+	// flight (counted, its module held), before the guest runs.
+	testHookCall func(name string)
+	// testCache, set by tests with a CacheDir, is the compilation cache
+	// (on that directory) that the registry uses instead of its own and
+	// leaves open at Close: tests share one, so that a module compiled
+	// or read from disk for one registry serves the next.
+	testCache wazero.CompilationCache
 }
 
 // Tool is one loaded tool.
@@ -161,7 +169,9 @@ type Registry struct {
 	log   *slog.Logger
 	rt    wazero.Runtime
 	cache wazero.CompilationCache // nil without a CacheDir
-	wasi  map[string]bool         // function names WASI offers
+	// ownCache is set when cache is the registry's own, closed by Close.
+	ownCache bool
+	wasi     map[string]bool // function names WASI offers
 	// set is the current tool set; Reload swaps it atomically so calls
 	// never see a half-updated registry.
 	set atomic.Pointer[toolSet]
@@ -298,12 +308,16 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	// gets before it is compiled (see instrument), not through wazero's
 	// WithCloseOnContextDone, which costs guest code twice as much.
 	rc := wazero.NewRuntimeConfig()
-	if cfg.CacheDir != "" {
+	switch {
+	case cfg.CacheDir != "" && cfg.testCache != nil:
+		r.cache = cfg.testCache
+		rc = rc.WithCompilationCache(r.cache)
+	case cfg.CacheDir != "":
 		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
 		if err != nil {
 			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", "dir", cfg.CacheDir, "error", err)
 		} else {
-			r.cache = cache
+			r.cache, r.ownCache = cache, true
 			rc = rc.WithCompilationCache(cache)
 		}
 	}
@@ -1055,7 +1069,7 @@ func (r *Registry) release(ctx context.Context) error {
 
 func (r *Registry) closeRuntime(ctx context.Context) error {
 	err := r.rt.Close(ctx)
-	if r.cache != nil {
+	if r.ownCache {
 		err = errors.Join(err, r.cache.Close(ctx))
 	}
 	if err != nil {

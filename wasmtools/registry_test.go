@@ -47,6 +47,7 @@ func readOnlyWorkspace(host string) map[string]capabilities.Grants {
 }
 
 func TestOpenListsTools(t *testing.T) {
+	t.Parallel()
 	ws := workspace(t)
 	r := openRegistry(t, Config{Dir: toolsDir, Grants: readOnlyWorkspace(ws)})
 
@@ -120,6 +121,7 @@ func TestOpenListsTools(t *testing.T) {
 }
 
 func TestWordcount(t *testing.T) {
+	t.Parallel()
 	r := plainRegistry(t)
 	tests := []struct {
 		text string
@@ -140,6 +142,7 @@ func TestWordcount(t *testing.T) {
 }
 
 func TestReadFile(t *testing.T) {
+	t.Parallel()
 	ws := workspace(t)
 	r := openRegistry(t, Config{Dir: readfileDir, Grants: readOnlyWorkspace(ws)})
 	tests := []struct {
@@ -167,6 +170,7 @@ func TestReadFile(t *testing.T) {
 // through readfile (which checks paths itself) and through hostile (which
 // opens whatever it is given, so only the sandbox stands in the way).
 func TestConfinement(t *testing.T) {
+	t.Parallel()
 	const secret = "TOP-SECRET-8d1f"
 	outside := t.TempDir()
 	secretFile := filepath.Join(outside, "secret.txt")
@@ -219,6 +223,7 @@ func TestConfinement(t *testing.T) {
 }
 
 func TestWriteAccess(t *testing.T) {
+	t.Parallel()
 	ws := workspace(t)
 	for _, readOnly := range []bool{true, false} {
 		t.Run(fmt.Sprintf("read_only=%v", readOnly), func(t *testing.T) {
@@ -252,6 +257,7 @@ func TestWriteAccess(t *testing.T) {
 }
 
 func TestPermissionDenied(t *testing.T) {
+	t.Parallel()
 	r := plainRegistry(t) // no grants at all
 	terr := wantCode(t, r, "readfile", `{"path":"notes.txt"}`, keel.ToolPermissionDenied)
 	if !strings.Contains(terr.Message, "/workspace") {
@@ -274,6 +280,7 @@ func TestPermissionDenied(t *testing.T) {
 }
 
 func TestInvalidInput(t *testing.T) {
+	t.Parallel()
 	r := openRegistry(t, Config{Dir: readfileDir, Grants: readOnlyWorkspace(t.TempDir())})
 	tests := []struct {
 		tool, input, path string
@@ -297,6 +304,7 @@ func TestInvalidInput(t *testing.T) {
 }
 
 func TestNotFound(t *testing.T) {
+	t.Parallel()
 	r := plainRegistry(t)
 	terr := wantCode(t, r, "nosuchtool", `{}`, keel.ToolNotFound)
 	if !strings.Contains(terr.Message, "nosuchtool") {
@@ -305,6 +313,7 @@ func TestNotFound(t *testing.T) {
 }
 
 func TestHostile(t *testing.T) {
+	t.Parallel()
 	// Only the cases that must time out run with a short limit, so a slow
 	// machine cannot turn another failure into a timeout.
 	const timeout = 2 * time.Second
@@ -385,6 +394,7 @@ func TestDeniedByDefault(t *testing.T) {
 }
 
 func TestOpenSkipsBroken(t *testing.T) {
+	t.Parallel()
 	var logs lockedBuffer
 	r := openRegistry(t, Config{Dir: brokenDir, Logger: testLogger(t, &logs)})
 	var names []string
@@ -418,6 +428,7 @@ func TestOpenSkipsBroken(t *testing.T) {
 }
 
 func TestCompileCache(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := openRegistry(t, Config{Dir: tinyDir, CacheDir: dir})
 	if err := r.Close(context.Background()); err != nil {
@@ -432,6 +443,7 @@ func TestCompileCache(t *testing.T) {
 }
 
 func TestConcurrentCalls(t *testing.T) {
+	t.Parallel()
 	r := plainRegistry(t)
 	var wg sync.WaitGroup
 	for i := range 8 {
@@ -454,6 +466,7 @@ func TestConcurrentCalls(t *testing.T) {
 }
 
 func TestCallContext(t *testing.T) {
+	t.Parallel()
 	r := openRegistry(t, Config{Dir: hostileDir, CallTimeout: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
@@ -468,7 +481,10 @@ func TestCallContext(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	r, err := Open(context.Background(), Config{Dir: hostileDir, CacheDir: cacheDir, CallTimeout: time.Minute})
+	t.Parallel()
+	inFlight := make(chan struct{})
+	r, err := Open(context.Background(), shared(Config{Dir: hostileDir, CallTimeout: time.Minute,
+		testHookCall: func(string) { close(inFlight) }}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +493,7 @@ func TestClose(t *testing.T) {
 		_, err := r.Call(context.Background(), "spin", json.RawMessage(`{}`))
 		done <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // let the call start spinning
+	<-inFlight
 	if err := r.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -498,6 +514,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestOpenConfig(t *testing.T) {
+	t.Parallel()
 	if _, err := Open(context.Background(), Config{}); err == nil {
 		t.Error("Open without Dir succeeded")
 	}
@@ -514,14 +531,9 @@ func TestOpenConfig(t *testing.T) {
 // cache under the module's hash and its name, and a restart reads it from
 // there instead of starting an instance to ask again.
 func TestModuleManifestIsCached(t *testing.T) {
-	cache := t.TempDir()
-	if err := os.CopyFS(cache, os.DirFS(cacheDir)); err != nil { // the compiled code, so the test compiles nothing
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(filepath.Join(cache, "manifests")); err != nil {
-		t.Fatal(err)
-	}
-	r := openRegistry(t, Config{Dir: toolsDir, CacheDir: cache})
+	t.Parallel()
+	cache := cloneCache(t, "manifests") // the compiled code, so the test compiles nothing
+	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], CacheDir: cache, testCache: sharedCache})
 	wc, ok := r.Tool("wordcount")
 	if !ok {
 		t.Fatal("no wordcount")
@@ -540,7 +552,7 @@ func TestModuleManifestIsCached(t *testing.T) {
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	again := openRegistry(t, Config{Dir: toolsDir, CacheDir: cache})
+	again := openRegistry(t, Config{Dir: bundledDir["wordcount"], CacheDir: cache, testCache: sharedCache})
 	if got, _ := again.Tool("wordcount"); got.Spec.Description != "read back from the cache" {
 		t.Errorf("after a restart the description is %q; the cached manifest was not used", got.Spec.Description)
 	}

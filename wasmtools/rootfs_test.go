@@ -10,6 +10,7 @@ import (
 )
 
 func TestRootFS(t *testing.T) {
+	t.Parallel()
 	outside := t.TempDir()
 	mustWrite(t, filepath.Join(outside, "secret.txt"), "secret")
 	dir := t.TempDir()

@@ -42,10 +42,11 @@ func waitUnload(t *testing.T, unloaded <-chan string, name string) {
 // loads it again and is answered; a reactor (wordcount) and a command
 // module (fixed).
 func TestToolUnloadsWhenIdle(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		dir, tool, input, want string
 	}{
-		{toolsDir, "wordcount", `{"text":"one two three"}`, `"words":3`},
+		{bundledDir["wordcount"], "wordcount", `{"text":"one two three"}`, `"words":3`},
 		{tinyDir, "fixed", `{}`, `{"greeting":"hi"}`},
 	}
 	for _, tt := range tests {
@@ -87,11 +88,12 @@ func TestToolUnloadsWhenIdle(t *testing.T) {
 // CacheDir to load the module again from, a tool is never unloaded: its
 // idle timer is never armed.
 func TestToolNotUnloaded(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
 	}{
-		{"negative", Config{Dir: tinyDir, CacheDir: cacheDir, IdleToolTimeout: -1}},
+		{"negative", Config{Dir: tinyDir, CacheDir: cacheDir, testCache: sharedCache, IdleToolTimeout: -1}},
 		{"no cache", Config{Dir: tinyDir, IdleToolTimeout: time.Nanosecond}},
 	}
 	for _, tt := range tests {
@@ -123,7 +125,7 @@ func TestUnloadConcurrentCalls(t *testing.T) {
 	t.Parallel()
 	const workers, calls = 6, 15
 	hook, unloaded := unloadedHook()
-	r := openRegistry(t, Config{Dir: toolsDir, IdleToolTimeout: time.Nanosecond, IdleInstanceTimeout: time.Nanosecond, testHookUnload: hook})
+	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], IdleToolTimeout: time.Nanosecond, IdleInstanceTimeout: time.Nanosecond, testHookUnload: hook})
 	waitUnload(t, unloaded, "wordcount")
 	var wg sync.WaitGroup
 	for i := range workers {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 // writes a broken file and deletes one, checking the registry follows
 // each change live and keeps serving throughout.
 func TestWatchHotReload(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := openRegistry(t, Config{Dir: dir})
 	if n := len(r.Tools()); n != 0 {
@@ -74,12 +76,20 @@ func TestWatchHotReload(t *testing.T) {
 	}
 
 	// A broken or half-written file is skipped; the others keep working.
+	// A tool dropped in after it makes a reload that has seen both.
 	if err := os.WriteFile(filepath.Join(dir, "half.wasm"), bin[:len(bin)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if got := r.Specs(); len(got) != 1 || got[0].Name != "fixed" {
-		t.Fatalf("after broken file tools = %+v", got)
+	other := strings.Replace(string(manifest), `"name":"fixed"`, `"name":"other"`, 1)
+	if err := os.WriteFile(filepath.Join(dir, "other.manifest.json"), []byte(other), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "other.wasm"), bin, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts = next("broken file, then another tool")
+	if got := toolNames(ts); !slices.Equal(got, []string{"fixed", "other"}) {
+		t.Fatalf("after broken file tools = %q, want fixed and other", got)
 	}
 	mustCall(t, r, "fixed", `{}`)
 
@@ -87,14 +97,25 @@ func TestWatchHotReload(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "fixed.wasm")); err != nil {
 		t.Fatal(err)
 	}
-	if ts := next("delete"); len(ts) != 0 {
-		t.Fatalf("after delete tools = %+v", ts)
+	if got := toolNames(next("delete")); !slices.Equal(got, []string{"other"}) {
+		t.Fatalf("after delete tools = %q, want other", got)
 	}
 	wantCode(t, r, "fixed", `{}`, keel.ToolNotFound)
 }
 
+// toolNames returns the names of ts, sorted.
+func toolNames(ts []Tool) []string {
+	var names []string
+	for _, tl := range ts {
+		names = append(names, tl.Spec.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // TestReloadWhileCalling swaps the tool set while calls run, under -race.
 func TestReloadWhileCalling(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, f := range []string{"fixed.wasm", "fixed.manifest.json"} {
 		b, err := os.ReadFile(filepath.Join(tinyDir, f))
@@ -148,6 +169,7 @@ func TestReloadWhileCalling(t *testing.T) {
 // call either succeeds or fails with not_found (the tool was removed at
 // that moment); nothing else.
 func TestRegistryConcurrentChurn(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	bin, err := os.ReadFile(filepath.Join(tinyDir, "fixed.wasm"))
 	if err != nil {

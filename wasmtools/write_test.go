@@ -14,6 +14,7 @@ import (
 // it write and patch inside the granted directory only; a read-only grant
 // or none refuses it before it runs; no path or symlink leads outside.
 func TestWriteGrant(t *testing.T) {
+	t.Parallel()
 	ws, outside := t.TempDir(), t.TempDir()
 	secret := filepath.Join(outside, "secret.txt")
 	mustWrite(t, secret, "untouched")
@@ -24,7 +25,7 @@ func TestWriteGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	rw := map[string]capabilities.Grants{"writefile": {FS: []capabilities.FSGrant{{HostPath: ws, GuestPath: "/workspace"}}}}
-	r := openRegistry(t, Config{Dir: toolsDir, Grants: rw})
+	r := openRegistry(t, Config{Dir: bundledDir["writefile"], Grants: rw})
 
 	mustCall(t, r, "writefile", `{"path":"notes/todo.txt","content":"buy milk\n"}`)
 	if b, err := os.ReadFile(filepath.Join(ws, "notes", "todo.txt")); err != nil || string(b) != "buy milk\n" {
@@ -58,12 +59,12 @@ func TestWriteGrant(t *testing.T) {
 	}
 
 	ro := map[string]capabilities.Grants{"writefile": {FS: []capabilities.FSGrant{{HostPath: ws, GuestPath: "/workspace", ReadOnly: true}}}}
-	r2 := openRegistry(t, Config{Dir: toolsDir, Grants: ro})
+	r2 := openRegistry(t, Config{Dir: bundledDir["writefile"], Grants: ro})
 	te := wantCode(t, r2, "writefile", `{"path":"x.txt","content":"x"}`, keel.ToolPermissionDenied)
 	if !strings.Contains(te.Message, "read-write") {
 		t.Errorf("read-only denial %q does not say read-write is needed", te.Message)
 	}
-	none := openRegistry(t, Config{Dir: toolsDir})
+	none := openRegistry(t, Config{Dir: bundledDir["writefile"]})
 	wantCode(t, none, "writefile", `{"path":"x.txt","content":"x"}`, keel.ToolPermissionDenied)
 	if _, err := os.Stat(filepath.Join(ws, "x.txt")); err == nil {
 		t.Error("a refused call wrote a file")
@@ -84,7 +85,7 @@ func TestDiskQuota(t *testing.T) {
 			t.Parallel()
 			ws := t.TempDir()
 			grant := map[string]capabilities.Grants{"hostile": {FS: []capabilities.FSGrant{{HostPath: ws, GuestPath: "/out"}}}}
-			r := openRegistry(t, Config{Dir: dir.dir, CacheDir: cacheDir, Grants: grant, WriteQuotaBytes: quota, MinFreeDiskBytes: -1})
+			r := openRegistry(t, Config{Dir: dir.dir, Grants: grant, WriteQuotaBytes: quota, MinFreeDiskBytes: -1})
 			for _, c := range []struct{ in, file string }{
 				{`{"mode":"fill","path":"/out/fill.bin"}`, "fill.bin"},
 				{`{"mode":"truncate","path":"/out/fill.bin","size":1099511627776}`, "fill.bin"},
@@ -102,7 +103,7 @@ func TestDiskQuota(t *testing.T) {
 			// A call within the quota, after calls that used it up, passes.
 			mustCall(t, r, "hostile", `{"mode":"write","path":"/out/small.txt","data":"fits"}`)
 
-			floor := openRegistry(t, Config{Dir: dir.dir, CacheDir: cacheDir, Grants: grant, MinFreeDiskBytes: 1 << 62})
+			floor := openRegistry(t, Config{Dir: dir.dir, Grants: grant, MinFreeDiskBytes: 1 << 62})
 			te := wantCode(t, floor, "hostile", `{"mode":"write","path":"/out/floor.txt","data":"x"}`, keel.ToolResourceExhausted)
 			if !strings.Contains(te.Message, "free disk") {
 				t.Errorf("floor refusal %q does not name the free-disk floor", te.Message)
