@@ -644,10 +644,12 @@ func (t *loadingTools) Specs() []keel.ToolSpec {
 // journals run.started once they are there.
 func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 	ctx := context.Background()
-	st := openStore(t)
+	st := &writeCounter{Store: openStore(t)}
 	tools := &loadingTools{loaded: make(chan struct{})}
 	// The second run's model waits until its Start's commits are counted:
-	// its loop's own commits must not be counted with them.
+	// its loop's own journal writes must not be counted with them. (Its
+	// trace spans commit on a timer, whenever it fires: writeCounter
+	// counts only the commits a journal write makes.)
 	counted := make(chan struct{})
 	model := scripted.New(nil, scripted.Repeat(scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
 		if scripted.Goal(req) == "loaded" {
@@ -679,7 +681,7 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 		t.Errorf("run started while tools load: status %s, last seq %d; want queued, 0", loading.Status, loading.LastSeq)
 	}
 	close(tools.loaded)
-	if r := waitRun(t, eng, st, loading.ID); r.Status != keel.RunSucceeded {
+	if r := waitRun(t, eng, st.Store, loading.ID); r.Status != keel.RunSucceeded {
 		t.Fatalf("run started while tools load ended %s (%s)", r.Status, r.Error)
 	}
 
@@ -687,19 +689,18 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 	if err := st.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before := st.Commits()
 	r, err := eng.Start(ctx, engine.StartRequest{Goal: "loaded"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := st.Commits() - before; got != 1 {
+	if got := st.journalCommits(r.ID); got != 1 {
 		t.Errorf("Start took %d commits, want 1", got)
 	}
 	close(counted)
 	if r.Status != keel.RunRunning || r.LastSeq != 1 {
 		t.Errorf("run started with tools loaded: status %s, last seq %d; want running, 1", r.Status, r.LastSeq)
 	}
-	waitRun(t, eng, st, r.ID)
+	waitRun(t, eng, st.Store, r.ID)
 	for _, id := range []keel.RunID{loading.ID, r.ID} {
 		evs, err := st.Events(ctx, id, 0)
 		if err != nil {
@@ -713,6 +714,57 @@ func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
 			t.Errorf("run %s journals run.started twice", id)
 		}
 	}
+}
+
+// writeCounter is the real store, counting per run the commits that
+// the writes of its journal (CreateRun, CreateRunWith, Append,
+// AppendAll) make: the store's commit count across each such call. The
+// trace spans, which commit on a timer or with whatever write comes
+// next, are not counted unless a journal write carries them. Its
+// caller must keep other runs from committing meanwhile.
+type writeCounter struct {
+	*store.Store
+	mu      sync.Mutex
+	commits map[keel.RunID]int64
+}
+
+func (w *writeCounter) count(id keel.RunID, write func() error) error {
+	w.mu.Lock() // one journal write at a time, so each counts its own
+	defer w.mu.Unlock()
+	before := w.Store.Commits()
+	err := write()
+	if w.commits == nil {
+		w.commits = map[keel.RunID]int64{}
+	}
+	w.commits[id] += w.Store.Commits() - before
+	return err
+}
+
+// journalCommits is how many commits the writes of run id's journal
+// have made so far.
+func (w *writeCounter) journalCommits(id keel.RunID) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.commits[id]
+}
+
+func (w *writeCounter) CreateRun(ctx context.Context, r keel.Run) error {
+	return w.count(r.ID, func() error { return w.Store.CreateRun(ctx, r) })
+}
+
+func (w *writeCounter) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) (stored []keel.Event, err error) {
+	err = w.count(r.ID, func() error { stored, err = w.Store.CreateRunWith(ctx, r, evs, upd); return err })
+	return stored, err
+}
+
+func (w *writeCounter) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (ev keel.Event, err error) {
+	err = w.count(id, func() error { ev, err = w.Store.Append(ctx, id, typ, at, data, upd); return err })
+	return ev, err
+}
+
+func (w *writeCounter) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) (stored []keel.Event, err error) {
+	err = w.count(id, func() error { stored, err = w.Store.AppendAll(ctx, id, evs, upd); return err })
+	return stored, err
 }
 
 // classTools are echoTools that also say each tool's side effects on
