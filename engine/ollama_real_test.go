@@ -59,7 +59,8 @@ func TestRealOllamaContextFit(t *testing.T) {
 	for _, model := range []string{cmp.Or(os.Getenv("KEEL_TEST_OLLAMA_MODEL"), "keel-tiny")} {
 		t.Run(model, func(t *testing.T) {
 			hc := &http.Client{Transport: &http.Transport{}}
-			p, err := ollama.New(ollama.Config{Host: host, HTTPClient: hc})
+			// One thread: several stall each other on a busy machine (ollama.Config.NumThread).
+			p, err := ollama.New(ollama.Config{Host: host, HTTPClient: hc, NumThread: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

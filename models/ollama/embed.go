@@ -18,12 +18,16 @@ func (p *Provider) Embed(ctx context.Context, req models.EmbedRequest) (models.E
 		return models.EmbedResponse{Model: req.Model}, nil
 	}
 	truncate := false
-	resp, err := p.client.Embed(ctx, &api.EmbedRequest{
+	ereq := &api.EmbedRequest{
 		Model:     req.Model,
 		Input:     req.Input,
 		Truncate:  &truncate,
 		KeepAlive: &api.Duration{Duration: p.keepAlive},
-	})
+	}
+	if p.numThread > 0 {
+		ereq.Options = map[string]any{"num_thread": p.numThread}
+	}
+	resp, err := p.client.Embed(ctx, ereq)
 	if err != nil {
 		return models.EmbedResponse{}, p.wrap(ctx, "embed", req.Model, err)
 	}

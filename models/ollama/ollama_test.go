@@ -203,6 +203,8 @@ func TestChatOptions(t *testing.T) {
 			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512}}`},
 		{"sampling", Config{}, models.ChatRequest{Model: "tiny", Temperature: new(0.0), Seed: new(42)},
 			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512,"temperature":0,"seed":42}}`},
+		{"one thread", Config{NumThread: 1}, models.ChatRequest{Model: "tiny"},
+			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":512,"num_thread":1}}`},
 		{"max tokens wins", Config{NumPredict: 100}, models.ChatRequest{Model: "tiny", MaxTokens: 7},
 			`{"keep_alive":"5m0s","options":{"num_ctx":2048,"num_predict":7}}`},
 		{"no cap, keep loaded", Config{NumPredict: -1, KeepAlive: -1}, models.ChatRequest{Model: "tiny"},

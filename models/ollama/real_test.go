@@ -27,12 +27,13 @@ import (
 // recorder is a RoundTripper that keeps the bodies of /api/chat requests,
 // so a test can see what the provider sent to the real server.
 type recorder struct {
-	mu    sync.Mutex
-	chats []map[string]any
+	mu     sync.Mutex
+	chats  []map[string]any
+	embeds []map[string]any // /api/embed request bodies
 }
 
 func (rec *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.URL.Path == "/api/chat" && r.Body != nil {
+	if (r.URL.Path == "/api/chat" || r.URL.Path == "/api/embed") && r.Body != nil {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
 			return nil, err
@@ -41,7 +42,11 @@ func (rec *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
 		var m map[string]any
 		json.Unmarshal(b, &m)
 		rec.mu.Lock()
-		rec.chats = append(rec.chats, m)
+		if r.URL.Path == "/api/chat" {
+			rec.chats = append(rec.chats, m)
+		} else {
+			rec.embeds = append(rec.embeds, m)
+		}
 		rec.mu.Unlock()
 	}
 	return http.DefaultTransport.RoundTrip(r)
@@ -68,7 +73,9 @@ func realOllama(t *testing.T) (p *Provider, rec *recorder, tiny, tools string) {
 		t.Skip("OLLAMA_HOST is unset; start a test server with ../shared/ollama/start")
 	}
 	rec = &recorder{}
-	p, err := New(Config{Host: host, HTTPClient: &http.Client{Transport: rec}})
+	// One thread: the tiny models are quick on one, and several stall
+	// each other on a busy machine (Config.NumThread).
+	p, err := New(Config{Host: host, HTTPClient: &http.Client{Transport: rec}, NumThread: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +324,7 @@ func TestRealToolSchemasOllamaCannotCompile(t *testing.T) {
 }
 
 func TestRealEmbed(t *testing.T) {
-	p, _, tiny, _ := realOllama(t)
+	p, rec, tiny, _ := realOllama(t)
 	resp, err := p.Embed(t.Context(), models.EmbedRequest{Model: tiny, Input: []string{"a cat", "a dog", "a cat"}})
 	if err != nil {
 		t.Fatal(err)
@@ -327,6 +334,12 @@ func TestRealEmbed(t *testing.T) {
 	}
 	if !slices.Equal(resp.Vectors[0], resp.Vectors[2]) || slices.Equal(resp.Vectors[0], resp.Vectors[1]) {
 		t.Errorf("Embed(): equal inputs must give equal vectors and different inputs different ones")
+	}
+	rec.mu.Lock()
+	sent := rec.embeds[len(rec.embeds)-1]
+	rec.mu.Unlock()
+	if opts, _ := sent["options"].(map[string]any); opts["num_thread"] != float64(1) {
+		t.Errorf("embed options sent = %v, want num_thread 1 (Config.NumThread)", sent["options"])
 	}
 	if _, err := p.Embed(t.Context(), models.EmbedRequest{Model: "keel-no-such-model", Input: []string{"x"}}); !errors.Is(err, models.ErrModelNotFound) {
 		t.Errorf("Embed(unknown model) error = %v, want ErrModelNotFound", err)
