@@ -9,16 +9,13 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,6 +49,7 @@ func TestCrashHarness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and a wasm tool")
 	}
+	t.Parallel()
 	e := newCrashEnv(t)
 	bin, dir, work, env, model := e.bin, e.dir, e.work, e.env, e.model
 
@@ -86,13 +84,14 @@ func TestCrashHarness(t *testing.T) {
 	defer func() { c.Close(); d.stop(t) }()
 
 	// Let every run end, deciding for those left waiting.
+	changed := watchRuns(t, c, ids)
 	decided := map[keel.RunID]int{}
 	deadline := time.Now().Add(3 * time.Minute)
 	for pending := len(ids); pending > 0; {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d runs did not end in 3 minutes", pending)
 		}
-		time.Sleep(100 * time.Millisecond)
+		awaitChange(changed)
 		pending = 0
 		for _, id := range ids {
 			det, err := c.GetRun(ctx, id)
@@ -179,12 +178,9 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and a wasm tool")
 	}
+	t.Parallel()
 	began := time.Now()
 	e := newCrashEnv(t)
-	// Only tally: the bundled examples would take half a minute to compile.
-	if err := os.WriteFile(filepath.Join(e.dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	flags := []string{"--require-approval", string(keel.SideEffectNonIdempotentWrite)}
 	d := startKeel(t, e.bin, e.env, e.dir, flags...)
 	c := dialWait(t, e.dir)
@@ -197,6 +193,8 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 		}
 	}()
 	var kills []time.Time // when each SIGKILL was sent
+	ids := make([]keel.RunID, approvalRuns)
+	var changed <-chan struct{} // an event of one of the runs ids on c
 	// restart kills the daemon and starts it again; cold drops the
 	// compiled tools first, so that it compiles tally again for seconds,
 	// during which no run can go on.
@@ -212,10 +210,10 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 		}
 		d = startKeel(t, e.bin, e.env, e.dir, flags...)
 		c = dialWait(t, e.dir)
+		changed = watchRuns(t, c, ids)
 	}
 	e.grantTally(t, c)
 	ctx := context.Background()
-	ids := make([]keel.RunID, approvalRuns)
 	for i := range ids {
 		goal := fmt.Sprintf("approve-%d", i)
 		r, err := c.StartRun(ctx, protocol.RunStartParams{Goal: goal, Model: "default", MaxSteps: crashToolCalls + 2})
@@ -235,8 +233,9 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 
 	// Every run waits for the approval of its first call; a kill and a
 	// restart change nothing: not the status, not one event, not a span.
+	changed = watchRuns(t, c, ids)
 	before := map[keel.RunID]protocol.RunDetail{}
-	for deadline := time.Now().Add(time.Minute); len(before) < len(ids); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); len(before) < len(ids); awaitChange(changed) {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d of %d runs asked for an approval in a minute", len(before), len(ids))
 		}
@@ -375,7 +374,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 	}
 	waitToolsReady(t, c)
 	var stuck []keel.RunID
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; awaitChange(changed) {
 		stuck = stuck[:0]
 		for _, id := range ids {
 			if det := getRun(t, c, id); det.Run.Status == keel.RunWaiting && det.Events[len(det.Events)-1].Type == keel.EventApproval {
@@ -393,7 +392,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 				resume = append(resume, line)
 			}
 		}
-		t.Errorf("%v still wait 5s after the daemon could run them, with their answers journaled (%s answered before the kill, the others after the restart, all before tally compiled); daemon log: %q",
+		t.Errorf("%v still wait a minute after the daemon could run them, with their answers journaled (%s answered before the kill, the others after the restart, all before tally compiled); daemon log: %q",
 			stuck, ids[x], resume)
 		restart(false) // lets them go on, and the rest of the test
 	}
@@ -421,7 +420,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 			case keel.EventApprovalAsked:
 				p, seq := answer(i, det), last.Seq
 				killed := false
-				if p.Approved && retries == 0 && len(kills) < approvalMaxKills && rng.IntN(2) == 0 && callStarted(t, c, id, p.CallID, seq) {
+				if p.Approved && retries == 0 && len(kills) < approvalMaxKills && rng.IntN(2) == 0 && callStarted(t, c, changed, id, p.CallID, seq) {
 					// Killed as soon as the call's intent is journaled:
 					// tally may not have written yet, and then a person
 					// says retry (below).
@@ -444,7 +443,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 					t.Fatalf("decide %s: %v", id, err)
 				}
 				decisions++
-				if decision == keel.DecisionRetry && retries < 2 && callStarted(t, c, id, call.ID, last.Seq) {
+				if decision == keel.DecisionRetry && retries < 2 && callStarted(t, c, changed, id, call.ID, last.Seq) {
 					// Killed while the retried call runs: its outcome is
 					// unknown again, so the run must ask again, not run
 					// it once more on its own.
@@ -460,7 +459,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 			dump()
 			t.Fatalf("%d runs did not end in 60s", pending)
 		}
-		time.Sleep(50 * time.Millisecond)
+		awaitChange(changed)
 	}
 	if len(kills) < 6 { // one while every run waited, two around compiling, three after answers
 		t.Errorf("%d kills, want at least 6", len(kills))
@@ -601,12 +600,14 @@ func checkApprovals(t *testing.T, det protocol.RunDetail, approved map[string]bo
 	return late
 }
 
-// callStarted waits, polling without pause, until run id journals the
-// intent of call (tool.call) after seq, and reports whether it did before
-// the call's result or the run's end.
-func callStarted(t *testing.T, c *client.Client, id keel.RunID, call string, seq int64) bool {
+// callStarted waits until run id journals the intent of call (tool.call)
+// after seq, and reports whether it did before the call's result or the
+// run's end. It looks at the run's journal at each event of the runs
+// changed follows.
+func callStarted(t *testing.T, c *client.Client, changed <-chan struct{}, id keel.RunID, call string, seq int64) bool {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+	expired := time.After(time.Minute)
+	for {
 		det := getRun(t, c, id)
 		for _, ev := range det.Events[min(int(seq), len(det.Events)):] {
 			switch ev.Type {
@@ -625,8 +626,46 @@ func callStarted(t *testing.T, c *client.Client, id keel.RunID, call string, seq
 		if det.Run.Status.Terminal() {
 			return false
 		}
+		select {
+		case <-changed:
+		case <-expired:
+			return false
+		}
 	}
-	return false
+}
+
+// watchRuns subscribes c to the events of runs ids. The channel it
+// returns receives whenever one of them journals an event (one signal
+// pending at most: several events may arrive as one); it stops when c
+// closes.
+func watchRuns(t *testing.T, c *client.Client, ids []keel.RunID) <-chan struct{} {
+	t.Helper()
+	changed := make(chan struct{}, 1)
+	go func() {
+		for range c.Events() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	for _, id := range ids {
+		if _, err := c.Subscribe(context.Background(), id, 0); err != nil {
+			t.Fatalf("subscribe to %s: %v", id, err)
+		}
+	}
+	return changed
+}
+
+// awaitChange waits for a signal of changed, at most a second: a loop
+// that acts on what the runs show then looks again, and misses nothing
+// even when no event comes (a restarted daemon resumes them only once its
+// tools are ready).
+func awaitChange(changed <-chan struct{}) {
+	select {
+	case <-changed:
+	case <-time.After(time.Second):
+	}
 }
 
 func getRun(t *testing.T, c *client.Client, id keel.RunID) protocol.RunDetail {
@@ -667,17 +706,8 @@ func isConflict(err error) bool {
 // at start (it resumes runs then).
 func waitToolsReady(t *testing.T, c *client.Client) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		res, err := c.ToolsList(context.Background())
-		if err != nil {
-			t.Fatalf("tools.list: %v", err)
-		}
-		if res.Compiling == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tools still compiling after a minute: %+v", *res.Compiling)
-		}
+	if err := toolsReady(c, time.Minute); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -769,13 +799,15 @@ func tally(t *testing.T, work string) map[string]int {
 // It pauses before and while streaming, so kills land mid-stream.
 type scriptModel struct {
 	*httptest.Server
-	mu   sync.Mutex
-	n    int
-	gone int // "hang" requests whose caller went away
+	mu sync.Mutex
+	n  int
+	// hangGone receives once for each "hang" request whose caller went
+	// away.
+	hangGone chan struct{}
 }
 
 func newScriptModel(t *testing.T) *scriptModel {
-	m := &scriptModel{}
+	m := &scriptModel{hangGone: make(chan struct{}, 16)}
 	m.Server = httptest.NewServer(http.HandlerFunc(m.serve))
 	t.Cleanup(m.Close)
 	return m
@@ -832,9 +864,10 @@ func (m *scriptModel) serve(w http.ResponseWriter, r *http.Request) {
 		// Starts answering, then never finishes: until the caller goes.
 		send(map[string]any{"role": "assistant", "content": "Thinking"}, nil)
 		<-r.Context().Done()
-		m.mu.Lock()
-		m.gone++
-		m.mu.Unlock()
+		select {
+		case m.hangGone <- struct{}{}:
+		default:
+		}
 		return
 	}
 	if results < crashToolCalls {
@@ -856,10 +889,10 @@ func (m *scriptModel) serve(w http.ResponseWriter, r *http.Request) {
 	flusher.Flush()
 }
 
-// crashEnv is what the crash tests share: the keel binary, a data
-// directory holding the tally tool and a models.json whose one route is
-// the script model, the tool's workspace, and the daemon's environment
-// (with no Ollama reachable).
+// crashEnv is what the crash tests share: a data directory holding the
+// tally tool (and not the bundled examples) and a models.json whose one route is the script model, the
+// tool's workspace, and the daemon's environment (with no Ollama
+// reachable). Its daemons load the tools from the shared cache.
 type crashEnv struct {
 	bin, dir, work string
 	env            []string
@@ -869,18 +902,21 @@ type crashEnv struct {
 func newCrashEnv(t *testing.T) crashEnv {
 	t.Helper()
 	tmp := t.TempDir()
-	bin := buildKeel(t, tmp)
-	dir := filepath.Join(tmp, "data")
-	work := filepath.Join(tmp, "work")
-	for _, d := range []string{filepath.Join(dir, "tools"), work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	dir, err := newDataDir(tmp)
+	if err != nil {
+		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "tools", "tally.wasm"), "./testdata/tally")
-	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build tally.wasm: %v\n%s", err, out)
+	work := filepath.Join(tmp, "work")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyFile(shared.tally, filepath.Join(dir, "tools", "tally.wasm")); err != nil {
+		t.Fatal(err)
+	}
+	// Only tally: the bundled examples play no part here, and loading
+	// them at each of the restarts would cost seconds.
+	if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	model := newScriptModel(t)
 	writeJSON(t, filepath.Join(dir, "models.json"), map[string]any{
@@ -890,95 +926,27 @@ func newCrashEnv(t *testing.T) crashEnv {
 		}},
 		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "fake", "model": "fake"}}}},
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadOllama := ln.Addr().String()
-	ln.Close()
-	env := append(os.Environ(), "OLLAMA_HOST="+deadOllama, "KEEL_DATA_DIR="+dir)
-	return crashEnv{bin: bin, dir: dir, work: work, env: env, model: model}
+	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
+	return crashEnv{bin: shared.bin, dir: dir, work: work, env: env, model: model}
 }
 
-// grantTally grants tally the workspace, once the daemon has compiled it.
+// grantTally grants tally the workspace. The daemon answers once it has
+// compiled its tools.
 func (e crashEnv) grantTally(t *testing.T, c *client.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for {
-		_, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "tally",
-			Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: e.work, GuestPath: "/workspace"}}}})
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("grant tally: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // still compiling
+	_, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "tally",
+		Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: e.work, GuestPath: "/workspace"}}}})
+	if err != nil {
+		t.Fatalf("grant tally: %v", err)
 	}
 }
 
-// keelProc is a running daemon process.
-type keelProc struct {
-	cmd    *exec.Cmd
-	exited chan error
-	logs   *syncWriter
-}
-
+// buildKeel returns the keel binary TestMain built; tmp is unused.
 func buildKeel(t *testing.T, tmp string) string {
 	t.Helper()
-	bin := filepath.Join(tmp, "keel")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// startKeel starts the daemon, with args added to its flags, and waits
-// until it serves.
-func startKeel(t *testing.T, bin string, env []string, dir string, args ...string) *keelProc {
-	t.Helper()
-	os.Remove(filepath.Join(dir, protocol.DaemonFile)) // a stale file from a kill
-	args = append([]string{"daemon", "--addr", "127.0.0.1:0"}, args...)
-	p := &keelProc{cmd: exec.Command(bin, args...), exited: make(chan error, 1), logs: &syncWriter{b: &strings.Builder{}}}
-	p.cmd.Env = env
-	p.cmd.Stderr = p.logs
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- p.cmd.Wait() }()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := client.ReadDaemonInfo(dir); err == nil && info.PID == p.cmd.Process.Pid {
-			return p
-		}
-		select {
-		case err := <-p.exited:
-			t.Fatalf("daemon exited early: %v\n%s", err, p.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready in 2m\n%s", p.logs.String())
-		}
-	}
-}
-
-func (p *keelProc) kill(t *testing.T) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.exited
-}
-
-func (p *keelProc) stop(t *testing.T) {
-	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		p.cmd.Process.Kill()
-		t.Errorf("daemon did not stop on SIGTERM")
-	}
+	return shared.bin
 }
 
 func dialWait(t *testing.T, dir string) *client.Client {
@@ -999,22 +967,4 @@ func writeJSON(t *testing.T, path string, v any) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// syncWriter lets the daemon's stderr be read while it is written.
-type syncWriter struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

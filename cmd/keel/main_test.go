@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,54 +17,25 @@ import (
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
-// TestBinary builds the real keel binary and runs it as a user would: the
-// daemon with no Ollama reachable, CLI commands against it, a foreign
-// Origin and Host refused by the real listener, then SIGTERM, which must
-// stop it cleanly (exit 0, daemon.json removed).
+// TestBinary runs the real keel binary (TestMain builds it) as a user
+// would: the daemon with no Ollama reachable, CLI commands against it, a
+// foreign Origin and Host refused by the real listener, then SIGTERM,
+// which must stop it cleanly (exit 0, daemon.json removed).
 func TestBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	tmp := t.TempDir()
-	bin := buildKeel(t, tmp)
-	// A closed port: Ollama is "down".
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Parallel()
+	dir, err := newDataDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadOllama := ln.Addr().String()
-	ln.Close()
-
-	dir := filepath.Join(tmp, "data")
-	env := append(os.Environ(), "OLLAMA_HOST="+deadOllama, "KEEL_DATA_DIR="+dir)
-	daemon := exec.Command(bin, "daemon", "--addr", "127.0.0.1:0")
-	daemon.Env = env
-	var logs strings.Builder
-	daemon.Stderr = &logs
-	if err := daemon.Start(); err != nil {
+	bin := shared.bin
+	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
+	daemon := startKeel(t, bin, env, dir)
+	info, err := client.ReadDaemonInfo(dir)
+	if err != nil {
 		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- daemon.Wait() }()
-	defer func() {
-		daemon.Process.Kill()
-	}()
-	var info protocol.DaemonInfo
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if info, err = client.ReadDaemonInfo(dir); err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("daemon exited early: %v\n%s", err, logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no daemon.json after 2m\n%s", logs.String())
-		}
-	}
-	if info.PID != daemon.Process.Pid {
-		t.Errorf("daemon.json pid = %d, want %d", info.PID, daemon.Process.Pid)
 	}
 
 	keel := func(args ...string) (string, int) {
@@ -130,22 +99,14 @@ func TestBinary(t *testing.T) {
 		}
 	}
 
-	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("daemon exit after SIGTERM = %v, want 0\n%s", err, logs.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("daemon did not stop within 30s of SIGTERM")
+	if err := daemon.terminate(30 * time.Second); err != nil {
+		t.Errorf("daemon exit after SIGTERM = %v, want 0\n%s", err, daemon.logs.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, protocol.DaemonFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("daemon.json left after SIGTERM: %v", err)
 	}
-	if !strings.Contains(logs.String(), "keel daemon stopped") {
-		t.Errorf("daemon log lacks a clean stop:\n%s", logs.String())
+	if logs := daemon.logs.String(); !strings.Contains(logs, "keel daemon stopped") {
+		t.Errorf("daemon log lacks a clean stop:\n%s", logs)
 	}
 }
 
@@ -157,25 +118,28 @@ func TestRunCtrlC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
+	t.Parallel()
 	e := newCrashEnv(t)
 	p := startKeel(t, e.bin, e.env, e.dir)
 	defer p.stop(t)
 
 	cmd := exec.Command(e.bin, "run", "--model", "default", "hang until cancelled")
 	cmd.Env = e.env
-	var out syncWriter
-	out.b = &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := newSyncWriter()
+	cmd.Stdout, cmd.Stderr = out, out
+	thinking := out.when("Thinking")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "Thinking"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
-		}
+	select {
+	case <-thinking:
+	case err := <-exited:
+		t.Fatalf("keel run exited (%v) before the model's first words reached the terminal:\n%s", err, out.String())
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
@@ -200,15 +164,9 @@ func TestRunCtrlC(t *testing.T) {
 	if err != nil || len(runs) != 1 || runs[0].Status != keel.RunCancelled {
 		t.Errorf("runs after Ctrl-C = %+v, %v; want one, cancelled", runs, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		e.model.mu.Lock()
-		gone := e.model.gone
-		e.model.mu.Unlock()
-		if gone == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the model request was still open 10 s after the run was cancelled")
-		}
+	select {
+	case <-e.model.hangGone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the model request was still open 10 s after the run was cancelled")
 	}
 }

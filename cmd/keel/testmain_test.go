@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"testing"
+
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// shared holds what every test of the package uses, made once by
+// TestMain in a temporary directory removed at exit: building the keel
+// binary and a Go wasm tool takes seconds each time, and compiling the
+// bundled tools tens of seconds (minutes on a loaded machine).
+var shared struct {
+	// bin is the keel binary built from this package, never with -race
+	// (see buildShared).
+	bin string
+	// tally is testdata/tally built for wasip1 as a reactor.
+	tally string
+	// cache is a wazero compilation cache (a daemon's DATA_DIR/cache/wazero)
+	// holding the bundled tools and tally compiled by bin. newDataDir links
+	// it into each test's data directory.
+	cache string
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code, err := testMain(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cmd/keel TestMain:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func testMain(m *testing.M) (int, error) {
+	if testing.Short() {
+		return m.Run(), nil // every test here needs the binary: they skip
+	}
+	tmp, err := os.MkdirTemp("", "keel-cmd-test-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	start := time.Now()
+	if err := buildShared(tmp); err != nil {
+		return 0, err
+	}
+	built := time.Since(start)
+	if err := warmCache(tmp); err != nil {
+		return 0, err
+	}
+	if testing.Verbose() {
+		fmt.Printf("cmd/keel TestMain: built keel and tally in %s, compiled the tools in %s\n",
+			built.Round(time.Millisecond), (time.Since(start) - built).Round(time.Millisecond))
+	}
+	return m.Run(), nil
+}
+
+// buildShared builds the keel binary and tally.wasm into tmp, both at once.
+//
+// The binary is built without -race even when the tests run with it: a
+// race-built daemon compiles the tools about 8 times slower (the bundled
+// tools and tally took 281 s of CPU against 36 s), and the crash tests
+// compile tally from cold twice. These tests check what the real binary
+// does across SIGKILLs and restarts; the daemon's code runs under -race
+// in the daemon package's tests, which start it in-process.
+func buildShared(tmp string) error {
+	shared.bin = filepath.Join(tmp, "keel")
+	shared.tally = filepath.Join(tmp, "tally.wasm")
+	keel := exec.Command("go", "build", "-o", shared.bin, ".")
+	tally := exec.Command("go", "build", "-buildmode=c-shared", "-o", shared.tally, "./testdata/tally")
+	tally.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, cmd := range []*exec.Cmd{keel, tally} {
+		wg.Go(func() {
+			if out, err := cmd.CombinedOutput(); err != nil {
+				errs[i] = fmt.Errorf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// warmCache starts the keel daemon once on a data directory of its own
+// holding tally beside the bundled tools, waits until it has compiled
+// them all, and stops it: its cache is then shared.cache.
+func warmCache(tmp string) error {
+	dir := filepath.Join(tmp, "warm")
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
+		return err
+	}
+	if err := copyFile(shared.tally, filepath.Join(dir, "tools", "tally.wasm")); err != nil {
+		return err
+	}
+	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
+	// No deadline: minutes under -race on a loaded machine.
+	p, err := startDaemon(env, dir, 0)
+	if err != nil {
+		return fmt.Errorf("warm the tool cache: %w", err)
+	}
+	c, err := client.DialDataDir(context.Background(), dir)
+	if err == nil {
+		err = toolsReady(c, 0)
+		c.Close()
+	}
+	if serr := p.terminate(time.Minute); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("warm the tool cache: %w\n%s", err, p.logs.String())
+	}
+	shared.cache = filepath.Join(dir, "cache", "wazero")
+	return nil
+}
+
+// newDataDir returns a new data directory, under a test's temp dir tmp,
+// whose wazero cache is shared.cache: a daemon started on it loads the
+// bundled tools and tally compiled. Several daemons may share the cache
+// at once: wazero and keel write each file of it to a temporary name
+// and rename it into place.
+func newDataDir(tmp string) (string, error) {
+	dir := filepath.Join(tmp, "data")
+	if err := os.MkdirAll(filepath.Join(dir, "cache"), 0o700); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
+		return "", err
+	}
+	return dir, os.Symlink(shared.cache, filepath.Join(dir, "cache", "wazero"))
+}
+
+// deadAddr is a loopback address where nothing listens: Ollama is down.
+func deadAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o600)
+}
+
+// keelProc is a daemon process the tests started.
+type keelProc struct {
+	cmd  *exec.Cmd
+	logs *syncWriter   // its stderr
+	done chan struct{} // closed once it has exited; err is then set
+	err  error         // what cmd.Wait returned
+}
+
+// startDaemon starts `keel daemon` on data directory dir with the extra
+// flags args, and waits until it serves: its log says it is ready and
+// dir/daemon.json names it. timeout 0 waits as long as it takes.
+func startDaemon(env []string, dir string, timeout time.Duration, args ...string) (*keelProc, error) {
+	os.Remove(filepath.Join(dir, protocol.DaemonFile)) // a stale file from a kill
+	args = append([]string{"daemon", "--addr", "127.0.0.1:0"}, args...)
+	p := &keelProc{cmd: exec.Command(shared.bin, args...), logs: newSyncWriter(), done: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stderr = p.logs
+	ready := p.logs.when("keel daemon ready")
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		expired = time.After(timeout)
+	}
+	select {
+	case <-ready:
+	case <-p.done:
+		return nil, fmt.Errorf("daemon exited early: %v\n%s", p.err, p.logs.String())
+	case <-expired:
+		p.cmd.Process.Kill()
+		<-p.done
+		return nil, fmt.Errorf("daemon not ready in %s\n%s", timeout, p.logs.String())
+	}
+	// It logs that it is ready once daemon.json is written, whole.
+	if info, err := client.ReadDaemonInfo(dir); err != nil || info.PID != p.cmd.Process.Pid {
+		p.cmd.Process.Kill()
+		<-p.done
+		return nil, fmt.Errorf("daemon ready, but daemon.json = %+v, %v; want pid %d", info, err, p.cmd.Process.Pid)
+	}
+	return p, nil
+}
+
+// terminate stops the daemon with SIGTERM and waits for it to exit, at
+// most timeout (then kills it). It returns its exit error.
+func (p *keelProc) terminate(timeout time.Duration) error {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("daemon did not stop within %s of SIGTERM", timeout)
+	}
+}
+
+// startKeel starts the daemon of binary bin (shared.bin) on data
+// directory dir, with args added to its flags, and waits until it
+// serves. When the test ends the daemon is killed if it still runs.
+func startKeel(t *testing.T, bin string, env []string, dir string, args ...string) *keelProc {
+	t.Helper()
+	if bin != shared.bin {
+		t.Fatalf("startKeel(%s): only the binary TestMain built", bin)
+	}
+	p, err := startDaemon(env, dir, 2*time.Minute, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// kill kills the daemon with SIGKILL and waits for it to be gone.
+func (p *keelProc) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+}
+
+// stop stops the daemon with SIGTERM, as a user would, and waits.
+func (p *keelProc) stop(t *testing.T) {
+	t.Helper()
+	if err := p.terminate(30 * time.Second); err != nil {
+		t.Errorf("daemon stop: %v\n%s", err, p.logs.String())
+	}
+}
+
+// syncWriter collects a process's output while it is read, and says when
+// some text appears in it.
+type syncWriter struct {
+	mu    sync.Mutex
+	b     *strings.Builder
+	waits []textWait
+}
+
+type textWait struct {
+	text string
+	seen chan struct{}
+}
+
+func newSyncWriter() *syncWriter { return &syncWriter{b: &strings.Builder{}} }
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	from := w.b.Len()
+	w.b.Write(p)
+	s := w.b.String()
+	kept := w.waits[:0]
+	for _, tw := range w.waits {
+		if strings.Contains(s[max(0, from-len(tw.text)):], tw.text) {
+			close(tw.seen)
+		} else {
+			kept = append(kept, tw)
+		}
+	}
+	w.waits = kept
+	return len(p), nil
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// when returns a channel closed once text has been written (at once if
+// it already was).
+func (w *syncWriter) when(text string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seen := make(chan struct{})
+	if strings.Contains(w.b.String(), text) {
+		close(seen)
+	} else {
+		w.waits = append(w.waits, textWait{text, seen})
+	}
+	return seen
+}
+
+// toolsReady waits until the daemon has compiled the tools it found at
+// start (it resumes interrupted runs then), at most timeout (0: no
+// bound). The daemon sends no notification for it: this asks tools.list
+// every 20 ms.
+func toolsReady(c *client.Client, timeout time.Duration) error {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		deadline = time.After(timeout)
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		res, err := c.ToolsList(context.Background())
+		if err != nil {
+			return fmt.Errorf("tools.list: %w", err)
+		}
+		if res.Compiling == nil {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			return fmt.Errorf("tools still compiling after %s: %+v", timeout, *res.Compiling)
+		}
+	}
+}
