@@ -352,7 +352,7 @@ func TestContextFitCountsHumanMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { tk.mu.Lock(); defer tk.mu.Unlock(); return len(tk.steps) == 3 })
+	waitUntil(t, eng, func() bool { tk.mu.Lock(); defer tk.mu.Unlock(); return len(tk.steps) == 3 })
 	if _, err := eng.TakeOver(ctx, run.ID, "let me"); err != nil {
 		t.Fatal(err)
 	}

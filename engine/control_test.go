@@ -32,7 +32,7 @@ func TestTakeOverAndHandBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(p.Requests()) == 1 })
+	waitRequests(t, p, 1)
 	if _, err := eng.RunTool(ctx, r.ID, "echo", json.RawMessage(`{"text":"early"}`)); !errors.Is(err, keel.ErrConflict) {
 		t.Errorf("RunTool before take over = %v, want ErrConflict", err)
 	}

@@ -30,6 +30,9 @@ type echoTools struct {
 	mu     sync.Mutex
 	calls  int
 	writes int // executions of "write", which is not idempotent
+	// slowEntered, when not nil, is sent to (if it has room) each time
+	// "slow" is entered.
+	slowEntered chan struct{}
 }
 
 func (t *echoTools) Specs() []keel.ToolSpec {
@@ -57,6 +60,10 @@ func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage
 		}
 		return json.Marshal(map[string]string{"echoed": *in.Text})
 	case "slow":
+		select {
+		case t.slowEntered <- struct{}{}:
+		default:
+		}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	case "write":
@@ -302,20 +309,18 @@ func TestCancelStopsModelAndTool(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t, scripted.New(nil, tt.steps...))
+			h.tools.slowEntered = make(chan struct{}, 1)
 			ctx := context.Background()
 			r, err := h.eng.Start(ctx, engine.StartRequest{Goal: "wait"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, func() bool {
-				// Wait until the run is blocked in the model or the tool.
-				if tt.name == "while a tool runs" {
-					h.tools.mu.Lock()
-					defer h.tools.mu.Unlock()
-					return h.tools.calls > 0
-				}
-				return len(h.model.Requests()) > 0
-			})
+			// Wait until the run is blocked in the model or the tool.
+			if tt.name == "while a tool runs" {
+				waitSlow(t, h.tools)
+			} else {
+				waitRequests(t, h.model, 1)
+			}
 			if _, err := h.eng.Cancel(ctx, r.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -352,7 +357,7 @@ func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(p.Requests()) > 0 })
+	waitRequests(t, p, 1)
 	if err := eng.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -427,14 +432,46 @@ func TestManyConcurrentRuns(t *testing.T) {
 	wg.Wait()
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+// waitRequests waits until model p has received n requests.
+func waitRequests(t *testing.T, p *scripted.Provider, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 5s")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := p.WaitRequests(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitSlow waits until tools' "slow" has been entered; tools.slowEntered
+// must have been made before the call.
+func waitSlow(t *testing.T, tools *echoTools) {
+	t.Helper()
+	select {
+	case <-tools.slowEntered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slow tool was not called within 30s")
+	}
+}
+
+// waitUntil waits until cond holds, checking it now and again after
+// each event eng publishes: cond must turn true with (or before) a
+// journal write of one of eng's runs.
+func waitUntil(t *testing.T, eng *engine.Engine, cond func() bool) {
+	t.Helper()
+	changed := make(chan struct{}, 1)
+	defer eng.Subscribe(func(keel.Event) {
+		select {
+		case changed <- struct{}{}:
+		default:
 		}
-		time.Sleep(2 * time.Millisecond)
+	})()
+	timeout := time.After(30 * time.Second)
+	for !cond() {
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatal("condition not reached in 30s")
+		}
 	}
 }
 

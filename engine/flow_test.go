@@ -701,7 +701,7 @@ func TestDAGResumeAfterShutdown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the slow step never reached its model")
 	}
-	waitFor(t, func() bool { return len(stepEvents(t, journal(t, st, r.ID), keel.EventStepFinished)) == 1 })
+	waitUntil(t, eng1, func() bool { return len(stepEvents(t, journal(t, st, r.ID), keel.EventStepFinished)) == 1 })
 	if err := eng1.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -868,7 +868,7 @@ func TestDAGChildWaitsForApproval(t *testing.T) {
 	ctx := context.Background()
 	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "w", Goal: "write it", Tools: []string{"write"}}}}})
 	child := childRunID(r.ID, "w", 1)
-	waitFor(t, func() bool { c, _ := h.st.GetRun(ctx, child); return c.Status == keel.RunWaiting })
+	waitUntil(t, h.eng, func() bool { c, _ := h.st.GetRun(ctx, child); return c.Status == keel.RunWaiting })
 	time.Sleep(50 * time.Millisecond)
 	if p, _ := h.st.GetRun(ctx, r.ID); p.Status != keel.RunRunning {
 		t.Fatalf("parent = %s %q while its sub-agent waits, want running", p.Status, p.Error)
@@ -1135,11 +1135,7 @@ func TestDAGSubAgentsShareTheBudget(t *testing.T) {
 			h := newFlowHarness(t, m.provider(), engine.Config{MaxParallelSteps: 4})
 			ctx := context.Background()
 			r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Policy: keel.RunPolicy{BudgetTokens: budget}, Plan: &keel.Plan{Steps: tt.steps}})
-			for deadline := time.Now().Add(10 * time.Second); len(childIDs(t, h.st, r.ID)) < len(tt.first); time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("sub-agents started: %v, want %v", childIDs(t, h.st, r.ID), tt.first)
-				}
-			}
+			waitUntil(t, h.eng, func() bool { return len(childIDs(t, h.st, r.ID)) >= len(tt.first) })
 			time.Sleep(50 * time.Millisecond) // room for a wrong start
 			if got := childIDs(t, h.st, r.ID); fmt.Sprint(got) != fmt.Sprint(tt.first) {
 				t.Fatalf("sub-agents running = %v, want %v", got, tt.first)
@@ -1153,15 +1149,17 @@ func TestDAGSubAgentsShareTheBudget(t *testing.T) {
 					t.Errorf("sub-agent %s has a budget of %d tokens, want %d", k.ID, k.Policy.BudgetTokens, want)
 				}
 			}
-			close(release)
-			go func() {
-				defer close(started)
-				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-					if kids, err := h.st.ChildRuns(ctx, r.ID); err != nil || len(kids) == len(tt.steps) {
-						return
-					}
+			// started closes once every sub-agent has been created: a
+			// sub-agent's creation publishes its run.started.
+			var once sync.Once
+			allStarted := func(keel.Event) {
+				if kids, err := h.st.ChildRuns(ctx, r.ID); err != nil || len(kids) == len(tt.steps) {
+					once.Do(func() { close(started) })
 				}
-			}()
+			}
+			defer h.eng.Subscribe(allStarted)()
+			close(release)
+			allStarted(keel.Event{})
 			r = waitRun(t, h.eng, h.st, r.ID)
 			if r.Status != keel.RunSucceeded {
 				t.Fatalf("run = %s %q", r.Status, r.Error)

@@ -283,7 +283,7 @@ func TestPauseAtStepBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(p.Requests()) == 1 })
+	waitRequests(t, p, 1)
 	if _, err := eng.Pause(ctx, r.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestPauseAtStepBoundary(t *testing.T) {
 
 	// A paused run can be cancelled for good.
 	r2, _ := eng.Start(ctx, engine.StartRequest{Goal: "another"})
-	waitFor(t, func() bool { return len(p.Requests()) == 3 })
+	waitRequests(t, p, 3)
 	eng.Pause(ctx, r2.ID)
 	eng.Cancel(ctx, r2.ID) // the blocked model call ends by the cancel
 	if got := waitRun(t, eng, st, r2.ID); got.Status != keel.RunCancelled {
@@ -445,7 +445,7 @@ func TestSayReachesTheModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(p.Requests()) == 1 })
+	waitRequests(t, p, 1)
 	if _, err := eng.Say(ctx, r.ID, "use the short form"); err != nil {
 		t.Fatal(err)
 	}

@@ -152,7 +152,8 @@ func TestTraceTreeSurvivesAResume(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	p := scripted.New(nil, scripted.CallTool("slow", `{}`))
-	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}})
+	tools := &echoTools{slowEntered: make(chan struct{}, 1)}
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,14 +161,7 @@ func TestTraceTreeSurvivesAResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
-		for _, sp := range spansOf(t, st, r.ID) {
-			if sp.Kind == keel.SpanToolCall {
-				return true
-			}
-		}
-		return false
-	})
+	waitSlow(t, tools) // its span starts before the call
 	if err := eng.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

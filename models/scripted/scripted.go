@@ -137,6 +137,7 @@ type Provider struct {
 	byGoal   map[string]*cursor
 	calls    int // tool call IDs handed out
 	requests []models.ChatRequest
+	arrived  chan struct{} // closed, and replaced, when a request arrives
 }
 
 type cursor struct {
@@ -209,6 +210,29 @@ func (p *Provider) Requests() []models.ChatRequest {
 	return out
 }
 
+// WaitRequests waits until Chat has received at least n requests (see
+// Requests) and returns them, or returns ctx's error once ctx is done.
+// It is safe to call concurrently with Chat.
+func (p *Provider) WaitRequests(ctx context.Context, n int) ([]models.ChatRequest, error) {
+	for {
+		p.mu.Lock()
+		if len(p.requests) >= n {
+			p.mu.Unlock()
+			return p.Requests(), nil
+		}
+		if p.arrived == nil {
+			p.arrived = make(chan struct{})
+		}
+		arrived := p.arrived
+		p.mu.Unlock()
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("scripted: waiting for %d requests: %w", n, ctx.Err())
+		}
+	}
+}
+
 // Chat answers req with the next step of its conversation's script.
 func (p *Provider) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
 	step, n, err := p.next(ctx, req)
@@ -241,6 +265,10 @@ func (p *Provider) next(ctx context.Context, req models.ChatRequest) (Step, int,
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.requests = append(p.requests, cloneRequest(req))
+	if p.arrived != nil {
+		close(p.arrived)
+		p.arrived = nil
+	}
 	if err := ctx.Err(); err != nil {
 		return Step{}, 0, fmt.Errorf("scripted chat: %w", err)
 	}

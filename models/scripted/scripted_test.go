@@ -157,8 +157,8 @@ func TestBlock(t *testing.T) {
 		errc <- err
 	}()
 	// Wait until the call is in, then check it stays blocked.
-	for len(p.Requests()) == 0 {
-		time.Sleep(time.Millisecond)
+	if _, err := p.WaitRequests(t.Context(), 1); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case err := <-errc:
@@ -316,5 +316,32 @@ func TestModels(t *testing.T) {
 	}
 	if p.Name() != "scripted" {
 		t.Errorf("Name() = %q, want scripted", p.Name())
+	}
+}
+
+// TestWaitRequests: WaitRequests returns once the nth request is in,
+// with every request so far, and gives up with ctx's error.
+func TestWaitRequests(t *testing.T) {
+	p := scripted.New(nil, scripted.Repeat(scripted.Answer("ok")))
+	got := make(chan []models.ChatRequest, 1)
+	go func() {
+		reqs, err := p.WaitRequests(t.Context(), 2)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- reqs
+	}()
+	for _, goal := range []string{"first", "second"} {
+		if _, err := p.Chat(t.Context(), userRequest(goal), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reqs := <-got; len(reqs) != 2 || scripted.Goal(reqs[1]) != "second" {
+		t.Errorf("WaitRequests(2) = %d requests, want first and second", len(reqs))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if reqs, err := p.WaitRequests(ctx, 3); !errors.Is(err, context.Canceled) || reqs != nil {
+		t.Errorf("WaitRequests(3) with a done ctx = %d requests, %v; want context.Canceled", len(reqs), err)
 	}
 }
