@@ -112,10 +112,10 @@ func TestModelsPullProgress(t *testing.T) {
 	// concurrently, so wait for the pull.
 	c.writeRaw(`{"jsonrpc":"2.0","method":"models.pull","params":{"name":"llama3.2"}}`)
 	c.callOK(protocol.MethodInitialize, nil, nil)
-	for deadline := time.Now().Add(5 * time.Second); len(pulls()) < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backend pulled %q, want the notification's llama3.2 too", pulls())
-		}
+	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.WaitUntil(wctx, func() bool { return len(pulls()) >= 2 }); err != nil {
+		t.Fatalf("backend pulled %q, want the notification's llama3.2 too", pulls())
 	}
 	if _, err := c.tryRead(100 * time.Millisecond); err == nil {
 		t.Error("a models.pull sent as a notification got a frame back")

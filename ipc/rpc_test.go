@@ -120,16 +120,10 @@ func TestNotificationsGetNoResponse(t *testing.T) {
 	// The next frame must be this response: none of the above answered.
 	c.callOK(protocol.MethodInitialize, nil, nil)
 	// The notification still ran. Handlers run concurrently, so wait.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := len(f.Started())
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run.start notification: %d runs started, want 1", n)
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.WaitUntil(ctx, func() bool { return len(f.Started()) == 1 }); err != nil {
+		t.Fatalf("run.start notification: %d runs started, want 1", len(f.Started()))
 	}
 }
 

@@ -30,6 +30,8 @@ type Backend struct {
 	started []protocol.RunStartParams
 	subs    map[int]func(keel.Event)
 	nextSub int
+	// changed is closed, and replaced, at each change WaitUntil watches.
+	changed chan struct{}
 
 	// Err, if set for a method name, is what that method returns.
 	Err map[string]error
@@ -46,11 +48,38 @@ type Backend struct {
 // New returns an empty Backend.
 func New() *Backend {
 	return &Backend{
-		runs:   make(map[keel.RunID]keel.Run),
-		events: make(map[keel.RunID][]keel.Event),
-		subs:   make(map[int]func(keel.Event)),
-		Err:    make(map[string]error),
+		runs:    make(map[keel.RunID]keel.Run),
+		events:  make(map[keel.RunID][]keel.Event),
+		subs:    make(map[int]func(keel.Event)),
+		Err:     make(map[string]error),
+		changed: make(chan struct{}),
 	}
+}
+
+// WaitUntil waits until cond returns true, calling it now and after each
+// change of the backend: a run started, a subscription opened or
+// closed, a pull begun or ended. It returns ctx's error if ctx ends
+// first. cond must not hold the backend's lock (its getters are fine).
+func (f *Backend) WaitUntil(ctx context.Context, cond func() bool) error {
+	for {
+		f.mu.Lock()
+		changed := f.changed
+		f.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// notify wakes WaitUntil. f.mu must be held.
+func (f *Backend) notify() {
+	close(f.changed)
+	f.changed = make(chan struct{})
 }
 
 // AddRun stores a run with id and status.
@@ -132,6 +161,7 @@ func (f *Backend) StartRun(_ context.Context, p protocol.RunStartParams) (keel.R
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.started = append(f.started, p)
+	f.notify()
 	id := keel.RunID(fmt.Sprintf("run-%d", len(f.started)))
 	r := keel.Run{ID: id, Goal: p.Goal, Model: p.Model, MaxSteps: p.MaxSteps, Status: keel.RunQueued}
 	f.runs[id] = r
@@ -235,10 +265,12 @@ func (f *Backend) Subscribe(fn func(keel.Event)) func() {
 	f.nextSub++
 	n := f.nextSub
 	f.subs[n] = fn
+	f.notify()
 	return func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		delete(f.subs, n)
+		f.notify()
 	}
 }
 
@@ -310,7 +342,13 @@ func (f *Backend) ListModels(context.Context) (protocol.ModelsListResult, error)
 func (f *Backend) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
 	f.mu.Lock()
 	pull := f.OnPullModel
+	f.notify()
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.notify()
+		f.mu.Unlock()
+	}()
 	if pull != nil {
 		return pull(ctx, name, progress)
 	}
