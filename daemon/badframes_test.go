@@ -22,7 +22,8 @@ import (
 // two, the daemon survives all three, and the run already stored in
 // SQLite is untouched (no run is added by the refused requests).
 func TestBadFramesKeepDaemonAndData(t *testing.T) {
-	d, _, run := startWithEndedRun(t)
+	t.Parallel()
+	d, _, run := startWithEndedRun(t, noTools(t))
 	ctx := context.Background()
 	info, err := client.ReadDaemonInfo(d.dir)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 // result, a structured call is repaired until it fits its schema, and bad
 // requests get invalid-params errors.
 func TestModelsChat(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.Answer("a streamed answer in words"),
 		scripted.Answer(`{"n": "not a number"}`),
@@ -67,7 +68,8 @@ func TestModelsChat(t *testing.T) {
 // result; the tool is not known to be idempotent) leaves the run waiting
 // rather than run the call again, and run.decide releases it.
 func TestResumeWaitsAndDecide(t *testing.T) {
-	dir := t.TempDir()
+	t.Parallel()
+	dir := noTools(t)
 	call := keel.ToolCall{ID: "c1", Name: "send_invoice", Arguments: json.RawMessage(`{"to":"acme"}`)}
 	st, err := store.Open(context.Background(), filepath.Join(dir, "keel.db"))
 	if err != nil {
@@ -99,14 +101,10 @@ func TestResumeWaitsAndDecide(t *testing.T) {
 	}))
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
 	c := dial(t, d.dir)
-	var detail protocol.RunDetail
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if detail, err = c.GetRun(ctx, "run_w"); err != nil {
-			t.Fatal(err)
-		}
-		if detail.Run.Status == keel.RunWaiting || time.Now().After(deadline) {
-			break
-		}
+	waitEvent(t, dir, "run_w", keel.EventRunWaiting)
+	detail, err := c.GetRun(ctx, "run_w")
+	if err != nil {
+		t.Fatal(err)
 	}
 	if detail.Run.Status != keel.RunWaiting || len(p.Requests()) != 0 {
 		t.Fatalf("resumed run = %s after %d model calls, want waiting before any", detail.Run.Status, len(p.Requests()))
@@ -141,18 +139,17 @@ func TestResumeWaitsAndDecide(t *testing.T) {
 // daemon: keel pause stops a run at its next step boundary, keel resume
 // lets it finish, keel cancel of an ended run is refused.
 func TestPauseResumeCancelCLI(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
-	p := scripted.New(nil,
-		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
-			<-release
-			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
-		}),
-		scripted.Answer("counted"),
-	)
+	first, called := asked(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+		<-release
+		return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
+	})
+	p := scripted.New(nil, first, scripted.Answer("counted"))
 	d := startDaemon(t, daemon.Config{Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	run := startWaiting(t, c, p, "count")
+	run := startWaiting(t, c, called, "count")
 	if out, errOut, code := runCLI(ctx, d.dir, "pause", string(run.ID)); code != 0 || !strings.Contains(out, "pause requested") {
 		t.Fatalf("keel pause = %d: %s%s", code, out, errOut)
 	}
@@ -167,10 +164,9 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 		}
 		return det.Run.Status
 	}
-	for deadline := time.Now().Add(30 * time.Second); status() != keel.RunPaused; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want paused", status())
-		}
+	waitEvent(t, d.dir, run.ID, keel.EventRunPaused)
+	if s := status(); s != keel.RunPaused {
+		t.Fatalf("run is %s after run.paused, want paused", s)
 	}
 	if out, errOut, code := runCLI(ctx, d.dir, "resume", string(run.ID)); code != 0 {
 		t.Fatalf("keel resume = %d: %s%s", code, out, errOut)
@@ -199,31 +195,21 @@ func TestPauseResumeCancelCLI(t *testing.T) {
 // class, a run waits before the call; keel approve --edit runs it with the
 // edited arguments, which is what the model then sees.
 func TestApprovalCLI(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
 		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			return models.ChatResponse{Message: models.Message{Content: "tool said " + req.Messages[len(req.Messages)-1].Content}}, nil
 		}),
 	)
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "wordcount"), Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		det, err := c.GetRun(ctx, run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if det.Run.Status == keel.RunWaiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want waiting for approval", det.Run.Status)
-		}
-	}
+	waitEvent(t, d.dir, run.ID, keel.EventApprovalAsked)
 	if out, _, code := runCLI(ctx, d.dir, "show", string(run.ID)); code != 0 || !strings.Contains(out, "keel approve "+string(run.ID)+" c1") {
 		t.Errorf("keel show does not say how to approve:\n%s", out)
 	}

@@ -25,22 +25,21 @@ import (
 // order (issue 13, item 10: a later Seq published first made the server
 // drop the earlier one as already sent).
 func TestLiveEventsInOrderUnderConcurrentSays(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
-	p := scripted.New(nil,
-		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return models.ChatResponse{}, ctx.Err()
-			}
-			return models.ChatResponse{Message: models.Message{Content: "first"}}, nil
-		}),
-	)
-	d := startDaemon(t, daemon.Config{Provider: p})
+	first, called := asked(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return models.ChatResponse{}, ctx.Err()
+		}
+		return models.ChatResponse{Message: models.Message{Content: "first"}}, nil
+	})
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, first)})
 	watcher := dial(t, d.dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	run := startWaiting(t, watcher, p, "listen")
+	run := startWaiting(t, watcher, called, "listen")
 	if _, err := watcher.Subscribe(ctx, run.ID, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +99,8 @@ func TestLiveEventsInOrderUnderConcurrentSays(t *testing.T) {
 // -32002 whose data names the decision that was journaled, and the
 // journal holds that one decision (issue 13, item 11).
 func TestConcurrentDecideOverWebSocket(t *testing.T) {
-	dir := t.TempDir()
+	t.Parallel()
+	dir := noTools(t)
 	call := keel.ToolCall{ID: "c1", Name: "send_invoice", Arguments: json.RawMessage(`{"to":"acme"}`)}
 	st, err := store.Open(context.Background(), filepath.Join(dir, "keel.db"))
 	if err != nil {
@@ -131,18 +131,7 @@ func TestConcurrentDecideOverWebSocket(t *testing.T) {
 	p := scripted.New(nil, scripted.Repeat(scripted.Answer("billed")))
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
 	c := dial(t, d.dir)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		det, err := c.GetRun(ctx, "run_w")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if det.Run.Status == keel.RunWaiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want waiting", det.Run.Status)
-		}
-	}
+	waitEvent(t, dir, "run_w", keel.EventRunWaiting)
 
 	// keel runs --status finds it among the runs.
 	if out, errOut, code := runCLI(ctx, dir, "runs", "--status", "waiting,paused"); code != 0 || !strings.Contains(out, "run_w") {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,46 +25,7 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/store"
-	"github.com/keel-runtime/keel/wasmtools"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
-
-// cacheDir is one wazero compilation cache shared by every daemon of the
-// test binary, so each test does not recompile the bundled tools.
-var cacheDir string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "keel-daemon-test-cache")
-	if err != nil {
-		panic(err)
-	}
-	cacheDir = dir
-	// Compile the bundled tools into the shared cache once, up front and
-	// without a deadline (minutes under -race on a cold machine), so each
-	// test's daemon loads them from the cache.
-	if err := warmCache(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func warmCache(cache string) error {
-	tools, err := os.MkdirTemp("", "keel-daemon-test-tools")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tools)
-	if err := builtin.Install(tools); err != nil {
-		return err
-	}
-	reg, err := wasmtools.Open(context.Background(), wasmtools.Config{Dir: tools, CacheDir: cache})
-	if err != nil {
-		return err
-	}
-	return reg.Close(context.Background())
-}
 
 // started is a daemon running in the test process on a temp data dir.
 type started struct {
@@ -72,6 +34,10 @@ type started struct {
 	stop func() error // cancels and waits for Run to return
 }
 
+// startDaemon runs a daemon on cfg until the test ends. Unset, the data
+// dir is noTools, the address any free loopback port, the logger silent.
+// Without a CacheDir the daemon keeps its compilation cache where it does
+// by default, in the data dir, which starts as a view of warmCache.
 func startDaemon(t *testing.T, cfg daemon.Config) *started {
 	t.Helper()
 	if cfg.DataDir == "" {
@@ -81,7 +47,10 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 		cfg.Addr = "127.0.0.1:0"
 	}
 	if cfg.CacheDir == "" {
-		cfg.CacheDir = cacheDir
+		cache := filepath.Join(cfg.DataDir, "cache", "wazero")
+		if _, err := os.Stat(cache); errors.Is(err, os.ErrNotExist) {
+			linkWarmCache(t, cache) // else a daemon before this one made it
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -102,8 +71,8 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 		cancel()
 		select {
 		case runErr = <-done:
-		case <-time.After(30 * time.Second):
-			runErr = errors.New("daemon did not stop within 30s")
+		case <-time.After(time.Minute):
+			runErr = errors.New("daemon did not stop within a minute")
 		}
 		return runErr
 	}
@@ -112,9 +81,9 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 	case err := <-done:
 		cancel()
 		t.Fatalf("daemon.Run returned before ready: %v", err)
-	case <-time.After(120 * time.Second):
+	case <-time.After(2 * time.Minute):
 		cancel()
-		t.Fatal("daemon not ready within 120s")
+		t.Fatal("daemon not ready within 2 minutes")
 	}
 	t.Cleanup(func() {
 		if err := s.stop(); err != nil {
@@ -125,23 +94,50 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 }
 
 // noTools is a new data dir whose daemon installs no tools. Most tests
-// call none; without them a daemon neither loads the bundled ones nor, at
-// shutdown, waits for a load in progress (under -race each takes seconds,
-// minutes over the package). Tests that call tools start on withTools.
+// call none, and a daemon without tools neither loads the bundled ones
+// nor, at shutdown, waits for a load in progress (each costs a core for
+// a second, several under -race). Tests that call tools start on
+// withTools.
 func noTools(t *testing.T) string {
 	t.Helper()
+	return dataDir(t, []string{})
+}
+
+// withTools is a new data dir for a daemon with tools. With no names,
+// the daemon installs every bundled tool on its first start, as for a
+// user (readfile granted the workspace); with names, the dir holds just
+// those bundled tools, granted nothing, and the daemon installs no more.
+func withTools(t *testing.T, names ...string) string {
+	t.Helper()
+	return dataDir(t, names)
+}
+
+// dataDir is a new data dir holding the bundled tools names, marked as
+// having had the bundled tools installed; with names nil, an empty dir.
+func dataDir(t *testing.T, names []string) string {
+	t.Helper()
 	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
+	if names == nil {
+		return dir
+	}
+	tools := filepath.Join(dir, "tools")
+	if err := os.MkdirAll(tools, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
+	for _, name := range names {
+		bin, err := os.ReadFile(filepath.Join(bundledDir, name+".wasm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tools, name+".wasm"), bin, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tools, ".examples-installed"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return dir
 }
-
-// withTools is a new data dir whose daemon installs the bundled tools.
-func withTools(t *testing.T) string { return t.TempDir() }
 
 func dial(t *testing.T, dir string) *client.Client {
 	t.Helper()
@@ -153,23 +149,125 @@ func dial(t *testing.T, dir string) *client.Client {
 	return c
 }
 
-// runCLI runs the real command line against the daemon of dir.
+// asked returns a model step that replies as f does, and a channel
+// closed once the step is asked: the run is then inside that model step.
+func asked(f func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error)) (scripted.Step, <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+		once.Do(func() { close(ch) })
+		return f(ctx, req)
+	}), ch
+}
+
+// block is scripted.Block's reply: it waits until the call is cancelled.
+func block(ctx context.Context, _ models.ChatRequest) (models.ChatResponse, error) {
+	<-ctx.Done()
+	return models.ChatResponse{}, ctx.Err()
+}
+
 // startWaiting starts a run with goal through c and waits until the
-// model p was asked (the run is then inside its first model step).
-func startWaiting(t *testing.T, c *client.Client, p *scripted.Provider, goal string) keel.Run {
+// model step made by asked is asked (closes called).
+func startWaiting(t *testing.T, c *client.Client, called <-chan struct{}, goal string) keel.Run {
 	t.Helper()
 	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: goal})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); len(p.Requests()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("model never called")
-		}
+	select {
+	case <-called:
+	case <-time.After(time.Minute):
+		t.Fatal("the model was not asked within a minute")
 	}
 	return run
 }
 
+// waitEvent waits until run id journals an event of type typ and returns
+// it, watching on a connection of its own to the daemon of dir. It fails
+// if the run ends first, or after a minute.
+func waitEvent(t *testing.T, dir string, id keel.RunID, typ keel.EventType) keel.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.DialDataDir(ctx, dir)
+	if err != nil {
+		t.Fatalf("DialDataDir: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Subscribe(ctx, id, 0); err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	var seen []keel.Event
+	for {
+		select {
+		case ev, ok := <-c.Events():
+			if !ok {
+				t.Fatalf("connection closed waiting for %s; run %s had %v", typ, id, evTypes(seen))
+			}
+			if ev.RunID != id || ev.Seq == 0 {
+				continue
+			}
+			if ev.Type == typ {
+				return ev
+			}
+			seen = append(seen, ev)
+			switch ev.Type {
+			case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled:
+				t.Fatalf("run %s ended (%s) before %s: %v", id, ev.Data, typ, evTypes(seen))
+			}
+		case <-ctx.Done():
+			t.Fatalf("run %s journaled no %s within a minute: %v", id, typ, evTypes(seen))
+		}
+	}
+}
+
+// waitTools waits until ok holds of what c's tools.list says, checking
+// again at each tools.changed notification once the tools found at start
+// are loaded, and returns that list. It fails after a minute, saying it
+// waited for what.
+func waitTools(t *testing.T, c *client.Client, what string, ok func([]protocol.ToolInfo) bool) []protocol.ToolInfo {
+	t.Helper()
+	// Tools loaded at start are published with no notification; every
+	// change after that load is notified.
+	waitLoaded(t, c)
+	timeout := time.After(time.Minute)
+	for {
+		tools, err := c.ListTools(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(tools) {
+			return tools
+		}
+		select {
+		case <-c.ToolsChanged():
+		case <-timeout:
+			t.Fatalf("%s: not within a minute; tools.list = %+v", what, tools)
+		}
+	}
+}
+
+// waitLoaded waits until the daemon of c has loaded the tools it found
+// at start. Nothing is sent when that load ends (tools.changed reports
+// changes, not progress), so it asks tools.list until it no longer says
+// "compiling": the one wait of this package that polls.
+func waitLoaded(t *testing.T, c *client.Client) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var res protocol.ToolsListResult
+		if err := c.Call(context.Background(), protocol.MethodToolsList, struct{}{}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Compiling == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tools still compiling after 2 minutes: %+v", res.Compiling)
+		}
+	}
+}
+
+// runCLI runs the real command line against the daemon of dir.
 func runCLI(ctx context.Context, dir string, args ...string) (stdout, stderr string, code int) {
 	var out, errb bytes.Buffer
 	code = cli.Main(ctx, append(args, "--data-dir", dir), &out, &errb)
@@ -252,13 +350,14 @@ func checkJournal(t *testing.T, dir string, id keel.RunID, seen []keel.Event) {
 // real bundled wordcount tool, and a scripted model that calls the tool
 // and then answers with what the tool returned.
 func TestRunWithScriptedModel(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTool("wordcount", `{"text":"the quick brown fox\njumps"}`),
 		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			last := req.Messages[len(req.Messages)-1]
 			return models.ChatResponse{Message: models.Message{Content: "tool said " + last.Content}}, nil
 		}))
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "wordcount"), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count the words"})
@@ -299,6 +398,7 @@ func TestRunWithScriptedModel(t *testing.T) {
 // with a native-tools model and a completion-only one (whose tool calls
 // come from schema-constrained JSON).
 func TestRunWithRealOllama(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OLLAMA_HOST") == "" {
 		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
 	}
@@ -350,6 +450,7 @@ func TestRunWithRealOllama(t *testing.T) {
 // may be nonsense; the run must end (succeeded, or failed with a clear
 // reason) and no model call may have crashed the runner.
 func TestPlanWithRealOllama(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OLLAMA_HOST") == "" {
 		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
 	}
@@ -404,6 +505,7 @@ func envOr(k, def string) string {
 }
 
 func TestDaemonFilesAndSingleInstance(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil)})
 	info, err := client.ReadDaemonInfo(d.dir)
 	if err != nil {
@@ -449,6 +551,7 @@ func TestDaemonFilesAndSingleInstance(t *testing.T) {
 }
 
 func TestNonLoopbackRefused(t *testing.T) {
+	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:0", ":0", "192.0.2.1:0"} {
 		err := daemon.Run(context.Background(), daemon.Config{DataDir: t.TempDir(), Addr: addr, Provider: scripted.New(nil)})
 		if err == nil || !strings.Contains(err.Error(), "not a loopback address") {
@@ -461,10 +564,11 @@ func TestNonLoopbackRefused(t *testing.T) {
 // the model; the run is journaled as interrupted and a restarted daemon
 // serves it with its events intact.
 func TestShutdownLeavesRunsInterrupted(t *testing.T) {
-	p := scripted.New(nil, scripted.Block())
-	d := startDaemon(t, daemon.Config{Provider: p})
+	t.Parallel()
+	step, called := asked(block)
+	d := startDaemon(t, daemon.Config{Provider: scripted.New(nil, step)})
 	c := dial(t, d.dir)
-	run := startWaiting(t, c, p, "wait forever")
+	run := startWaiting(t, c, called, "wait forever")
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -492,12 +596,12 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 	}
 }
 
-// startWithEndedRun starts a daemon whose model answers "ok", and one
-// run that has ended, succeeded, with three events: the data that bad
-// input must leave intact.
-func startWithEndedRun(t *testing.T) (*started, *client.Client, keel.Run) {
+// startWithEndedRun starts a daemon on dir whose model answers "ok", and
+// one run that has ended, succeeded, with three events: the data that
+// bad input must leave intact.
+func startWithEndedRun(t *testing.T, dir string) (*started, *client.Client, keel.Run) {
 	t.Helper()
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil, scripted.Answer("ok"))})
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil, scripted.Answer("ok"))})
 	c := dial(t, d.dir)
 	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "first"})
 	if err != nil {
@@ -511,7 +615,8 @@ func startWithEndedRun(t *testing.T) (*started, *client.Client, keel.Run) {
 // tool and a run for a missing model through the daemon; each gets its
 // documented code, and earlier runs stay intact.
 func TestBadInputKeepsDaemonAndData(t *testing.T) {
-	_, c, run := startWithEndedRun(t)
+	t.Parallel()
+	_, c, run := startWithEndedRun(t, withTools(t, "wordcount"))
 	ctx := context.Background()
 	cases := []struct {
 		name   string
@@ -544,6 +649,7 @@ func TestBadInputKeepsDaemonAndData(t *testing.T) {
 
 // TestCLI runs the real command line against a daemon in the process.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("wordcount", `{"text":"a b c"}`), scripted.Answer("three words"))
 	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
 	keelCLI := func(args ...string) (string, string, int) { return runCLI(context.Background(), d.dir, args...) }
@@ -610,28 +716,22 @@ func TestCLI(t *testing.T) {
 // TestToolsHotReload deletes a bundled tool from a running daemon's tool
 // directory and puts it back; tools.list follows without a restart.
 func TestToolsHotReload(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	names := func() string {
-		tools, err := c.ListTools(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n []string
-		for _, tl := range tools {
-			n = append(n, tl.Name)
-		}
-		return strings.Join(n, ",")
-	}
 	waitNames := func(want string) {
 		t.Helper()
-		for deadline := time.Now().Add(60 * time.Second); names() != want; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("tools = %s, want %s", names(), want)
+		waitTools(t, c, "tools "+want, func(tools []protocol.ToolInfo) bool {
+			var n []string
+			for _, tl := range tools {
+				n = append(n, tl.Name)
 			}
-		}
+			return strings.Join(n, ",") == want
+		})
 	}
+	// Loaded first (waitTools waits for that), so that each change below
+	// is one the daemon sees.
 	waitNames("fetch,readfile,wordcount,writefile")
 	path := filepath.Join(d.dir, "tools", "wordcount.wasm")
 	bin, err := os.ReadFile(path)
@@ -647,7 +747,7 @@ func TestToolsHotReload(t *testing.T) {
 	}
 	select {
 	case <-c.ToolsChanged():
-	case <-time.After(60 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("no tools.changed notification after a tool was deleted")
 	}
 	waitNames("fetch,readfile,writefile")
@@ -688,15 +788,7 @@ func TestToolsHotReload(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.dir, "tools", "readfile.manifest.json"), manifest, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var info protocol.ToolInfo
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if info = toolInfo(t, c, "readfile"); info.Version == "0.2.0" && !info.Compiling {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("readfile never loaded its sidecar manifest")
-		}
-	}
+	info := waitTool(t, c, "readfile", "readfile with its sidecar manifest", func(info protocol.ToolInfo) bool { return info.Version == "0.2.0" })
 	if info.PendingGrants == nil || !info.Grants.Empty() {
 		t.Fatalf("readfile with a new sidecar: grants %+v, pending %+v; want none, the workspace pending", info.Grants, info.PendingGrants)
 	}
@@ -716,7 +808,8 @@ func TestToolsHotReload(t *testing.T) {
 // granting and revoking a tool with the real CLI, checking each step
 // takes effect on real calls and that grants survive a restart.
 func TestToolInstallAndGrants(t *testing.T) {
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
+	t.Parallel()
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "readfile"), Provider: scripted.New(nil)})
 	src := t.TempDir()
 	bin, err := os.ReadFile(filepath.Join(d.dir, "tools", "readfile.wasm"))
 	if err != nil {
@@ -803,14 +896,7 @@ func TestToolInstallAndGrants(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.dir, "tools", "readfile.manifest.json"), stale, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if info, err := c.InspectTool(ctx, filepath.Join(d.dir, "tools", "readfile.wasm")); err == nil && info.Version == "9.9.9" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the stale sidecar was not picked up")
-		}
-	}
+	waitTool(t, c, "readfile", "readfile with the stale sidecar", func(info protocol.ToolInfo) bool { return info.Version == "9.9.9" })
 	if out, code := keelCLI("tools", "install", "--replace", filepath.Join(src, "readfile.wasm")); code != 0 || !strings.Contains(out, "readfile 0.1.0") {
 		t.Fatalf("install --replace: code %d\n%s", code, out)
 	}

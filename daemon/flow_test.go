@@ -20,11 +20,12 @@ import (
 // invalid params; `keel show` prints the run's kind and plan, and a
 // sub-agent's parent; `keel run --dag FILE` runs a plan file.
 func TestDAGRunOverProtocol(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 		first, _, _ := strings.Cut(scripted.Goal(req), "\n")
 		return models.ChatResponse{Message: models.Message{Content: "did: " + first}}, nil
 	})))
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "wordcount"), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 

@@ -53,17 +53,27 @@ func toolInfo(t *testing.T, c *client.Client, name string) protocol.ToolInfo {
 	return protocol.ToolInfo{}
 }
 
+// waitTool waits until tools.list has the tool name loaded (not
+// compiling) and ok holds of it, and returns what it says of the tool;
+// see waitTools.
+func waitTool(t *testing.T, c *client.Client, name, what string, ok func(protocol.ToolInfo) bool) protocol.ToolInfo {
+	t.Helper()
+	var info protocol.ToolInfo
+	waitTools(t, c, what, func(tools []protocol.ToolInfo) bool {
+		i := slices.IndexFunc(tools, func(tl protocol.ToolInfo) bool { return tl.Name == name })
+		if i < 0 || tools[i].Compiling || !ok(tools[i]) {
+			return false
+		}
+		info = tools[i]
+		return true
+	})
+	return info
+}
+
 // waitDigest waits until the tool name is the module of digest sum.
 func waitDigest(t *testing.T, c *client.Client, name, sum string) protocol.ToolInfo {
 	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info := toolInfo(t, c, name); info.SHA256 == sum && !info.Compiling {
-			return info
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never became the module of sha256 %s", name, sum)
-		}
-	}
+	return waitTool(t, c, name, name+" the module of sha256 "+sum, func(info protocol.ToolInfo) bool { return info.SHA256 == sum })
 }
 
 // TestGrantsBoundToDigest: grants belong to a module. A writefile of
@@ -73,7 +83,8 @@ func waitDigest(t *testing.T, c *client.Client, name, sum string) protocol.ToolI
 // that used each grant; grants stored by name before are bound to the
 // installed module at the next start.
 func TestGrantsBoundToDigest(t *testing.T) {
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
+	t.Parallel()
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil)})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	keelCLI := func(args ...string) (string, int) {
@@ -117,7 +128,7 @@ func TestGrantsBoundToDigest(t *testing.T) {
 	}
 
 	// A module of another digest dropped in gets nothing.
-	other := withCustomSection(orig)
+	other := writefileVariant
 	otherSum := hexSHA256(other)
 	if err := os.WriteFile(toolFile+".tmp", other, 0o600); err != nil {
 		t.Fatal(err)
@@ -229,7 +240,8 @@ func TestGrantsBoundToDigest(t *testing.T) {
 // TestToolsWriteQuota: the daemon passes its write quota to the tools:
 // writefile may write 8 bytes in a call, not 100.
 func TestToolsWriteQuota(t *testing.T) {
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil), ToolsWriteQuotaBytes: 16})
+	t.Parallel()
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil), ToolsWriteQuotaBytes: 16})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	out := t.TempDir()
@@ -255,7 +267,8 @@ func TestToolsWriteQuota(t *testing.T) {
 // digest alone, before the digest covered the sidecar, are bound to the
 // installed module and sidecar at the next start.
 func TestGrantsCoverSidecar(t *testing.T) {
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: scripted.New(nil)})
+	t.Parallel()
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil)})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	keelCLI := func(args ...string) (string, int) {
@@ -302,14 +315,8 @@ func TestGrantsCoverSidecar(t *testing.T) {
 		if err := os.Rename(file+".tmp", file); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if got := toolInfo(t, c, "writefile"); got.Description == desc && !got.Compiling {
-				return got, side
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("writefile never loaded the sidecar describing it as %q", desc)
-			}
-		}
+		got := waitTool(t, c, "writefile", "writefile with the sidecar describing it as "+desc, func(info protocol.ToolInfo) bool { return info.Description == desc })
+		return got, side
 	}
 
 	first, side := putSidecar("writes a file (first sidecar)", keel.SideEffectIdempotentWrite)

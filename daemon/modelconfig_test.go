@@ -36,15 +36,15 @@ func writeModelsConfig(t *testing.T, dir string, cfg any) {
 // the key, and its span carries the provider and the cost. The key is
 // never written to the database.
 func TestCloudPolicyEndToEnd(t *testing.T) {
-	const key = "sk-keel-test-0123456789"
+	t.Parallel()
+	const key = cloudKey
 	srv := openaitest.New(t)
 	srv.SetKey(key)
-	t.Setenv("KEEL_TEST_CLOUD_KEY", key)
-	dir := t.TempDir()
+	dir := noTools(t)
 	writeModelsConfig(t, dir, map[string]any{
 		"allow_cloud": true,
 		"providers": map[string]any{"cloud": map[string]any{
-			"base_url": srv.URL(), "api_key_env": "KEEL_TEST_CLOUD_KEY", "max_retries": -1,
+			"base_url": srv.URL(), "api_key_env": cloudKeyEnv, "max_retries": -1,
 			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
 				"capabilities": []string{"completion", "tools"}, "price": map[string]any{"input_per_mtok": 1, "output_per_mtok": 2}}},
 		}},
@@ -124,15 +124,17 @@ func TestCloudPolicyEndToEnd(t *testing.T) {
 // TestBadModelsConfigRefusesToStart: a typo in models.json stops the
 // daemon with the file named, rather than being ignored.
 func TestBadModelsConfigRefusesToStart(t *testing.T) {
+	t.Parallel()
 	for name, cfg := range map[string]any{
 		"unknown field":  map[string]any{"allow_clouds": true},
 		"unknown target": map[string]any{"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "nope", "model": "m"}}}}},
 		"bad duration":   map[string]any{"ollama": map[string]any{"timeout": "soon"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
+			t.Parallel()
+			dir := noTools(t)
 			writeModelsConfig(t, dir, cfg)
-			err := daemon.Run(t.Context(), daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", CacheDir: cacheDir, Provider: scripted.New(nil),
+			err := daemon.Run(t.Context(), daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", Provider: scripted.New(nil),
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err == nil || !strings.Contains(err.Error(), daemon.ModelsConfigFile) {
 				t.Errorf("daemon.Run with a bad models.json = %v, want an error naming the file", err)

@@ -116,6 +116,7 @@ func streamLines(w http.ResponseWriter, lines ...string) {
 // (the client disconnects, the CLI gets Ctrl-C, the daemon shuts down),
 // and each time Ollama sees the pull request end.
 func TestModelsPull(t *testing.T) {
+	t.Parallel()
 	ollama := startFakeOllama(t)
 	d := startDaemon(t, daemon.Config{OllamaHost: ollama.srv.URL})
 	c := dial(t, d.dir)
@@ -261,6 +262,7 @@ func TestModelsPull(t *testing.T) {
 // each provider with what to do, pulls say to start Ollama, and the
 // daemon serves on.
 func TestModelsProvidersDown(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -269,7 +271,7 @@ func TestModelsProvidersDown(t *testing.T) {
 	ln.Close()
 	gone := "http://" + closed + "/v1"
 	srv := openaitest.New(t)
-	dir := t.TempDir()
+	dir := noTools(t)
 	writeModelsConfig(t, dir, map[string]any{"providers": map[string]any{
 		"lab": map[string]any{"base_url": srv.URL(), "local": true,
 			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384, "capabilities": []string{"completion", "tools"}}}},
@@ -326,6 +328,7 @@ func TestModelsProvidersDown(t *testing.T) {
 // their capabilities and context length, and pulls a model no registry
 // has: the error says what went wrong and the daemon serves on.
 func TestModelsRealOllama(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("OLLAMA_HOST") == "" {
 		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
 	}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
@@ -27,9 +26,10 @@ import (
 // neither the SSN nor anything else. fetch, declared read_only but
 // requesting the network, waits for approval as an external tool.
 func TestPrivateGrantEndToEnd(t *testing.T) {
+	t.Parallel()
 	const canary = "078-05-1120"
 	srv := openaitest.New(t)
-	dir := withTools(t)
+	dir := withTools(t, "fetch", "readfile")
 	writeModelsConfig(t, dir, map[string]any{
 		"allow_cloud": true,
 		"providers": map[string]any{"cloud": map[string]any{
@@ -94,18 +94,7 @@ func TestPrivateGrantEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		det, err := c.GetRun(ctx, run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if det.Run.Status == keel.RunWaiting {
-			break
-		}
-		if det.Run.Status.Terminal() || time.Now().After(deadline) {
-			t.Fatalf("fetch run is %s (%q), want waiting for approval", det.Run.Status, det.Run.Error)
-		}
-	}
+	waitEvent(t, d.dir, run.ID, keel.EventApprovalAsked)
 }
 
 // TestPrivateSummaryEndToEnd: after a private read, a run whose route
@@ -116,9 +105,10 @@ func TestPrivateGrantEndToEnd(t *testing.T) {
 // neither the later steps nor the summary, though no private tool result
 // is left in the context.
 func TestPrivateSummaryEndToEnd(t *testing.T) {
+	t.Parallel()
 	const canary = "078-05-1120"
 	srv := openaitest.New(t)
-	dir := withTools(t)
+	dir := withTools(t, "readfile", "wordcount")
 	writeModelsConfig(t, dir, map[string]any{
 		"allow_cloud": true,
 		"providers": map[string]any{"cloud": map[string]any{

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
@@ -17,12 +16,14 @@ import (
 // hand back and fork from the CLI against the daemon, over the real
 // WebSocket and the real wordcount tool.
 func TestTakeOverHandBackForkCLI(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
+	first, called := asked(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
+		<-release
+		return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
+	})
 	p := scripted.New(nil,
-		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
-			<-release
-			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"a b"}`)}}}}, nil
-		}),
+		first,
 		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			var all []string
 			for _, m := range req.Messages {
@@ -32,27 +33,16 @@ func TestTakeOverHandBackForkCLI(t *testing.T) {
 		}),
 		scripted.Answer("fork done"),
 	)
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "wordcount"), Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	run := startWaiting(t, c, p, "count")
+	run := startWaiting(t, c, called, "count")
 	id := string(run.ID)
 	if out, errOut, code := runCLI(ctx, d.dir, "takeover", id, "--note", "checking"); code != 0 || !strings.Contains(out, "taken over") {
 		t.Fatalf("keel takeover = %d: %s%s", code, out, errOut)
 	}
 	close(release)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		det, err := c.GetRun(ctx, run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if det.Run.Status == keel.RunPaused {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want paused by the take over", det.Run.Status)
-		}
-	}
+	waitEvent(t, d.dir, run.ID, keel.EventRunPaused)
 	if _, _, code := runCLI(ctx, d.dir, "resume", id); code == 0 {
 		t.Error("keel resume of a taken-over run exited 0")
 	}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
@@ -64,31 +63,21 @@ func traceTree(t *testing.T, spans []keel.Span) string {
 // trace has a root and a step span per sub-agent, whose root span names
 // that step span as parent.
 func TestTraceOverProtocol(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
 		scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			return models.ChatResponse{Message: models.Message{Content: "counted"}}, nil
 		})),
 	)
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t), Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
+	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "wordcount"), Provider: p, RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "count"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		det, err := c.GetRun(ctx, run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if det.Run.Status == keel.RunWaiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want waiting for approval", det.Run.Status)
-		}
-	}
+	waitEvent(t, d.dir, run.ID, keel.EventApprovalAsked)
 	if out, errOut, code := runCLI(ctx, d.dir, "approve", string(run.ID), "c1"); code != 0 {
 		t.Fatalf("keel approve = %d: %s%s", code, out, errOut)
 	}
@@ -168,6 +157,7 @@ func TestTraceOverProtocol(t *testing.T) {
 // carries the digest /api/tags reports for the model, and the hashes of
 // keel's system prompt and of the whole prompt.
 func TestTraceRealOllamaDigest(t *testing.T) {
+	t.Parallel()
 	host := os.Getenv("OLLAMA_HOST")
 	if host == "" {
 		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
