@@ -176,22 +176,22 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("load tools: %w", err)
 	}
-	defer func() {
-		// Close interrupts every guest at once; the bound only matters
-		// if a host step outlives that, and keeps shutdown prompt.
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := reg.Close(closeCtx); err != nil {
-			log.Error("close the tool runtime", "err", err)
-		}
-	}()
 	// Hot reload: tools dropped into, replaced in or deleted from the tools
 	// directory take effect without a restart.
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- reg.Watch(watchCtx, 0, nil) }()
 	defer func() {
+		// Close interrupts every guest and the load of the tools found
+		// at start at once; the watch ends after it, as its first rescan
+		// waits for that load. The bound only matters if a host step
+		// outlives that, and keeps shutdown prompt.
 		stopWatch()
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := reg.Close(closeCtx); err != nil {
+			log.Error("close the tool runtime", "err", err)
+		}
 		if err := <-watchDone; err != nil {
 			log.Warn("tool directory watch ended", "err", err)
 		}

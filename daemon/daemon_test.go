@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -594,6 +596,85 @@ func TestShutdownLeavesRunsInterrupted(t *testing.T) {
 	if got, want := traceTree(t, detail.Spans), "run/ok(step/ok(model.call/error model.call/ok))"; got != want {
 		t.Errorf("trace = %s, want %s", got, want)
 	}
+}
+
+// TestStopWhileToolsLoad: a daemon serves while the tools it found at
+// start still load: env.describe (and keel doctor) counts those still
+// compiling. Stopped then, the daemon stops at once, the load given up,
+// rather than wait for it (minutes for a cold compile of many tools): its
+// tools are naps that each take the whole call timeout (10 s) to say what
+// they are, enough of them that the loading workers (as many as the
+// cores but one) would take over a minute, startDaemon's bound on a stop.
+func TestStopWhileToolsLoad(t *testing.T) {
+	t.Parallel()
+	dir := noTools(t)
+	naps := 7 * max(1, runtime.GOMAXPROCS(0)-1)
+	for i := range naps {
+		if err := os.WriteFile(filepath.Join(dir, "tools", fmt.Sprintf("nap_%d.wasm", i)), napModule(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil)})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	compiling := func() bool {
+		t.Helper()
+		var res protocol.ToolsListResult
+		if err := c.Call(ctx, protocol.MethodToolsList, struct{}{}, &res); err != nil {
+			t.Fatal(err)
+		}
+		return res.Compiling != nil
+	}
+	if !compiling() {
+		t.Fatal("tools.list says nothing is compiling right after the start")
+	}
+	env, err := c.Describe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := runCLI(ctx, d.dir, "doctor")
+	if !compiling() {
+		t.Fatal("the tools loaded within this test; the checks above saw nothing still compiling")
+	}
+	if env.ToolsCompiling < 1 || env.ToolsCompiling > naps {
+		t.Errorf("env.describe: tools_compiling = %d, want 1 to %d (the tools found at start)", env.ToolsCompiling, naps)
+	}
+	if code != cli.ExitOK || !strings.Contains(out, "still compiling") {
+		t.Errorf("keel doctor while tools load: code %d, want it to say some are still compiling\n%s%s", code, out, errs)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatalf("stop while tools load: %v", err)
+	}
+}
+
+// napModule is a command module that sleeps an hour, through WASI
+// poll_oneoff, whatever its arguments: asked for its manifest, it takes
+// the whole call timeout, sleeping (keel's sleep ends with the call).
+//
+//	(module
+//	  (import "wasi_snapshot_preview1" "poll_oneoff" (func (param i32 i32 i32 i32) (result i32)))
+//	  (memory (export "memory") 1)
+//	  ;; one subscription at 0: a relative clock, timeout at 24
+//	  (data (i32.const 24) "<3600 s in ns, u64 LE>")
+//	  (func (export "_start") (drop (call 0 (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))))
+func napModule() []byte {
+	sec := func(id byte, content ...byte) []byte { return append([]byte{id, byte(len(content))}, content...) }
+	name := func(s string) []byte { return append([]byte{byte(len(s))}, s...) }
+	imp := append(append(name("wasi_snapshot_preview1"), name("poll_oneoff")...), 0x00, 0x00)
+	exp := append(append(append([]byte{0x02}, name("memory")...), 0x02, 0x00), append(name("_start"), 0x00, 0x01)...)
+	code := []byte{0x00, 0x41, 0x00, 0x41, 0xc0, 0x00, 0x41, 0x01, 0x41, 0x80, 0x01, 0x10, 0x00, 0x1a, 0x0b}
+	hour := binary.LittleEndian.AppendUint64(nil, uint64(time.Hour))
+	data := append([]byte{0x01, 0x00, 0x41, 0x18, 0x0b, byte(len(hour))}, hour...)
+	var m []byte
+	m = append(m, 0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00)
+	m = append(m, sec(1, 0x02, 0x60, 0x04, 0x7f, 0x7f, 0x7f, 0x7f, 0x01, 0x7f, 0x60, 0x00, 0x00)...)
+	m = append(m, sec(2, append([]byte{0x01}, imp...)...)...)
+	m = append(m, sec(3, 0x01, 0x01)...)
+	m = append(m, sec(5, 0x01, 0x00, 0x01)...)
+	m = append(m, sec(7, exp...)...)
+	m = append(m, sec(10, append([]byte{0x01, byte(len(code))}, code...)...)...)
+	m = append(m, sec(11, data...)...)
+	return m
 }
 
 // startWithEndedRun starts a daemon on dir whose model answers "ok", and
