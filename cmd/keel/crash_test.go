@@ -86,10 +86,10 @@ func TestCrashHarness(t *testing.T) {
 	// Let every run end, deciding for those left waiting.
 	changed := watchRuns(t, c, ids)
 	decided := map[keel.RunID]int{}
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(patience)
 	for pending := len(ids); pending > 0; {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d runs did not end in 3 minutes", pending)
+			t.Fatalf("%d runs did not end in %s", pending, patience)
 		}
 		awaitChange(changed)
 		pending = 0
@@ -235,9 +235,9 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 	// restart change nothing: not the status, not one event, not a span.
 	changed = watchRuns(t, c, ids)
 	before := map[keel.RunID]protocol.RunDetail{}
-	for deadline := time.Now().Add(time.Minute); len(before) < len(ids); awaitChange(changed) {
+	for deadline := time.Now().Add(patience); len(before) < len(ids); awaitChange(changed) {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d runs asked for an approval in a minute", len(before), len(ids))
+			t.Fatalf("only %d of %d runs asked for an approval in %s", len(before), len(ids), patience)
 		}
 		for _, id := range ids {
 			det := getRun(t, c, id)
@@ -374,7 +374,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 	}
 	waitToolsReady(t, c)
 	var stuck []keel.RunID
-	for deadline := time.Now().Add(time.Minute); ; awaitChange(changed) {
+	for deadline := time.Now().Add(patience); ; awaitChange(changed) {
 		stuck = stuck[:0]
 		for _, id := range ids {
 			if det := getRun(t, c, id); det.Run.Status == keel.RunWaiting && det.Events[len(det.Events)-1].Type == keel.EventApproval {
@@ -392,8 +392,8 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 				resume = append(resume, line)
 			}
 		}
-		t.Errorf("%v still wait a minute after the daemon could run them, with their answers journaled (%s answered before the kill, the others after the restart, all before tally compiled); daemon log: %q",
-			stuck, ids[x], resume)
+		t.Errorf("%v still wait %s after the daemon could run them, with their answers journaled (%s answered before the kill, the others after the restart, all before tally compiled); daemon log: %q",
+			stuck, patience, ids[x], resume)
 		restart(false) // lets them go on, and the rest of the test
 	}
 	for _, p := range sent {
@@ -404,7 +404,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 	// soon as the answer is journaled, or as soon as the approved call
 	// starts; decide about calls a kill left unknown as a person would.
 	decisions, retries := 0, 0
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(patience)
 	for {
 		pending := 0
 		for i, id := range ids {
@@ -457,7 +457,7 @@ func TestCrashWhileWaitingForApproval(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			dump()
-			t.Fatalf("%d runs did not end in 60s", pending)
+			t.Fatalf("%d runs did not end in %s", pending, patience)
 		}
 		awaitChange(changed)
 	}
@@ -606,7 +606,7 @@ func checkApprovals(t *testing.T, det protocol.RunDetail, approved map[string]bo
 // changed follows.
 func callStarted(t *testing.T, c *client.Client, changed <-chan struct{}, id keel.RunID, call string, seq int64) bool {
 	t.Helper()
-	expired := time.After(time.Minute)
+	expired := time.After(patience)
 	for {
 		det := getRun(t, c, id)
 		for _, ev := range det.Events[min(int(seq), len(det.Events)):] {
@@ -706,7 +706,7 @@ func isConflict(err error) bool {
 // at start (it resumes runs then).
 func waitToolsReady(t *testing.T, c *client.Client) {
 	t.Helper()
-	if err := toolsReady(c, time.Minute); err != nil {
+	if err := toolsReady(c, patience); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -934,7 +934,7 @@ func newCrashEnv(t *testing.T) crashEnv {
 // compiled its tools.
 func (e crashEnv) grantTally(t *testing.T, c *client.Client) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	_, err := c.GrantTool(ctx, protocol.ToolsGrantParams{Name: "tally",
 		Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: e.work, GuestPath: "/workspace"}}}})

@@ -99,7 +99,7 @@ func TestBinary(t *testing.T) {
 		}
 	}
 
-	if err := daemon.terminate(30 * time.Second); err != nil {
+	if err := daemon.terminate(time.Minute); err != nil {
 		t.Errorf("daemon exit after SIGTERM = %v, want 0\n%s", err, daemon.logs.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, protocol.DaemonFile)); !errors.Is(err, os.ErrNotExist) {
@@ -137,7 +137,7 @@ func TestRunCtrlC(t *testing.T) {
 	case <-thinking:
 	case err := <-exited:
 		t.Fatalf("keel run exited (%v) before the model's first words reached the terminal:\n%s", err, out.String())
-	case <-time.After(2 * time.Minute):
+	case <-time.After(patience):
 		cmd.Process.Kill()
 		t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
 	}
@@ -147,9 +147,9 @@ func TestRunCtrlC(t *testing.T) {
 	var err error
 	select {
 	case err = <-exited:
-	case <-time.After(30 * time.Second):
+	case <-time.After(time.Minute):
 		cmd.Process.Kill()
-		t.Fatalf("keel run did not exit within 30 s of Ctrl-C:\n%s", out.String())
+		t.Fatalf("keel run did not exit within a minute of Ctrl-C:\n%s", out.String())
 	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled {
@@ -166,7 +166,7 @@ func TestRunCtrlC(t *testing.T) {
 	}
 	select {
 	case <-e.model.hangGone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the model request was still open 10 s after the run was cancelled")
+	case <-time.After(time.Minute):
+		t.Fatal("the model request was still open a minute after the run was cancelled")
 	}
 }
