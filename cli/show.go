@@ -108,10 +108,7 @@ func showCmd() *cobra.Command {
 				var model, tool time.Duration
 				for _, t := range spanTree(d.Spans) {
 					s := t.Span
-					name := s.Name
-					if s.Provider != "" {
-						name = s.Provider + "/" + s.Name
-					}
+					name := spanName(s)
 					ttft := "-"
 					if s.TTFT > 0 {
 						ttft = s.TTFT.Round(time.Millisecond).String()
@@ -143,6 +140,17 @@ func writeJSON(cmd *cobra.Command, v any) error {
 }
 
 // usd formats a cost; local calls cost nothing.
+// spanName names a span for people: a model call's as PROVIDER/MODEL,
+// once, whether the span's name is the bare model or already the
+// PROVIDER/MODEL the run named ("ollamav1/keel-tiny-tools", not
+// "ollamav1/ollamav1/keel-tiny-tools").
+func spanName(s keel.Span) string {
+	if s.Provider == "" || strings.HasPrefix(s.Name, s.Provider+"/") {
+		return s.Name
+	}
+	return s.Provider + "/" + s.Name
+}
+
 func usd(v float64) string {
 	if v == 0 {
 		return "$0"

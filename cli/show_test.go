@@ -32,3 +32,21 @@ func TestSpanTree(t *testing.T) {
 		}
 	}
 }
+
+// TestSpanName: a model call's span named by the run's PROVIDER/MODEL
+// was shown as "ollamav1/ollamav1/keel-tiny-tools".
+func TestSpanName(t *testing.T) {
+	for _, tt := range []struct {
+		span keel.Span
+		want string
+	}{
+		{keel.Span{Provider: "ollamav1", Name: "ollamav1/keel-tiny-tools"}, "ollamav1/keel-tiny-tools"},
+		{keel.Span{Provider: "ollamav1", Name: "keel-tiny-tools"}, "ollamav1/keel-tiny-tools"},
+		{keel.Span{Provider: "ollama", Name: "hf.co/org/m"}, "ollama/hf.co/org/m"},
+		{keel.Span{Name: "wordcount"}, "wordcount"},
+	} {
+		if got := spanName(tt.span); got != tt.want {
+			t.Errorf("spanName(%+v) = %q, want %q", tt.span, got, tt.want)
+		}
+	}
+}

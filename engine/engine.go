@@ -525,8 +525,20 @@ func (e *Engine) resolveModel(ctx context.Context, name string) (string, error) 
 		}
 		names = append(names, m.Name)
 	}
-	return "", fmt.Errorf("model %q is not available (have: %s); pull it with `ollama pull %s`: %w",
-		name, strings.Join(names, ", "), name, keel.ErrModelUnavailable)
+	return "", fmt.Errorf("model %q is not available (have: %s); %s: %w",
+		name, strings.Join(names, ", "), howToGet(name, list), keel.ErrModelUnavailable)
+}
+
+// howToGet says how to make the model name available: pulling it into
+// Ollama, unless name is PROVIDER/MODEL of a provider that is not Ollama
+// (an OpenAI-compatible server of models.json), which serves what it
+// declares or discovers and cannot be pulled into.
+func howToGet(name string, list []models.ModelInfo) string {
+	if prov, model, ok := strings.Cut(name, "/"); ok && prov != "ollama" &&
+		slices.ContainsFunc(list, func(m models.ModelInfo) bool { return m.Provider == prov }) {
+		return fmt.Sprintf("provider %s does not serve %q: declare it in its models in models.json, or check the name (`keel models list` shows what each provider serves)", prov, model)
+	}
+	return fmt.Sprintf("pull it with `keel models pull %s` (or `ollama pull %s`)", name, name)
 }
 
 // Cancel stops a run. Cancelling a run that already ended fails with

@@ -2,6 +2,8 @@ package models
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -96,7 +98,7 @@ func (b *Budget) reserve(tokens int64, usd float64) error {
 	case leftTok >= 0 && tokens > leftTok:
 		return &Error{Kind: KindBudget, Msg: fmt.Sprintf("the %s budget has %d of %d tokens left and this call may need %d; raise the limit or shorten the request", b.name, leftTok, b.limits.Tokens, tokens)}
 	case leftUSD >= 0 && usd > leftUSD:
-		return &Error{Kind: KindBudget, Msg: fmt.Sprintf("the %s budget has $%.4f of $%.2f left and this call may cost $%.4f; raise the limit or use a local model", b.name, leftUSD, b.limits.CostUSD, usd)}
+		return &Error{Kind: KindBudget, Msg: fmt.Sprintf("the %s budget has %s of %s left and this call may cost %s; raise the limit or use a local model", b.name, FormatUSD(leftUSD), FormatUSD(b.limits.CostUSD), FormatUSD(usd))}
 	}
 	b.reservedTok += tokens
 	b.reservedUSD += usd
@@ -118,4 +120,16 @@ func (r *Reservation) Settle(tokens int64, usd float64) {
 		b.spentUSD += usd
 		b.mu.Unlock()
 	}
+}
+
+// FormatUSD renders an amount of US dollars for people: cents when it is
+// a whole number of cents ("$5.00", "$0.10"), else as many decimals as it
+// takes, up to six ("$0.0001", "$0.000123"), so that a small budget is
+// never shown as "$0.00".
+func FormatUSD(v float64) string {
+	s := strings.TrimRight(strconv.FormatFloat(v, 'f', 6, 64), "0")
+	if dot := strings.IndexByte(s, '.'); len(s)-dot < 3 {
+		s += strings.Repeat("0", 3-(len(s)-dot))
+	}
+	return "$" + s
 }

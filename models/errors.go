@@ -92,8 +92,11 @@ type Error struct {
 
 func (e *Error) Error() string {
 	s := string(e.Kind)
-	if e.Provider != "" || e.Model != "" {
+	switch {
+	case e.Provider != "" && e.Model != "":
 		s = fmt.Sprintf("%s %s: %s", e.Provider, e.Model, s)
+	case e.Provider != "" || e.Model != "":
+		s = e.Provider + e.Model + ": " + s
 	}
 	if e.Msg != "" {
 		s += ": " + e.Msg
