@@ -135,4 +135,38 @@ type Environment struct {
 	ToolsCompiling int `json:"tools_compiling,omitempty"`
 	// Network is the daemon's own stance: "loopback" unless configured.
 	Network string `json:"network"`
+	// AllowCloud is the models configuration's master switch for cloud
+	// providers (allow_cloud in models.json). Even when it is on, only a
+	// run that asks for cloud models and holds nothing private gets one.
+	AllowCloud bool `json:"allow_cloud"`
+	// RequireApproval lists the side-effect classes ("external",
+	// "non_idempotent_write", ...) whose tool calls wait for a person's
+	// approval; empty: none do.
+	RequireApproval []string `json:"require_approval"`
+	// ToolLimits are the sandbox's limits on every tool call.
+	ToolLimits ToolLimits `json:"tool_limits"`
+}
+
+// ToolLimits are the limits the runtime's sandbox puts on each tool
+// call, as in effect (defaults filled in). A negative value means no
+// limit.
+type ToolLimits struct {
+	// CallTimeoutMS bounds a whole call, in milliseconds.
+	CallTimeoutMS int64 `json:"call_timeout_ms"`
+	// MemoryLimitMiB caps an instance's memory.
+	MemoryLimitMiB int `json:"memory_limit_mib"`
+	// MaxOutputBytes caps what a call may write to its output.
+	MaxOutputBytes int `json:"max_output_bytes"`
+	// WriteQuotaBytes caps what a call may write through each read-write
+	// grant; -1: no quota.
+	WriteQuotaBytes int64 `json:"write_quota_bytes"`
+	// MinFreeDiskBytes is the free disk a tool's write must leave; -1: no
+	// floor.
+	MinFreeDiskBytes int64 `json:"min_free_disk_bytes"`
+	// IdleUnloadMS is how long a tool's compiled code is kept without
+	// calls, in milliseconds; -1: always kept.
+	IdleUnloadMS int64 `json:"idle_unload_ms"`
+	// AllowPrivateNetwork: network grants may reach loopback and private
+	// addresses. Default false.
+	AllowPrivateNetwork bool `json:"allow_private_network"`
 }

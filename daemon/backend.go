@@ -96,23 +96,39 @@ func (b *backend) ToolAudit(ctx context.Context, tool string, limit int) ([]keel
 	return b.st.ToolCalls(ctx, tool, limit)
 }
 
-// Describe declares this environment: providers (and whether they
-// answer), models, tools with their grants, the data dir and URL.
+// Describe declares this environment: every model provider (the local
+// one and those of models.json, and whether each answers) with its
+// models, the cloud switch, the approval policy, the tool limits, tools
+// with their grants, the data dir and URL.
 func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error) {
 	env := capabilities.Environment{Runtime: "keel", Version: Version, Protocol: protocol.Version,
-		DataDir: b.cfg.DataDir, URL: b.url, DefaultModel: b.cfg.DefaultModel, Network: "loopback"}
+		DataDir: b.cfg.DataDir, URL: b.url, DefaultModel: b.cfg.DefaultModel, Network: "loopback",
+		AllowCloud: b.router.AllowCloud(), RequireApproval: []string{}, ToolLimits: toolLimits(b.cfg)}
 	if b.cfg.AllowNonLoopback {
 		env.Network = "any"
 	}
-	list, hint, err := b.askProvider(ctx, b.provider.Name(), b.provider, true)
-	pd := capabilities.ProviderDecl{Name: b.provider.Name(), Kind: "local", Endpoint: b.endpoint, Reachable: err == nil, Hint: hint}
+	for _, se := range b.cfg.RequireApproval {
+		env.RequireApproval = append(env.RequireApproval, string(se))
+	}
+	res, err := b.ListModels(ctx)
 	if err != nil {
-		pd.Error = err.Error()
+		return env, err
 	}
-	for _, m := range list {
-		pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: capNames(m.Capabilities), ContextLength: m.ContextLength})
+	for _, p := range res.Providers {
+		pd := capabilities.ProviderDecl{Name: p.Name, Kind: "local", Endpoint: p.Endpoint, Reachable: p.Reachable, Error: p.Error, Hint: p.Hint}
+		if b.providers[p.Name].Cloud {
+			pd.Kind = "cloud"
+		}
+		if p.Name == localProvider {
+			pd.Name = b.provider.Name() // "ollama", unless a test's provider
+		}
+		for _, m := range res.Models {
+			if m.Provider == p.Name {
+				pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: m.Capabilities, ContextLength: m.ContextLength})
+			}
+		}
+		env.Providers = append(env.Providers, pd)
 	}
-	env.Providers = []capabilities.ProviderDecl{pd}
 	for _, t := range b.reg.Tools() {
 		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
 			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, GrantDigest: t.GrantDigest, Grants: t.Grants,
@@ -122,4 +138,27 @@ func (b *backend) Describe(ctx context.Context) (capabilities.Environment, error
 		env.ToolsCompiling = total - loaded
 	}
 	return env, nil
+}
+
+// toolLimits declares the limits cfg gives the sandbox, defaults filled
+// in as wasmtools fills them.
+func toolLimits(cfg Config) capabilities.ToolLimits {
+	orDefault := func(v, def int64) int64 {
+		switch {
+		case v < 0:
+			return -1
+		case v == 0:
+			return def
+		}
+		return v
+	}
+	return capabilities.ToolLimits{
+		CallTimeoutMS:       wasmtools.DefaultCallTimeout.Milliseconds(),
+		MemoryLimitMiB:      wasmtools.DefaultMemoryLimitMiB,
+		MaxOutputBytes:      wasmtools.DefaultMaxOutputBytes,
+		WriteQuotaBytes:     orDefault(cfg.ToolsWriteQuotaBytes, wasmtools.DefaultWriteQuotaBytes),
+		MinFreeDiskBytes:    orDefault(cfg.ToolsMinFreeDiskBytes, wasmtools.DefaultMinFreeDiskBytes),
+		IdleUnloadMS:        orDefault(cfg.ToolsIdleTimeout.Milliseconds(), wasmtools.DefaultIdleToolTimeout.Milliseconds()),
+		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
+	}
 }

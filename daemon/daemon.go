@@ -28,8 +28,9 @@ import (
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
-// Version is keel's version, reported in daemon.json and initialize.
-const Version = "0.1.0-dev"
+// Version is keel's version (keel.Version), reported in daemon.json and
+// initialize.
+const Version = keel.Version
 
 // DefaultAddr is where the daemon listens unless told otherwise.
 const DefaultAddr = "127.0.0.1:7433"
@@ -110,8 +111,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Workspace == "" {
 		cfg.Workspace = filepath.Join(cfg.DataDir, "workspace")
 	}
+	// Every check of the configuration, and binding the port, come
+	// before any slow work (opening the database, compiling tools), so a
+	// mistake is reported at once.
 	if err := checkLoopback(cfg.Addr, cfg.AllowNonLoopback); err != nil {
 		return err
+	}
+	if err := ipc.CheckOrigins(cfg.AllowedOrigins); err != nil {
+		return fmt.Errorf("--allow-origin: %w", err)
+	}
+	for _, se := range cfg.RequireApproval {
+		switch se {
+		case keel.SideEffectReadOnly, keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite, keel.SideEffectExternal:
+		default:
+			return fmt.Errorf("--require-approval %q: want read_only, idempotent_write, non_idempotent_write or external", se)
+		}
 	}
 	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "tools"), filepath.Join(cfg.DataDir, "cache"), cfg.Workspace} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -127,6 +141,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another program using the port? pick another with --addr 127.0.0.1:PORT, or port 0 for any free port)", cfg.Addr, err)
+	}
+	// Closed by the server once it runs; until then by this, on an error.
+	defer ln.Close()
 
 	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"))
 	if err != nil {
@@ -144,6 +164,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// Close lets streams cancelled mid-reply drain (see ollama.Config.CancelDrain).
 		defer op.Close()
 		provider, endpoint = op, op.Endpoint()
+	}
+
+	// The engine asks the model layer, which routes to Ollama and to the
+	// providers of models.json, enforcing policy, limits and budgets.
+	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	if err != nil {
+		return err
 	}
 
 	toolsDir := filepath.Join(cfg.DataDir, "tools")
@@ -198,19 +225,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 
 	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
-	// The engine asks the model layer, which routes to Ollama and to the
-	// providers of models.json, enforcing policy, limits and budgets.
-	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
-	if err != nil {
-		return err
-	}
-	for _, se := range cfg.RequireApproval {
-		switch se {
-		case keel.SideEffectReadOnly, keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite, keel.SideEffectExternal:
-		default:
-			return fmt.Errorf("--require-approval %q: want read_only, idempotent_write, non_idempotent_write or external", se)
-		}
-	}
 	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return err
@@ -226,10 +240,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w (is another program using the port? pick another with --addr 127.0.0.1:PORT, or port 0 for any free port)", cfg.Addr, err)
 	}
 	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: tokenFile,
 		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}

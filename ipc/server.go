@@ -255,6 +255,18 @@ func NewServer(b Backend, cfg Config) (*Server, error) {
 	}, nil
 }
 
+// CheckOrigins reports the first of origins that NewServer would refuse
+// as Config.AllowedOrigins, so that a composition root can reject a bad
+// flag before any slow work.
+func CheckOrigins(origins []string) error {
+	for _, o := range origins {
+		if _, err := normalizeOrigin(o); err != nil {
+			return fmt.Errorf("allowed origin %q: %w", o, err)
+		}
+	}
+	return nil
+}
+
 // normalizeOrigin checks that o is a bare origin and lower-cases it.
 func normalizeOrigin(o string) (string, error) {
 	u, err := url.Parse(o)

@@ -651,6 +651,10 @@ func (r *Router) DaySpent(ctx context.Context) (tokens int64, usd float64) {
 	return r.dayBudget(ctx).Spent()
 }
 
+// AllowCloud reports the master switch for cloud providers
+// (RouterConfig.AllowCloud).
+func (r *Router) AllowCloud() bool { return r.cfg.AllowCloud }
+
 // HasRoute reports whether a routing rule called name is configured.
 func (r *Router) HasRoute(name string) bool {
 	_, ok := r.route[name]
