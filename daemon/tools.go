@@ -238,7 +238,7 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	}
 	name := t.Spec.Name
 	if _, err := m.info(ctx, name); err == nil && !p.Replace {
-		return protocol.ToolInfo{}, fmt.Errorf("a tool named %s is already installed; pass replace to replace it: %w", name, keel.ErrConflict)
+		return protocol.ToolInfo{}, fmt.Errorf("a tool named %s is already installed; replace it with --replace (the replace parameter of tools.install): %w", name, keel.ErrConflict)
 	}
 	g, err := checkGrants(t.Requests, p.Grants)
 	if err != nil {
