@@ -6,28 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
-
-// Exit codes of Main.
-const (
-	ExitOK        = 0
-	ExitFailure   = 1 // a command or run failed
-	ExitUsage     = 2 // bad arguments
-	ExitCancelled = 130
-)
-
-// exitError carries a specific exit code out of a command.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
 
 // Main runs the keel command line with args (without the program name)
 // and returns the exit code. extra commands (such as `keel daemon`, which
@@ -47,12 +31,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ..
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(stderr, "keel:", ee.err)
+			fmt.Fprintln(stderr, "keel:", describe(ee.err))
 		}
 		return ee.code
 	}
 	fmt.Fprintln(stderr, "keel:", describe(err))
-	return ExitFailure
+	return exitCode(err)
 }
 
 // describe turns protocol errors into a message for a person.
@@ -68,18 +52,51 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "keel",
 		Short:         "keel: a local agent runtime",
+		Version:       versionLine(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          unknownSubcommand,
+		RunE:          groupHelp,
 		Long: `keel runs agents on your machine: models through Ollama, tools as sandboxed
 WebAssembly, every run journaled and traced in SQLite.
 
 Start the runtime with 'keel daemon'; the other commands talk to it.`,
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().String("data-dir", "", "keel data directory (default "+client.DefaultDataDir()+")")
-	root.AddCommand(runCmd(), runsCmd(), showCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), takeOverCmd(), handBackCmd(), forkCmd(), replayCmd(), toolsCmd(), toolCmd(), modelsCmd(), doctorCmd(), versionCmd())
+	root.AddCommand(runCmd(), runsCmd(), showCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), takeOverCmd(), handBackCmd(), forkCmd(), replayCmd(), toolsCmd(), attachCmd(), modelsCmd(), doctorCmd(), versionCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: ExitUsage, err: err} })
 	return root
 }
+
+// group makes cmd a command group: run with no arguments it prints its
+// help; with an argument that names none of its subcommands it exits
+// with ExitUsage and suggests the nearest names ("did you mean"), where
+// cobra alone would print the help and exit 0.
+func group(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = unknownSubcommand
+	cmd.RunE = groupHelp
+	return cmd
+}
+
+// unknownSubcommand is the Args of a command group: any argument is a
+// subcommand it does not have.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+	}
+	return &exitError{code: ExitUsage, err: fmt.Errorf("%s\nRun '%s --help' for usage", msg, cmd.CommandPath())}
+}
+
+// groupHelp is the RunE of a command group run without a subcommand.
+func groupHelp(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 
 // usageArgs makes an argument-count error exit with ExitUsage.
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/spf13/cobra"
 )
 
@@ -62,6 +61,20 @@ func doctorCmd() *cobra.Command {
 					fmt.Fprintf(out, "  model   %-28s %-16s [%s]\n", m.Name, ctxLen, strings.Join(m.Capabilities, " "))
 				}
 			}
+			cloud := "off (allow_cloud in models.json)"
+			if env.AllowCloud {
+				cloud = "on, for runs that pass --allow-cloud and hold nothing private"
+			}
+			fmt.Fprintf(out, "\ncloud models  %s\n", cloud)
+			approval := "none"
+			if len(env.RequireApproval) > 0 {
+				approval = strings.Join(env.RequireApproval, ", ") + " (tool calls of these side effects wait for keel approve/deny)"
+			}
+			fmt.Fprintf(out, "approval      %s\n", approval)
+			l := env.ToolLimits
+			fmt.Fprintf(out, "tool limits   %s per call, %d MiB memory, %s output, writes %s per grant leaving %s free, unload after %s idle, private network %s\n",
+				msDuration(l.CallTimeoutMS), l.MemoryLimitMiB, formatBytes(int64(l.MaxOutputBytes)), limitBytes(l.WriteQuotaBytes), limitBytes(l.MinFreeDiskBytes),
+				msDuration(l.IdleUnloadMS), map[bool]string{false: "refused", true: "allowed"}[l.AllowPrivateNetwork])
 			if env.ToolsCompiling > 0 {
 				fmt.Fprintf(out, "\ntools (%d, and %d still compiling: `keel tools list` shows progress)\n", len(env.Tools), env.ToolsCompiling)
 			} else {
@@ -81,6 +94,22 @@ func doctorCmd() *cobra.Command {
 	return cmd
 }
 
+// limitBytes renders a byte limit, negative meaning none.
+func limitBytes(n int64) string {
+	if n < 0 {
+		return "unlimited"
+	}
+	return formatBytes(n)
+}
+
+// msDuration renders milliseconds as a duration, negative meaning never.
+func msDuration(ms int64) string {
+	if ms < 0 {
+		return "never"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
+}
+
 // probeOllama reports whether Ollama answers, for when no daemon can be asked.
 func probeOllama(ctx context.Context, out io.Writer) {
 	host := os.Getenv("OLLAMA_HOST")
@@ -95,7 +124,7 @@ func probeOllama(ctx context.Context, out io.Writer) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(host, "/")+"/api/version", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		fmt.Fprintf(out, "ollama    not reachable at %s: start it with `ollama serve` or set OLLAMA_HOST (keel needs it for runs, not for `keel tool call`)\n", host)
+		fmt.Fprintf(out, "ollama    not reachable at %s: start it with `ollama serve` or set OLLAMA_HOST (keel needs it for runs, not for `keel tools call`)\n", host)
 		return
 	}
 	defer resp.Body.Close()
@@ -106,10 +135,10 @@ func probeOllama(ctx context.Context, out io.Writer) {
 func versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the protocol version this CLI speaks",
+		Short: "Print keel's version, the commit it was built from and the protocol version it speaks (also: keel --version)",
 		Args:  usageArgs(cobra.NoArgs),
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "keel CLI, protocol %s\n", protocol.Version)
+			fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 		},
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/client"
@@ -161,32 +160,6 @@ func ungranted(req, g capabilities.Grants) capabilities.Grants {
 	return out
 }
 
-// withProgress runs f while showing elapsed time on w (compiling a tool
-// can take seconds).
-func withProgress(w io.Writer, what string, f func() error) error {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(500 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				fmt.Fprintf(w, "\r%s %s", what, time.Since(start).Round(100*time.Millisecond))
-			}
-		}
-	}()
-	err := f()
-	close(done)
-	<-finished
-	fmt.Fprintf(w, "\r%s done in %s\n", what, time.Since(start).Round(time.Millisecond))
-	return err
-}
-
 func installCmd() *cobra.Command {
 	var specs []string
 	var all, replace, keep, private bool
@@ -210,7 +183,8 @@ func installCmd() *cobra.Command {
 			return withClient(cmd, func(c *client.Client) error {
 				ctx, out, errw := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
 				var info protocol.ToolInfo
-				if err := withProgress(errw, "validating and compiling "+filepath.Base(file), func() (err error) {
+				pr := newProgress(errw, isTerminal(errw), false)
+				if err := pr.during("validating and compiling "+filepath.Base(file), func() (err error) {
 					info, err = c.InspectTool(ctx, file)
 					return err
 				}); err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -16,7 +14,7 @@ import (
 )
 
 func modelsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "models", Short: "Models of the daemon's model providers"}
+	cmd := group(&cobra.Command{Use: "models", Short: "Models of the daemon's model providers"})
 	cmd.AddCommand(modelsListCmd(), modelsPullCmd())
 	return cmd
 }
@@ -96,8 +94,8 @@ func modelsPullCmd() *cobra.Command {
 			// Closing the connection is what cancels a pull in flight.
 			defer c.Close()
 			ctx, out := cmd.Context(), cmd.OutOrStdout()
-			pr := &pullPrinter{w: out, terminal: isTerminal(out)}
-			_, err = c.PullModel(ctx, name, pr.print)
+			pr := newProgress(out, isTerminal(out), true)
+			_, err = c.PullModel(ctx, name, func(p protocol.ModelsPullProgress) { pr.set(p.Status, p.Completed, p.Total) })
 			pr.end()
 			if err != nil {
 				if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -109,65 +107,6 @@ func modelsPullCmd() *cobra.Command {
 			return nil
 		},
 	}
-}
-
-// pullPrinter renders a pull's progress. On a terminal it keeps one line,
-// redrawn in place: the status, then for a layer download its percentage,
-// a bar and the bytes done of the total. Elsewhere (a pipe, a file, a
-// log) it prints one line each time the status changes.
-type pullPrinter struct {
-	w        io.Writer
-	terminal bool
-	status   string // the last status shown
-	drawn    bool   // a terminal line is open
-}
-
-// barWidth is the width of the progress bar in cells.
-const barWidth = 24
-
-func (p *pullPrinter) print(pr protocol.ModelsPullProgress) {
-	if !p.terminal {
-		if pr.Status == p.status {
-			return
-		}
-		p.status = pr.Status
-		if pr.Total > 0 {
-			fmt.Fprintf(p.w, "%s (%s)\n", pr.Status, formatBytes(pr.Total))
-		} else {
-			fmt.Fprintln(p.w, pr.Status)
-		}
-		return
-	}
-	line := pr.Status
-	if pr.Total > 0 {
-		done := min(max(pr.Completed, 0), pr.Total)
-		filled := int(done * barWidth / pr.Total)
-		line = fmt.Sprintf("%-22s %3d%% [%s%s] %s/%s", clip(pr.Status, 22), done*100/pr.Total,
-			strings.Repeat("=", filled), strings.Repeat(" ", barWidth-filled), formatBytes(done), formatBytes(pr.Total))
-	}
-	// \r returns to the line's start; \x1b[K clears what a longer line
-	// left behind.
-	fmt.Fprintf(p.w, "\r%s\x1b[K", line)
-	p.drawn = true
-}
-
-// end closes the terminal line, if one is open.
-func (p *pullPrinter) end() {
-	if p.drawn {
-		fmt.Fprintln(p.w)
-		p.drawn = false
-	}
-}
-
-// isTerminal reports whether w is a terminal: a character device, as
-// terminals are (and /dev/null, where what is drawn does not matter).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // formatBytes renders n bytes in decimal units, as Ollama does: "512 B",

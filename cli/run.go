@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -17,10 +15,16 @@ func runCmd() *cobra.Command {
 	var p protocol.RunStartParams
 	var timeout time.Duration
 	var kind kindFlags
+	var detach bool
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
-		Short: "Start a run and stream its events until it ends (Ctrl-C cancels it)",
-		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		Short: "Start a run and stream its events until it ends (Ctrl-C detaches: the run goes on)",
+		Long: `Start a run and stream its events until it ends.
+
+Ctrl-C detaches: the CLI stops following and exits 130, the run goes on in
+the daemon. Follow it again with 'keel attach RUN', stop it with
+'keel cancel RUN'. --detach starts the run and returns at once.`,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Goal = strings.Join(args, " ")
 			if err := kind.apply(cmd, &p); err != nil {
@@ -39,43 +43,19 @@ func runCmd() *cobra.Command {
 					return err
 				}
 				out := cmd.OutOrStdout()
+				if detach {
+					// The run id alone on stdout, for scripts; how to
+					// follow it on stderr, for people.
+					fmt.Fprintln(out, run.ID)
+					fmt.Fprintf(cmd.ErrOrStderr(), "run %s started (model %s); follow it with: keel attach %s\n", run.ID, run.Model, run.ID)
+					return nil
+				}
 				fmt.Fprintf(out, "run %s (model %s)\n", run.ID, run.Model)
-				if _, err := c.Subscribe(ctx, run.ID, 0); err != nil {
-					return err
-				}
-				pr := &eventPrinter{w: out}
-				interrupted := ctx.Done()
-				var deadline <-chan time.Time
-				for {
-					select {
-					case ev, ok := <-c.Events():
-						if !ok {
-							return &exitError{code: ExitFailure, err: errors.New("connection to the daemon closed before the run ended; see `keel show " + string(run.ID) + "`")}
-						}
-						if ev.RunID != run.ID {
-							continue
-						}
-						pr.print(ev)
-						if code, done := endCode(ev.Type); done {
-							return &exitError{code: code}
-						}
-					case <-interrupted:
-						interrupted = nil
-						fmt.Fprintln(cmd.ErrOrStderr(), "\ncancelling run", run.ID)
-						cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-						_, err := c.CancelRun(cctx, run.ID)
-						cancel()
-						if err != nil {
-							return &exitError{code: ExitCancelled, err: fmt.Errorf("cancel %s: %s", run.ID, describe(err))}
-						}
-						deadline = time.After(10 * time.Second)
-					case <-deadline:
-						return &exitError{code: ExitCancelled, err: fmt.Errorf("run %s did not confirm cancellation in time", run.ID)}
-					}
-				}
+				return follow(cmd, c, run.ID, 1)
 			})
 		},
 	}
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the run, print its id and return; it goes on in the daemon (keel attach RUN follows it)")
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
 	cmd.Flags().IntVar(&p.MaxSteps, "max-steps", 0, "most model calls the run may make (default 8)")
 	cmd.Flags().BoolVar(&p.Policy.AllowCloud, "allow-cloud", false, "let this run use cloud models, where the daemon's models configuration allows cloud")
@@ -103,4 +83,85 @@ func endCode(t keel.EventType) (int, bool) {
 		return ExitCancelled, true
 	}
 	return 0, false
+}
+
+func attachCmd() *cobra.Command {
+	var from int64
+	cmd := &cobra.Command{
+		Use:   "attach RUN",
+		Short: "Follow a run's events live, from its journal's event --from on, until it ends (Ctrl-C detaches)",
+		Long: `Follow a run's events, as 'keel run' does: the journal's events from seq
+--from on (default: all of them), then the live ones until the run ends.
+The exit code is the run's, as for 'keel run'. Ctrl-C detaches again;
+the run goes on.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if from < 1 {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("--from %d: event seqs start at 1", from)}
+			}
+			return withClient(cmd, func(c *client.Client) error {
+				return follow(cmd, c, keel.RunID(args[0]), from)
+			})
+		},
+	}
+	cmd.Flags().Int64Var(&from, "from", 1, "first event to show, by its seq (the number at the start of each line)")
+	return cmd
+}
+
+// follow prints the events of run id from seq from on, then its live
+// ones, until the run ends; the exit code is the run's (endCode). Ctrl-C
+// (the command's context ending) detaches: the run goes on, and follow
+// says how to attach again and how to cancel, and returns ExitDetached.
+func follow(cmd *cobra.Command, c *client.Client, id keel.RunID, from int64) error {
+	ctx := cmd.Context()
+	sub, err := c.Subscribe(ctx, id, from-1)
+	if err != nil {
+		return err
+	}
+	pr := &eventPrinter{w: cmd.OutOrStdout()}
+	if sub.Status.Terminal() {
+		// Its events are all in the journal: print them from there, so
+		// that a --from past the end does not wait for events that will
+		// never come.
+		det, err := c.GetRun(ctx, id)
+		if err != nil {
+			return err
+		}
+		code := ExitOK
+		for _, ev := range det.Events {
+			if ev.Seq < from {
+				continue
+			}
+			pr.print(ev)
+		}
+		pr.closeStream()
+		switch det.Run.Status {
+		case keel.RunFailed:
+			code = ExitFailure
+		case keel.RunCancelled:
+			code = ExitCancelled
+		}
+		return &exitError{code: code}
+	}
+	next := from // the first seq not yet shown
+	for {
+		select {
+		case ev, ok := <-c.Events():
+			if !ok {
+				return &exitError{code: ExitFailure, err: fmt.Errorf("connection to the daemon closed before the run ended; follow it again with `keel attach %s --from %d`", id, next)}
+			}
+			if ev.RunID != id {
+				continue
+			}
+			pr.print(ev)
+			next = ev.Seq + 1
+			if code, done := endCode(ev.Type); done {
+				return &exitError{code: code}
+			}
+		case <-ctx.Done():
+			pr.closeStream()
+			fmt.Fprintf(cmd.ErrOrStderr(), "\ndetached from run %s; it goes on.\n  follow it again: keel attach %s --from %d\n  cancel it:       keel cancel %s\n", id, id, next, id)
+			return &exitError{code: ExitDetached}
+		}
+	}
 }

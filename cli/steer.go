@@ -25,7 +25,7 @@ func takeOverCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "run %s: taken over (now %s); run its tools with `keel tool call --run %s NAME JSON`, then `keel handback %s`\n", r.ID, r.Status, r.ID, r.ID)
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: taken over (now %s); run its tools with `keel tools call --run %s NAME JSON`, then `keel handback %s`\n", r.ID, r.Status, r.ID, r.ID)
 				return nil
 			})
 		},

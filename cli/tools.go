@@ -15,7 +15,7 @@ import (
 )
 
 func toolsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "tools", Short: "Installed tools"}
+	cmd := group(&cobra.Command{Use: "tools", Aliases: []string{"tool"}, Short: "Installed tools: list, call, install, grant, revoke, remove, audit (`keel tool` is the same command)"})
 	var asJSON bool
 	list := &cobra.Command{
 		Use:   "list",
@@ -139,13 +139,6 @@ func short(hash string) string {
 	return hash
 }
 
-// toolCmd is `keel tool call`, the singular spelling.
-func toolCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "tool", Short: "Use one tool directly"}
-	cmd.AddCommand(callCmd())
-	return cmd
-}
-
 func callCmd() *cobra.Command {
 	var run string
 	cmd := &cobra.Command{
@@ -196,24 +189,30 @@ func noteCompiling(cmd *cobra.Command, c *client.Client, name string) error {
 // the tools it found at start (a first start compiles every bundled tool,
 // which takes seconds), and returns once they are loaded.
 func waitForTools(cmd *cobra.Command, c *client.Client) error {
-	shown := -1
+	errw := cmd.ErrOrStderr()
+	var pr *progress
 	for {
 		res, err := c.ToolsList(cmd.Context())
 		if err != nil {
+			if pr != nil {
+				pr.end()
+			}
 			return err
 		}
 		if res.Compiling == nil {
-			if shown >= 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "tools ready")
+			if pr != nil {
+				pr.end()
+				fmt.Fprintln(errw, "tools ready")
 			}
 			return nil
 		}
-		if res.Compiling.Loaded != shown {
-			shown = res.Compiling.Loaded
-			fmt.Fprintf(cmd.ErrOrStderr(), "waiting for the daemon to compile its tools: %d of %d done\n", res.Compiling.Loaded, res.Compiling.Total)
+		if pr == nil {
+			pr = newProgress(errw, isTerminal(errw), false)
 		}
+		pr.set("waiting for the daemon to compile its tools", int64(res.Compiling.Loaded), int64(res.Compiling.Total))
 		select {
 		case <-cmd.Context().Done():
+			pr.end()
 			return cmd.Context().Err()
 		case <-time.After(250 * time.Millisecond):
 		}
