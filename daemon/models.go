@@ -28,7 +28,7 @@ const providerTimeout = 3 * time.Second
 // What to do about the local provider: it did not answer, or it has no
 // models.
 const (
-	hintUnreachable = "start Ollama (`ollama serve`), or point keel at it with OLLAMA_HOST / --ollama-host; without it keel still runs tools directly (`keel tool call`)"
+	hintUnreachable = "start Ollama (`ollama serve`), or point keel at it with OLLAMA_HOST / --ollama-host; without it keel still runs tools directly (`keel tools call`)"
 	hintNoModels    = "no models yet: pull one, e.g. `keel models pull qwen2.5:0.5b`"
 )
 
