@@ -114,11 +114,19 @@ the run goes on.`,
 // says how to attach again and how to cancel, and returns ExitDetached.
 func follow(cmd *cobra.Command, c *client.Client, id keel.RunID, from int64) error {
 	ctx := cmd.Context()
+	pr := &eventPrinter{w: cmd.OutOrStdout()}
+	detached := func(next int64) error {
+		pr.closeStream()
+		fmt.Fprintf(cmd.ErrOrStderr(), "\ndetached from run %s; it goes on.\n  follow it again: keel attach %s --from %d\n  cancel it:       keel cancel %s\n", id, id, next, id)
+		return &exitError{code: ExitDetached}
+	}
 	sub, err := c.Subscribe(ctx, id, from-1)
 	if err != nil {
+		if ctx.Err() != nil {
+			return detached(from) // Ctrl-C before the first event
+		}
 		return err
 	}
-	pr := &eventPrinter{w: cmd.OutOrStdout()}
 	if sub.Status.Terminal() {
 		// Its events are all in the journal: print them from there, so
 		// that a --from past the end does not wait for events that will
@@ -159,9 +167,7 @@ func follow(cmd *cobra.Command, c *client.Client, id keel.RunID, from int64) err
 				return &exitError{code: code}
 			}
 		case <-ctx.Done():
-			pr.closeStream()
-			fmt.Fprintf(cmd.ErrOrStderr(), "\ndetached from run %s; it goes on.\n  follow it again: keel attach %s --from %d\n  cancel it:       keel cancel %s\n", id, id, next, id)
-			return &exitError{code: ExitDetached}
+			return detached(next)
 		}
 	}
 }
