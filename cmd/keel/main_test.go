@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -110,10 +109,11 @@ func TestBinary(t *testing.T) {
 	}
 }
 
-// TestRunCtrlC: Ctrl-C on `keel run` cancels the run in the daemon. The
-// model starts answering and never finishes; SIGINT to the CLI must end
-// the run as cancelled, exit with the cancelled code, and close the
-// model request (the stream is stopped, not left running).
+// TestRunCtrlC: Ctrl-C on `keel run` detaches: the model starts
+// answering and never finishes; SIGINT to the CLI must leave the run
+// going, exit with the detached code saying how to attach again and how
+// to cancel; `keel cancel` then ends the run and closes the model request
+// (the stream is stopped, not left running).
 func TestRunCtrlC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -152,17 +152,30 @@ func TestRunCtrlC(t *testing.T) {
 		t.Fatalf("keel run did not exit within a minute of Ctrl-C:\n%s", out.String())
 	}
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled {
-		t.Errorf("keel run after Ctrl-C: %v, want exit code %d\n%s", err, cli.ExitCancelled, out.String())
-	}
-	if s := out.String(); !strings.Contains(s, "cancelling run") || !strings.Contains(s, "run cancelled") {
-		t.Errorf("keel run after Ctrl-C printed:\n%s\nwant it to say it cancels, then that the run was cancelled", s)
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitDetached {
+		t.Errorf("keel run after Ctrl-C: %v, want exit code %d\n%s", err, cli.ExitDetached, out.String())
 	}
 	c := dialWait(t, e.dir)
 	defer c.Close()
 	runs, err := c.ListRuns(context.Background(), 10)
-	if err != nil || len(runs) != 1 || runs[0].Status != keel.RunCancelled {
-		t.Errorf("runs after Ctrl-C = %+v, %v; want one, cancelled", runs, err)
+	if err != nil || len(runs) != 1 || runs[0].Status.Terminal() {
+		t.Fatalf("runs after Ctrl-C = %+v, %v; want one, still going", runs, err)
+	}
+	id := string(runs[0].ID)
+	if s := out.String(); !strings.Contains(s, "detached from run "+id) || !strings.Contains(s, "keel attach "+id) || !strings.Contains(s, "keel cancel "+id) {
+		t.Errorf("keel run after Ctrl-C printed:\n%s\nwant it to say it detached, how to attach again and how to cancel", s)
+	}
+	cancel := exec.Command(e.bin, "cancel", id)
+	cancel.Env = e.env
+	if o, err := cancel.CombinedOutput(); err != nil {
+		t.Fatalf("keel cancel: %v\n%s", err, o)
+	}
+	// keel attach follows it to its end: cancelled.
+	attach := exec.Command(e.bin, "attach", id)
+	attach.Env = e.env
+	o, err := attach.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitCancelled || !strings.Contains(string(o), "run cancelled") {
+		t.Errorf("keel attach of the cancelled run: %v, want exit %d\n%s", err, cli.ExitCancelled, o)
 	}
 	select {
 	case <-e.model.hangGone:
