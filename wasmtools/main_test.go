@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
@@ -287,8 +288,13 @@ func writeFiles(dir string, files map[string][]byte) error {
 }
 
 // shared returns cfg on the shared cache: cacheDir and sharedCache,
-// unless cfg has a CacheDir of its own.
+// unless cfg has a CacheDir of its own. A call that must succeed gets a
+// minute, not the default 10 s: a loaded machine runs the package's
+// parallel tests slowly. Tests of time limits set their own.
 func shared(cfg Config) Config {
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = time.Minute
+	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = cacheDir
 	}
