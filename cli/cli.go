@@ -19,6 +19,11 @@ import (
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...*cobra.Command) int {
 	root := newRoot()
 	for _, c := range extra {
+		if c.Args != nil {
+			// A wrong argument count is a usage error whichever package
+			// made the command.
+			c.Args = usageArgs(c.Args)
+		}
 		root.AddCommand(c)
 	}
 	root.SetArgs(args)

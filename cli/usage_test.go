@@ -10,6 +10,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/spf13/cobra"
 )
 
 // run runs the command line with no daemon (a data dir where none runs).
@@ -88,5 +89,19 @@ func TestUsageExitCodes(t *testing.T) {
 		if _, errs, code := run(t, args...); code != cli.ExitUsage {
 			t.Errorf("keel %s: exit %d, want %d (usage); stderr %q", strings.Join(args, " "), code, cli.ExitUsage, errs)
 		}
+	}
+}
+
+// TestExtraCommandArgsAreUsage: a command added by the composition root
+// (keel daemon) with a wrong argument count exits ExitUsage, like the
+// CLI's own commands (`keel daemon extra` exited 1).
+func TestExtraCommandArgsAreUsage(t *testing.T) {
+	t.Parallel()
+	ran := false
+	extra := &cobra.Command{Use: "daemon", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { ran = true; return nil }}
+	var out, errb bytes.Buffer
+	code := cli.Main(context.Background(), []string{"daemon", "extra"}, &out, &errb, extra)
+	if code != cli.ExitUsage || ran {
+		t.Errorf("keel daemon extra: exit %d (ran %v), stderr %q; want %d without running", code, ran, errb.String(), cli.ExitUsage)
 	}
 }
