@@ -25,6 +25,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/store"
 )
@@ -401,10 +402,7 @@ func TestRunWithScriptedModel(t *testing.T) {
 // come from schema-constrained JSON).
 func TestRunWithRealOllama(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("OLLAMA_HOST") == "" {
-		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
-	}
-	d := startDaemon(t, daemon.Config{})
+	d := startDaemon(t, daemon.Config{Provider: realOllama(t)})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	var runs [][]keel.Event
@@ -453,15 +451,13 @@ func TestRunWithRealOllama(t *testing.T) {
 // reason) and no model call may have crashed the runner.
 func TestPlanWithRealOllama(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("OLLAMA_HOST") == "" {
-		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
-	}
+	p := realOllama(t)
 	// Short replies keep the test quick on a busy machine.
 	dir := noTools(t)
 	if err := os.WriteFile(filepath.Join(dir, daemon.ModelsConfigFile), []byte(`{"ollama":{"default_max_tokens":64}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, daemon.Config{DataDir: dir})
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "Write a short story about a dog, then give it a title.",
@@ -497,6 +493,32 @@ func TestPlanWithRealOllama(t *testing.T) {
 	if strings.Contains(detail.Run.Error, string(models.KindCrashed)) || strings.Contains(detail.Run.Error, string(models.KindOverloaded)) {
 		t.Errorf("run error %q: the runner crashed", detail.Run.Error)
 	}
+}
+
+// ollamaMu keeps the tests of the real Ollama to one at a time: they
+// share one server, whose model runner answers one request at a time, and
+// each bounds how long its runs may take.
+var ollamaMu sync.Mutex
+
+// realOllama skips the test unless OLLAMA_HOST names a real Ollama, and
+// otherwise holds it for the test alone (ollamaMu) and returns a provider
+// of it that computes on one thread: several stall each other on a busy
+// machine (ollama.Config.NumThread), where the tiny test models then take
+// seconds a token.
+func realOllama(t *testing.T) models.Provider {
+	t.Helper()
+	host := os.Getenv("OLLAMA_HOST")
+	if host == "" {
+		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
+	}
+	ollamaMu.Lock()
+	t.Cleanup(ollamaMu.Unlock)
+	p, err := ollama.New(ollama.Config{Host: host, NumThread: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
 }
 
 func envOr(k, def string) string {

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -329,9 +328,7 @@ func TestModelsProvidersDown(t *testing.T) {
 // has: the error says what went wrong and the daemon serves on.
 func TestModelsRealOllama(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("OLLAMA_HOST") == "" {
-		t.Skip("OLLAMA_HOST is not set; start one with: eval \"$(../shared/ollama/start)\"")
-	}
+	realOllama(t)
 	tiny, tools := envOr("KEEL_TEST_OLLAMA_MODEL", "keel-tiny"), envOr("KEEL_TEST_OLLAMA_TOOLS_MODEL", "keel-tiny-tools")
 	d := startDaemon(t, daemon.Config{})
 	c := dial(t, d.dir)
