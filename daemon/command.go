@@ -1,13 +1,27 @@
 package daemon
 
 import (
+	"context"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/wasmtools"
 )
+
+// CompileChild runs this process as a tool compile child if it was
+// started as one (wasmtools.IsCompileChild), and then returns its exit
+// code and true; otherwise it returns false at once. The main of a
+// binary that runs Command calls it first: Command's daemon compiles its
+// tools in children of its own executable.
+func CompileChild(ctx context.Context) (code int, ok bool) {
+	if !wasmtools.IsCompileChild() {
+		return 0, false
+	}
+	return wasmtools.CompileChildMain(ctx, os.Stdin, os.Stdout), true
+}
 
 // Command returns the `keel daemon` command, which runs Run with flags.
 func Command() *cobra.Command {
@@ -32,6 +46,11 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 				level = slog.LevelDebug
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			// Tools compile in children of this very binary, whose
+			// main runs CompileChild first.
+			if exe, err := os.Executable(); err == nil {
+				cfg.ToolsCompiler = &wasmtools.Compiler{Path: exe}
+			}
 			for _, a := range approve {
 				cfg.RequireApproval = append(cfg.RequireApproval, keel.SideEffect(a))
 			}

@@ -71,6 +71,11 @@ type Config struct {
 	// calls before it is unloaded (wasmtools.Config.IdleToolTimeout); 0:
 	// the default (5 minutes), negative: never.
 	ToolsIdleTimeout time.Duration
+	// ToolsCompiler, when set, compiles tools in child processes
+	// (wasmtools.Config.Compiler), so the daemon never holds a compile's
+	// memory. Default nil: tools compile in the daemon. Command sets it
+	// to the keel binary itself (see CompileChild).
+	ToolsCompiler *wasmtools.Compiler
 	// RequireApproval lists side-effect classes (keel.SideEffect values)
 	// whose tool calls wait for a person's approval; empty: none.
 	RequireApproval []keel.SideEffect
@@ -195,6 +200,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
 		MinFreeDiskBytes:    cfg.ToolsMinFreeDiskBytes,
 		IdleToolTimeout:     cfg.ToolsIdleTimeout,
+		Compiler:            cfg.ToolsCompiler,
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
 		OnChange:   notifier.notify,

@@ -78,6 +78,9 @@ func plainRegistry(t *testing.T) *Registry {
 }
 
 func TestMain(m *testing.M) {
+	if IsCompileChild() {
+		os.Exit(testCompileChild()) // this binary re-executed by a Compiler
+	}
 	code, err := testMain(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "wasmtools TestMain:", err)

@@ -129,9 +129,18 @@ type Config struct {
 	// a CacheDir tools are never unloaded, since loading one again would
 	// mean compiling it again.
 	IdleToolTimeout time.Duration
+	// Compiler, when set with a CacheDir, compiles each tool in a child
+	// process rather than in this one (see compiler.go): the compile's
+	// memory (hundreds of MiB for a Go module) is never held here, and a
+	// compiler crash ends only the child. A tool so compiled starts
+	// unloaded: its first call loads it from the cache. Default nil:
+	// tools compile in this process.
+	Compiler *Compiler
 	// Logger receives load problems and call outcomes. Default discards.
 	Logger *slog.Logger
 
+	// testHookChild, set by tests, runs before each compile child starts.
+	testHookChild func(name string)
 	// testHookUnload, set by tests, runs after each unload of an idle
 	// tool (see unloadIdle).
 	testHookUnload func(name string)
@@ -205,6 +214,8 @@ type Registry struct {
 	reclaimMu      sync.Mutex
 	reclaimTimer   onceTimer
 	reclaimStopped bool
+	// childSlot holds the one compile child allowed at a time.
+	childSlot chan struct{}
 }
 
 // toolSet is an immutable snapshot of the loaded tools.
@@ -273,70 +284,15 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("wasmtools: Config.Dir is required: %w", keel.ErrInvalid)
 	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = DefaultCallTimeout
-	}
-	if cfg.MemoryLimitMiB <= 0 {
-		cfg.MemoryLimitMiB = DefaultMemoryLimitMiB
-	}
-	cfg.MemoryLimitMiB = min(cfg.MemoryLimitMiB, maxMemoryLimitMiB)
-	if cfg.MaxOutputBytes <= 0 {
-		cfg.MaxOutputBytes = DefaultMaxOutputBytes
-	}
-	if cfg.WriteQuotaBytes == 0 {
-		cfg.WriteQuotaBytes = DefaultWriteQuotaBytes
-	}
-	if cfg.MinFreeDiskBytes == 0 {
-		cfg.MinFreeDiskBytes = DefaultMinFreeDiskBytes
-	}
-	if cfg.IdleToolTimeout == 0 {
-		cfg.IdleToolTimeout = DefaultIdleToolTimeout
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	entries, err := os.ReadDir(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("wasmtools: read tool directory: %w", err)
 	}
-
-	r := &Registry{cfg: cfg, log: log}
-	// Memory is capped per instance by memoryCap, not by
-	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
-	// Deadlines stop guest code through the interrupt global every module
-	// gets before it is compiled (see instrument), not through wazero's
-	// WithCloseOnContextDone, which costs guest code twice as much.
-	rc := wazero.NewRuntimeConfig()
-	switch {
-	case cfg.CacheDir != "" && cfg.testCache != nil:
-		r.cache = cfg.testCache
-		rc = rc.WithCompilationCache(r.cache)
-	case cfg.CacheDir != "":
-		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
-		if err != nil {
-			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", "dir", cfg.CacheDir, "error", err)
-		} else {
-			r.cache, r.ownCache = cache, true
-			rc = rc.WithCompilationCache(cache)
-		}
+	r, err := newRegistry(ctx, cfg)
+	if err != nil {
+		return nil, err
 	}
-	if r.cache != nil && cfg.IdleToolTimeout > 0 {
-		r.toolTimeout = cfg.IdleToolTimeout
-	}
-	r.rt = wazero.NewRuntimeWithConfig(ctx, rc)
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.rt); err != nil {
-		_ = r.closeRuntime(ctx)
-		return nil, fmt.Errorf("wasmtools: instantiate WASI: %w", err)
-	}
-	if err := r.instantiateHost(ctx); err != nil {
-		_ = r.closeRuntime(ctx)
-		return nil, fmt.Errorf("wasmtools: instantiate the keel host module: %w", err)
-	}
-	r.wasi = map[string]bool{}
-	for name := range r.rt.Module(wasi_snapshot_preview1.ModuleName).ExportedFunctionDefinitions() {
-		r.wasi[name] = true
-	}
+	cfg, log := r.cfg, r.log
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.ready = make(chan struct{})
 	for _, e := range entries {
@@ -389,6 +345,74 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		if _, ok := set.tools[name]; !ok {
 			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
 		}
+	}
+	return r, nil
+}
+
+// newRegistry applies cfg's defaults and builds the runtime every module
+// is compiled and run in: the compilation cache, WASI and the keel host
+// module. Open and the compile child (compiler.go) both build theirs
+// here, so that what the child compiles is found in the cache under the
+// same key by the daemon. It starts nothing.
+func newRegistry(ctx context.Context, cfg Config) (*Registry, error) {
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.MemoryLimitMiB <= 0 {
+		cfg.MemoryLimitMiB = DefaultMemoryLimitMiB
+	}
+	cfg.MemoryLimitMiB = min(cfg.MemoryLimitMiB, maxMemoryLimitMiB)
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if cfg.WriteQuotaBytes == 0 {
+		cfg.WriteQuotaBytes = DefaultWriteQuotaBytes
+	}
+	if cfg.MinFreeDiskBytes == 0 {
+		cfg.MinFreeDiskBytes = DefaultMinFreeDiskBytes
+	}
+	if cfg.IdleToolTimeout == 0 {
+		cfg.IdleToolTimeout = DefaultIdleToolTimeout
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Registry{cfg: cfg, log: log, childSlot: make(chan struct{}, 1)}
+	// Memory is capped per instance by memoryCap, not by
+	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
+	// Deadlines stop guest code through the interrupt global every module
+	// gets before it is compiled (see instrument), not through wazero's
+	// WithCloseOnContextDone, which costs guest code twice as much.
+	rc := wazero.NewRuntimeConfig()
+	switch {
+	case cfg.CacheDir != "" && cfg.testCache != nil:
+		r.cache = cfg.testCache
+		rc = rc.WithCompilationCache(r.cache)
+	case cfg.CacheDir != "":
+		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
+		if err != nil {
+			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", "dir", cfg.CacheDir, "error", err)
+		} else {
+			r.cache, r.ownCache = cache, true
+			rc = rc.WithCompilationCache(cache)
+		}
+	}
+	if r.cache != nil && cfg.IdleToolTimeout > 0 {
+		r.toolTimeout = cfg.IdleToolTimeout
+	}
+	r.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.rt); err != nil {
+		_ = r.closeRuntime(ctx)
+		return nil, fmt.Errorf("wasmtools: instantiate WASI: %w", err)
+	}
+	if err := r.instantiateHost(ctx); err != nil {
+		_ = r.closeRuntime(ctx)
+		return nil, fmt.Errorf("wasmtools: instantiate the keel host module: %w", err)
+	}
+	r.wasi = map[string]bool{}
+	for name := range r.rt.Module(wasi_snapshot_preview1.ModuleName).ExportedFunctionDefinitions() {
+		r.wasi[name] = true
 	}
 	return r, nil
 }
@@ -639,47 +663,78 @@ func moduleProblem(err error) error {
 	return unusable(fmt.Errorf("not a valid WebAssembly module: %w", err))
 }
 
-// load compiles and checks one tool file. An error that is the file's
-// fault (its bytes, its manifest, its name) matches keel.ErrUnusableTool;
-// a module keel cannot bound has an *UnsupportedError in its chain.
-func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err error) {
+// load compiles and checks one tool file. With a Compiler the module
+// is compiled and inspected in a child process, and the tool starts
+// unloaded: its first call loads the compiled code from the cache (see
+// compiler.go and unload.go). An error that is the file's fault (its
+// bytes, its manifest, its name) matches keel.ErrUnusableTool; a module
+// keel cannot bound has an *UnsupportedError in its chain.
+func (r *Registry) load(ctx context.Context, name, file string) (*tool, error) {
 	if !namePattern.MatchString(name) {
 		return nil, unusable(fmt.Errorf("file name %q is not a tool name: it must match %s", name, namePattern))
 	}
-	bin, stamp, err := readTool(file)
+	if r.childCompiles() {
+		in, err := r.inspectOutside(ctx, name, file)
+		if err != nil {
+			return nil, err
+		}
+		return r.build(ctx, name, file, in, nil)
+	}
+	in, compiled, err := r.inspect(ctx, name, file)
 	if err != nil {
 		return nil, err
 	}
+	return r.build(ctx, name, file, in, compiled)
+}
+
+// inspection is what compiling and inspecting a tool file found: all
+// that building the tool needs besides the compiled module. The compile
+// child sends it to the daemon as JSON.
+type inspection struct {
+	SHA256  string    `json:"sha256"` // hex, of the file as read
+	Stamp   fileStamp `json:"stamp"`
+	Reactor bool      `json:"reactor"`
+	// Manifest is the sidecar's content when HasSidecar, else what the
+	// module printed (not parsed yet).
+	Manifest   []byte `json:"manifest"`
+	HasSidecar bool   `json:"has_sidecar"`
+}
+
+// inspect reads, rewrites and compiles the tool file, checks the module
+// and reads its manifest (running it when there is no sidecar), in this
+// process. The caller owns the compiled module.
+func (r *Registry) inspect(ctx context.Context, name, file string) (_ inspection, _ wazero.CompiledModule, err error) {
+	var in inspection
+	bin, stamp, err := readTool(file)
+	if err != nil {
+		return in, nil, err
+	}
 	sum := sha256.Sum256(bin)
+	in.SHA256, in.Stamp = hex.EncodeToString(sum[:]), stamp
 	if bin, err = r.instrumented(bin, sum); err != nil {
-		return nil, moduleProblem(err)
+		return in, nil, moduleProblem(err)
+	}
+	tables, err := tableBytes(bin)
+	if err != nil {
+		return in, nil, moduleProblem(err)
 	}
 	// Compiling a Go module takes seconds; use every core for it.
 	compiled, err := r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
+	bin = nil // wazero keeps what it needs; the rewritten binary is garbage now
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, err
+			return in, nil, err
 		}
-		return nil, moduleProblem(err)
+		return in, nil, moduleProblem(err)
 	}
-	t := &tool{compiled: compiled, stamp: stamp}
 	defer func() {
 		if err != nil {
-			t.close(ctx, true)
+			_ = compiled.Close(ctx)
 		}
 	}()
-	tables, err := tableBytes(bin)
-	if err != nil {
-		return nil, moduleProblem(err)
+	if in.Reactor, err = r.checkModule(compiled, tables); err != nil {
+		return in, nil, unusable(err)
 	}
-	reactor, err := r.checkModule(compiled, tables)
-	if err != nil {
-		return nil, unusable(err)
-	}
-	if reactor {
-		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout, r.reclaim)
-	}
-
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -687,22 +742,44 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 		// and the name it runs under; asking it means starting an
 		// instance, so a restart reads the answer back instead.
 		ask := r.printManifest
-		if reactor {
+		if in.Reactor {
 			ask = r.reactorManifest
 		}
 		key := fmt.Sprintf("%x-%s-v%s.json", sum, name, manifestCacheVersion)
 		if data, err = r.cached("manifests", key, func() ([]byte, error) { return ask(ctx, name, compiled) }); err != nil {
 			if ctx.Err() != nil {
-				return nil, err
+				return in, nil, err
 			}
-			return nil, unusable(err)
+			return in, nil, unusable(err)
 		}
 	case err != nil:
-		return nil, fmt.Errorf("read sidecar manifest: %w", err)
+		return in, nil, fmt.Errorf("read sidecar manifest: %w", err)
 	default:
-		t.sidecar = data
+		in.HasSidecar = true
 	}
-	m, err := parseManifest(data)
+	in.Manifest = data
+	return in, compiled, nil
+}
+
+// build makes the tool that in describes, holding compiled; with
+// compiled nil, the tool starts unloaded (see unload.go).
+func (r *Registry) build(ctx context.Context, name, file string, in inspection, compiled wazero.CompiledModule) (_ *tool, err error) {
+	t := &tool{compiled: compiled, stamp: in.Stamp}
+	defer func() {
+		if err != nil {
+			t.close(ctx, true)
+		}
+	}()
+	if in.Reactor {
+		t.pool = newPool(r.cfg.MaxIdleInstances, r.cfg.IdleInstanceTimeout, r.reclaim)
+	}
+	if in.HasSidecar {
+		t.sidecar = in.Manifest
+		if t.sidecar == nil {
+			t.sidecar = []byte{}
+		}
+	}
+	m, err := parseManifest(in.Manifest)
 	if err != nil {
 		return nil, unusable(err)
 	}
@@ -711,18 +788,20 @@ func (r *Registry) load(ctx context.Context, name, file string) (_ *tool, err er
 	}
 	t.input, t.output = m.input, m.output
 	t.fresh = m.Isolation == isolationFresh
-	t.manifest = data
-	t.info = describe(m, hex.EncodeToString(sum[:]), t.sidecar, file)
+	t.manifest = in.Manifest
+	t.info = describe(m, in.SHA256, t.sidecar, file)
 	t.granted = r.grantsFor(name, t.info.GrantDigest)
 	r.grant(t, t.granted)
 	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
-	// Loaded and idle: a tool never called is unloaded too.
-	t.mu.Lock()
-	t.lastUse = time.Now()
-	r.armUnload(t, r.toolTimeout)
-	t.mu.Unlock()
+	if compiled != nil {
+		// Loaded and idle: a tool never called is unloaded too.
+		t.mu.Lock()
+		t.lastUse = time.Now()
+		r.armUnload(t, r.toolTimeout)
+		t.mu.Unlock()
+	}
 	return t, nil
 }
 

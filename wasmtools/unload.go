@@ -147,6 +147,10 @@ func (r *Registry) loadAgain(t *tool, a *loadAttempt) {
 		return
 	}
 	r.log.Debug("wasmtools: tool loaded again", "tool", t.info.Spec.Name, "duration", time.Since(start))
+	// Loading from the cache leaves garbage: the module's bytes and the
+	// compiled code as read from the file (both copied into what wazero
+	// keeps). Hand it back too.
+	r.reclaim()
 }
 
 // compileAgain compiles t's module again: its instrumented form comes

@@ -14,6 +14,10 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if code, ok := daemon.CompileChild(ctx); ok {
+		stop()
+		os.Exit(code)
+	}
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, daemon.Command())
 	stop()
 	os.Exit(code)

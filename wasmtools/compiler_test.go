@@ -1,0 +1,185 @@
+package wasmtools
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testChildEnv tells the test binary, re-executed as a compile child,
+// to misbehave for one tool: "crash:NAME" exits without a reply, "hang:NAME"
+// never replies.
+const testChildEnv = "KEEL_TEST_COMPILE_CHILD"
+
+// testCompileChild is TestMain's entry for the test binary run as a
+// compile child by a Compiler whose Path is os.Args[0].
+func testCompileChild() int {
+	mode, name, _ := strings.Cut(os.Getenv(testChildEnv), ":")
+	return compileChild(context.Background(), os.Stdin, os.Stdout, func(req childRequest) {
+		if req.Name != name {
+			return
+		}
+		switch mode {
+		case "crash":
+			os.Stderr.WriteString("test child: crashing on purpose\n")
+			os.Exit(3)
+		case "hang":
+			select {}
+		}
+	})
+}
+
+// testCompiler is a Compiler that runs this test binary as the child.
+func testCompiler(env ...string) *Compiler {
+	return &Compiler{Path: os.Args[0], Env: env, Timeout: time.Minute}
+}
+
+// cacheFiles lists the files under dir, relative to it.
+func cacheFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out = append(out, rel)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestCompilerChildFillsTheCache: with a Compiler, Open compiles and
+// inspects each tool in a child, never in the registry's process: the
+// tools start unloaded, a call loads the module from what the child put
+// in the cache without compiling anything (no new cache file), and a
+// second registry on the same cache starts no child at all.
+func TestCompilerChildFillsTheCache(t *testing.T) {
+	t.Parallel()
+	dir, cache := t.TempDir(), t.TempDir()
+	if err := writeFiles(dir, map[string][]byte{
+		"fixed.wasm": fixedModule(`{"output":{"greeting":"hi"}}`),
+		"fixed.manifest.json": []byte(`{"name":"fixed","description":"Always greets.",` +
+			`"input_schema":{"type":"object"},"side_effects":"read_only"}`),
+		// No sidecar: the child asks the module for its manifest.
+		"printed.wasm": fixedModule(`{"name":"printed","description":"Prints its manifest.","input_schema":{"type":"object"},"side_effects":"read_only"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var children atomic.Int32
+	open := func() *Registry {
+		t.Helper()
+		r, err := Open(context.Background(), Config{
+			Dir: dir, CacheDir: cache, Compiler: testCompiler(),
+			testHookChild: func(string) { children.Add(1) },
+		})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		return r
+	}
+
+	r := open()
+	if got := children.Load(); got != 2 {
+		t.Errorf("Open started %d compile children, want 2", got)
+	}
+	if got := len(r.Tools()); got != 2 {
+		t.Fatalf("Open listed %d tools, want 2: %v", got, r.Tools())
+	}
+	if tl, _ := r.Tool("printed"); tl.Spec.Description != "Prints its manifest." {
+		t.Errorf("printed's description = %q, want the one it printed", tl.Spec.Description)
+	}
+	fixed := r.set.Load().tools["fixed"]
+	if loaded, _, _ := fixed.residency(); loaded {
+		t.Error("fixed is loaded after a child compiled it; want it unloaded until its first call")
+	}
+	before := cacheFiles(t, cache)
+	out, err := r.Call(context.Background(), "fixed", nil)
+	if err != nil || string(out) != `{"greeting":"hi"}` {
+		t.Fatalf("Call(fixed) = %s, %v; want the greeting", out, err)
+	}
+	if loaded, loads, _ := fixed.residency(); !loaded || loads != 1 {
+		t.Errorf("after a call fixed is loaded=%v after %d loads, want loaded once", loaded, loads)
+	}
+	if after := cacheFiles(t, cache); !slices.Equal(before, after) {
+		t.Errorf("the call compiled in the registry's process: cache files %v became %v", before, after)
+	}
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	r = open()
+	defer r.Close(context.Background())
+	if got := children.Load(); got != 2 {
+		t.Errorf("a second Open on the same cache started %d more compile children, want none", got-2)
+	}
+	if out, err := r.Call(context.Background(), "fixed", nil); err != nil || string(out) != `{"greeting":"hi"}` {
+		t.Fatalf("Call(fixed) after a restart = %s, %v; want the greeting", out, err)
+	}
+}
+
+// TestCompilerChildFailures: a compile child that crashes, hangs or
+// passes its memory limit is killed and reported as such, with the
+// registry still serving its other tools. The memory case is a real Go
+// module whose compile needs more than the 64 MiB it is allowed.
+func TestCompilerChildFailures(t *testing.T) {
+	t.Parallel()
+	hostile, err := os.ReadFile(filepath.Join(hostileDir, "hostile.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixedSidecar := func(name string) []byte {
+		return []byte(`{"name":"` + name + `","description":"Always greets.","input_schema":{"type":"object"},"side_effects":"read_only"}`)
+	}
+	for _, tc := range []struct {
+		name     string
+		compiler *Compiler
+		victim   []byte
+		want     error
+	}{
+		{"crash", testCompiler(testChildEnv + "=crash:victim"), fixedModule(`{"output":{}}`), ErrCompileCrashed},
+		{"hang", &Compiler{Path: os.Args[0], Env: []string{testChildEnv + "=hang:victim"}, Timeout: 3 * time.Second}, fixedModule(`{"output":{}}`), ErrCompileTimeout},
+		{"memory", &Compiler{Path: os.Args[0], MemoryLimitMiB: 64, SoftLimitMiB: -1, Timeout: time.Minute}, hostile, ErrCompileOutOfMemory},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir, other, cache := t.TempDir(), t.TempDir(), t.TempDir()
+			if err := writeFiles(dir, map[string][]byte{
+				"fixed.wasm":          fixedModule(`{"output":{"greeting":"hi"}}`),
+				"fixed.manifest.json": fixedSidecar("fixed"),
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeFiles(other, map[string][]byte{
+				"victim.wasm":          tc.victim,
+				"victim.manifest.json": fixedSidecar("victim"),
+			}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := Open(context.Background(), Config{Dir: dir, CacheDir: cache, Compiler: tc.compiler})
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer r.Close(context.Background())
+			_, err = r.Inspect(context.Background(), filepath.Join(other, "victim.wasm"))
+			var ce *CompileError
+			if !errors.Is(err, tc.want) || !errors.As(err, &ce) || ce.Tool != "victim" {
+				t.Errorf("Inspect(victim) = %v, want a CompileError for victim wrapping %v", err, tc.want)
+			}
+			if out, err := r.Call(context.Background(), "fixed", nil); err != nil || string(out) != `{"greeting":"hi"}` {
+				t.Errorf("Call(fixed) after the failed compile = %s, %v; want the greeting", out, err)
+			}
+		})
+	}
+}
