@@ -49,7 +49,7 @@ const (
 	DefaultCompileMemoryLimitMiB = 2048
 	// DefaultCompileSoftLimitMiB is the Go soft memory limit
 	// (debug.SetMemoryLimit) of a compile child; see Compiler.
-	DefaultCompileSoftLimitMiB = 320
+	DefaultCompileSoftLimitMiB = 384
 )
 
 // Compiler runs the compilation of tools in child processes (see
@@ -76,9 +76,15 @@ type Compiler struct {
 	MemoryLimitMiB int
 	// SoftLimitMiB is the child's Go soft memory limit: past it, the
 	// child's garbage collector runs more often, so a compile needs less
-	// memory and takes longer. Default 320, which keeps a Go module's
-	// compile near its live heap; negative: no soft limit.
+	// memory and takes longer. Default 384, about the live heap of one
+	// worker compiling a Go module; negative: no soft limit.
 	SoftLimitMiB int
+	// Workers is how many functions a child compiles at once. Each
+	// worker keeps its own scratch memory, grown to fit the largest
+	// function it met (about 200 MiB for a Go module), so a child's peak
+	// grows with them: 440 MiB with one worker, 600 MiB with two, for a
+	// Go module of 5 MB. Default 1.
+	Workers int
 }
 
 // Errors of a compile child that did not reply, each wrapped in a
@@ -128,6 +134,7 @@ type childRequest struct {
 	MemoryLimitMiB int           `json:"memory_limit_mib"`
 	MaxOutputBytes int           `json:"max_output_bytes"`
 	SoftLimitMiB   int           `json:"soft_limit_mib"`
+	Workers        int           `json:"workers"`
 }
 
 // childReply is a compile child's answer on its stdout: an inspection,
@@ -187,6 +194,7 @@ func compileChild(ctx context.Context, stdin io.Reader, stdout io.Writer, hook f
 	}
 	r.ctx, r.cancel = context.WithCancel(ctx)
 	defer r.cancel()
+	r.workers = max(req.Workers, 1)
 	var reply childReply
 	in, compiled, err := r.inspect(ctx, req.Name, req.File)
 	if err != nil {
@@ -328,6 +336,7 @@ func (r *Registry) runChild(ctx context.Context, name, file string) (inspection,
 		Name: name, File: abs, CacheDir: r.cfg.CacheDir,
 		CallTimeout: r.cfg.CallTimeout, MemoryLimitMiB: r.cfg.MemoryLimitMiB,
 		MaxOutputBytes: r.cfg.MaxOutputBytes, SoftLimitMiB: soft,
+		Workers: max(c.Workers, 1),
 	})
 	if err != nil {
 		return inspection{}, err
@@ -337,6 +346,7 @@ func (r *Registry) runChild(ctx context.Context, name, file string) (inspection,
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, c.Path, c.Args...)
 	cmd.Env = append(append(os.Environ(), c.Env...), compileChildEnv+"=1")
+	cmd.SysProcAttr = childAttr()
 	cmd.Stdin = bytes.NewReader(req)
 	stdout := &limitedWriter{limit: maxReplyBytes}
 	stderr := &limitedWriter{limit: stderrLimit}

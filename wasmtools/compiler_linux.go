@@ -75,3 +75,9 @@ func maxRSS(ps *os.ProcessState) int64 {
 	}
 	return 0
 }
+
+// childAttr makes a compile child die with the process that started it,
+// so a daemon killed mid-compile leaves no child compiling on.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}

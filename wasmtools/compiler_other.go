@@ -2,7 +2,10 @@
 
 package wasmtools
 
-import "os"
+import (
+	"os"
+	"syscall"
+)
 
 // memoryWatch would kill a process whose resident memory passes a limit;
 // outside Linux it only lets the child's soft limit work.
@@ -14,3 +17,7 @@ func (*memoryWatch) stop() bool { return false }
 
 // maxRSS is unknown outside Linux.
 func maxRSS(*os.ProcessState) int64 { return 0 }
+
+// childAttr is nil outside Linux: a child outlives a killed daemon until
+// its compile ends.
+func childAttr() *syscall.SysProcAttr { return nil }

@@ -140,4 +140,19 @@
 // again from the cache, by the digest the tool was loaded with (see
 // unload.go). Listing, grants and Reload do not see the difference, and
 // a call never loses the module it runs on.
+//
+// # Compiling out of process
+//
+// Compiling a Go module takes wazero's compiler hundreds of MiB. With
+// [Config.Compiler] (and a CacheDir), each tool file is compiled and
+// inspected by a short-lived child process instead, one at a time: a
+// program whose main calls [CompileChildMain] when [IsCompileChild]
+// (keel's own binary), which builds the same runtime as the registry,
+// writes the compiled code to the cache and replies with what it found.
+// The tool then starts unloaded and its first call loads it from the
+// cache, so the registry's process never holds a compile, and a compiler
+// that crashes or blows up on a hostile module takes down only the
+// child: the load fails with a [*CompileError] ([ErrCompileCrashed],
+// [ErrCompileOutOfMemory], [ErrCompileTimeout]) and the other tools are
+// served on. See compiler.go.
 package wasmtools

@@ -216,6 +216,9 @@ type Registry struct {
 	reclaimStopped bool
 	// childSlot holds the one compile child allowed at a time.
 	childSlot chan struct{}
+	// workers is how many functions a compile works on at once; 0: one
+	// per core. A compile child sets it (Compiler.Workers).
+	workers int
 }
 
 // toolSet is an immutable snapshot of the loaded tools.
@@ -718,8 +721,7 @@ func (r *Registry) inspect(ctx context.Context, name, file string) (_ inspection
 	if err != nil {
 		return in, nil, moduleProblem(err)
 	}
-	// Compiling a Go module takes seconds; use every core for it.
-	compiled, err := r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
+	compiled, err := r.rt.CompileModule(r.compileContext(ctx), bin)
 	bin = nil // wazero keeps what it needs; the rewritten binary is garbage now
 	if err != nil {
 		if ctx.Err() != nil {
@@ -803,6 +805,16 @@ func (r *Registry) build(ctx context.Context, name, file string, in inspection, 
 		t.mu.Unlock()
 	}
 	return t, nil
+}
+
+// compileContext is ctx with the number of compilation workers: by
+// default every core, since compiling a Go module takes seconds.
+func (r *Registry) compileContext(ctx context.Context) context.Context {
+	n := r.workers
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	return experimental.WithCompilationWorkers(ctx, n)
 }
 
 // readTool reads a tool file and stamps it, from the same open file.

@@ -5,13 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/experimental"
 )
 
 // Unloading idle tools.
@@ -177,7 +175,7 @@ func (r *Registry) compileAgain(ctx context.Context, t *tool) (wazero.CompiledMo
 	if err != nil {
 		return nil, err
 	}
-	return r.rt.CompileModule(experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0)), bin)
+	return r.rt.CompileModule(r.compileContext(ctx), bin)
 }
 
 // armUnload starts t's idle timer to fire after d unless it is armed or

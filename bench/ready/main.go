@@ -8,14 +8,17 @@
 //
 // The 10 tools are the 4 bundled examples plus 6 distinct variants of
 // wordcount (a custom section makes each binary, and so its cache entry,
-// different; a sidecar manifest names it).
+// different; a sidecar manifest names it). Tools compile in child
+// processes of this binary, as keel daemon's do; -inprocess compiles
+// them in the daemon's process, as before.
 //
-//	go run ./bench/ready
+//	go run ./bench/ready [-inprocess]
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,14 +31,33 @@ import (
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/wasmtools"
 )
 
 func main() {
+	// The daemon's tools compile in children of this binary, as `keel
+	// daemon`'s do in children of keel.
+	if code, ok := daemon.CompileChild(context.Background()); ok {
+		os.Exit(code)
+	}
+	inProcess := flag.Bool("inprocess", false, "compile tools in the daemon's process, as before compile children (default: in child processes, as keel daemon does)")
+	flag.Parse()
+	if !*inProcess {
+		exe, err := os.Executable()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		compiler = &wasmtools.Compiler{Path: exe}
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
+
+// compiler is the daemon's ToolsCompiler; nil compiles in process.
+var compiler *wasmtools.Compiler
 
 type timing struct{ serving, listed, called, loaded time.Duration }
 
@@ -46,7 +68,7 @@ func measure(dir, cache string) (timing, error) {
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		done <- daemon.Run(ctx, daemon.Config{DataDir: dir, CacheDir: cache, Addr: "127.0.0.1:0", Provider: scripted.New(nil),
+		done <- daemon.Run(ctx, daemon.Config{DataDir: dir, CacheDir: cache, Addr: "127.0.0.1:0", Provider: scripted.New(nil), ToolsCompiler: compiler,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: func(protocol.DaemonInfo) { close(readyc) }})
 	}()
 	select {
