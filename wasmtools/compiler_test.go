@@ -183,3 +183,50 @@ func TestCompilerChildFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestCompilerChildStoppedByClose: while the first load waits on a
+// compile child that never replies, a Reload (the daemon's watcher asks
+// for one at once) gives up when its context ends instead of waiting for
+// the load, and Close kills the child and returns: a daemon stopping
+// mid-compile does not wait for every tool to compile.
+func TestCompilerChildStoppedByClose(t *testing.T) {
+	t.Parallel()
+	dir, cache := t.TempDir(), t.TempDir()
+	if err := writeFiles(dir, map[string][]byte{
+		"victim.wasm": fixedModule(`{"output":{}}`),
+		"victim.manifest.json": []byte(`{"name":"victim","description":"x",` +
+			`"input_schema":{"type":"object"},"side_effects":"read_only"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 1)
+	r, err := Open(context.Background(), Config{
+		Dir: dir, CacheDir: cache, Background: true,
+		Compiler:      &Compiler{Path: os.Args[0], Env: []string{testChildEnv + "=hang:victim"}, Timeout: 10 * time.Minute},
+		testHookChild: func(string) { started <- struct{}{} },
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	reloaded := make(chan error, 1)
+	go func() {
+		_, err := r.Reload(ctx)
+		reloaded <- err
+	}()
+	cancel()
+	select {
+	case err := <-reloaded:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Reload with its context cancelled during the first load = %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Reload still waits for the first load 30 s after its context ended")
+	}
+	closeCtx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	if err := r.Close(closeCtx); err != nil {
+		t.Errorf("Close while a compile child hangs = %v, want it killed and nil", err)
+	}
+}

@@ -193,10 +193,12 @@ type Registry struct {
 	// the index listed every tool of it.
 	first     atomic.Pointer[loadQueue]
 	listedAll bool
-	// loadMu serializes Reload; retired holds replaced tools, released at
+	// loadLock serializes loads (the first, in the background, and
+	// Reload), held by sending to it (see lockLoad); retired holds
+	// replaced tools, released at
 	// Close because calls begun before a swap may still use them.
-	loadMu  sync.Mutex
-	retired []*tool
+	loadLock chan struct{}
+	retired  []*tool
 
 	// ctx is the registry's lifetime: Close cancels it, which stops the
 	// calls in flight.
@@ -305,8 +307,9 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	}
 
 	if cfg.Background {
-		// Serve an empty set at once; the loader holds loadMu so a Reload
-		// waits for it, and Close waits for it through loadMu too.
+		// Serve an empty set at once; the loader holds loadLock so a
+		// Reload waits for it, and Close waits for it through loadLock
+		// too.
 		// Each tool is published as soon as it has loaded, and a call
 		// of a tool still queued loads it at once (see lookup). Until
 		// then the index lists what it knows of each (see index.go).
@@ -322,9 +325,9 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 		r.set.Store(listed)
 		q.publish = r.publish
 		r.first.Store(q)
-		r.loadMu.Lock()
+		r.loadLock <- struct{}{}
 		go func() {
-			defer r.loadMu.Unlock()
+			defer r.unlockLoad()
 			defer close(r.ready)
 			start := time.Now()
 			set, err := r.loadAll(set, q)
@@ -381,7 +384,7 @@ func newRegistry(ctx context.Context, cfg Config) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Registry{cfg: cfg, log: log, childSlot: make(chan struct{}, 1)}
+	r := &Registry{cfg: cfg, log: log, childSlot: make(chan struct{}, 1), loadLock: make(chan struct{}, 1)}
 	// Memory is capped per instance by memoryCap, not by
 	// WithMemoryLimitPages, so that exhaustion can be told from a crash.
 	// Deadlines stop guest code through the interrupt global every module
@@ -419,6 +422,22 @@ func newRegistry(ctx context.Context, cfg Config) (*Registry, error) {
 	}
 	return r, nil
 }
+
+// lockLoad takes loadLock, unless ctx or the registry ends first: a
+// Reload asked for while the first load runs gives up when its caller
+// does, so it cannot hold up a shutdown until every tool has compiled.
+func (r *Registry) lockLoad(ctx context.Context) error {
+	select {
+	case r.loadLock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.ctx.Done():
+		return errors.New("registry closed")
+	}
+}
+
+func (r *Registry) unlockLoad() { <-r.loadLock }
 
 // loadDir builds a tool set from the directory entries. A tool whose file
 // and sidecar are unchanged since prev is reused, not recompiled.
@@ -1131,8 +1150,8 @@ func (r *Registry) Close(ctx context.Context) error {
 	released := make(chan error, 1)
 	go func() {
 		r.calls.Wait()
-		r.loadMu.Lock() // the background load and any Reload have ended
-		defer r.loadMu.Unlock()
+		r.loadLock <- struct{}{} // the background load and any Reload have ended
+		defer r.unlockLoad()
 		released <- r.release(context.WithoutCancel(ctx))
 	}()
 	select {

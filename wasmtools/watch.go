@@ -17,10 +17,14 @@ import (
 // are. The new set replaces the old one atomically; calls already running
 // finish on the tool they started with. A file that fails to load (for
 // example one still being written) is skipped as at Open. Reload reports
-// whether the set of tools or any tool's content changed.
+// whether the set of tools or any tool's content changed. It waits for a
+// load in progress (the first, or another Reload), unless ctx ends or the
+// registry is closed first.
 func (r *Registry) Reload(ctx context.Context) (changed bool, err error) {
-	r.loadMu.Lock()
-	defer r.loadMu.Unlock()
+	if err := r.lockLoad(ctx); err != nil {
+		return false, fmt.Errorf("wasmtools: reload: %w", err)
+	}
+	defer r.unlockLoad()
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
