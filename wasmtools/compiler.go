@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/keel-runtime/keel"
 )
 
 // Compiling out of process.
@@ -117,7 +119,17 @@ func (e *CompileError) Error() string {
 	return fmt.Sprintf("compile %s: %v (%s)", e.Tool, e.Err, e.Detail)
 }
 
-func (e *CompileError) Unwrap() error { return e.Err }
+// Unwrap returns Err and, when the child crashed, ran out of memory or
+// out of time on the module, keel.ErrUnusableTool: the module could not
+// be compiled within the limits. A child stopped by its context is not
+// the module's fault.
+func (e *CompileError) Unwrap() []error {
+	switch e.Err {
+	case ErrCompileCrashed, ErrCompileOutOfMemory, ErrCompileTimeout:
+		return []error{e.Err, keel.ErrUnusableTool}
+	}
+	return []error{e.Err}
+}
 
 // childCompiles reports whether tools compile in a child: only with a
 // Compiler and a cache for the child to write to.
@@ -138,17 +150,36 @@ type childRequest struct {
 }
 
 // childReply is a compile child's answer on its stdout: an inspection,
-// or why the module cannot be used.
+// or why the tool could not be inspected. Unusable and Unsupported carry
+// across the process what the error matched in the child
+// (keel.ErrUnusableTool, an *UnsupportedError's feature).
 type childReply struct {
-	Inspection *inspection `json:"inspection,omitempty"`
-	Error      string      `json:"error,omitempty"`
+	Inspection  *inspection `json:"inspection,omitempty"`
+	Error       string      `json:"error,omitempty"`
+	Unusable    bool        `json:"unusable,omitempty"`
+	Unsupported string      `json:"unsupported,omitempty"`
 }
 
-// errUnusable is a module the child found unusable; its text is the
-// child's.
-type errUnusable struct{ msg string }
+// childError is the error a compile child replied with: its text, and
+// what it matched there.
+type childError struct {
+	msg         string
+	unusable    bool
+	unsupported *UnsupportedError
+}
 
-func (e errUnusable) Error() string { return e.msg }
+func (e *childError) Error() string { return e.msg }
+
+func (e *childError) Unwrap() []error {
+	var out []error
+	if e.unsupported != nil {
+		out = append(out, e.unsupported)
+	}
+	if e.unusable {
+		out = append(out, keel.ErrUnusableTool)
+	}
+	return out
+}
 
 // IsCompileChild reports whether this process was started as a compile
 // child by a Registry with a Compiler.
@@ -199,6 +230,10 @@ func compileChild(ctx context.Context, stdin io.Reader, stdout io.Writer, hook f
 	in, compiled, err := r.inspect(ctx, req.Name, req.File)
 	if err != nil {
 		reply.Error = err.Error()
+		reply.Unusable = errors.Is(err, keel.ErrUnusableTool)
+		if u, ok := errors.AsType[*UnsupportedError](err); ok {
+			reply.Unsupported = u.Feature
+		}
 	} else {
 		reply.Inspection = &in
 		_ = compiled.Close(ctx)
@@ -390,7 +425,11 @@ func (r *Registry) runChild(ctx context.Context, name, file string) (inspection,
 		return fail(ErrCompileCrashed)
 	}
 	if reply.Error != "" {
-		return inspection{}, errUnusable{reply.Error}
+		e := &childError{msg: reply.Error, unusable: reply.Unusable}
+		if reply.Unsupported != "" {
+			e.unsupported = &UnsupportedError{Feature: reply.Unsupported}
+		}
+		return inspection{}, e
 	}
 	return *reply.Inspection, nil
 }

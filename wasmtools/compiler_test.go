@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/keel-runtime/keel"
 )
 
 // testChildEnv tells the test binary, re-executed as a compile child,
@@ -174,8 +176,8 @@ func TestCompilerChildFailures(t *testing.T) {
 			defer r.Close(context.Background())
 			_, err = r.Inspect(context.Background(), filepath.Join(other, "victim.wasm"))
 			var ce *CompileError
-			if !errors.Is(err, tc.want) || !errors.As(err, &ce) || ce.Tool != "victim" {
-				t.Errorf("Inspect(victim) = %v, want a CompileError for victim wrapping %v", err, tc.want)
+			if !errors.Is(err, tc.want) || !errors.As(err, &ce) || ce.Tool != "victim" || !errors.Is(err, keel.ErrUnusableTool) {
+				t.Errorf("Inspect(victim) = %v, want a CompileError for victim wrapping %v, an unusable tool", err, tc.want)
 			}
 			if out, err := r.Call(context.Background(), "fixed", nil); err != nil || string(out) != `{"greeting":"hi"}` {
 				t.Errorf("Call(fixed) after the failed compile = %s, %v; want the greeting", out, err)
@@ -228,5 +230,38 @@ func TestCompilerChildStoppedByClose(t *testing.T) {
 	defer stop()
 	if err := r.Close(closeCtx); err != nil {
 		t.Errorf("Close while a compile child hangs = %v, want it killed and nil", err)
+	}
+}
+
+// TestCompilerChildUnusable: what a compile child finds wrong with a
+// module reaches the caller as it would from a compile in process: the
+// file's fault (keel.ErrUnusableTool), with the feature keel cannot
+// bound (*UnsupportedError) when that is why.
+func TestCompilerChildUnusable(t *testing.T) {
+	t.Parallel()
+	dir, other, cache := t.TempDir(), t.TempDir(), t.TempDir()
+	// (func (export "_start") (return_call 0)): a tail call.
+	tail := module(
+		section(secType, vec(voidType)),
+		section(secFunc, vec([]byte{0})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(append(str("memory"), exportMemory, 0), append(str("_start"), exportFunc, 0))),
+		section(secCode, vec(body(0x12, 0x00, 0x0b))),
+	)
+	if err := writeFiles(other, map[string][]byte{"tail.wasm": tail, "notwasm.wasm": []byte("not wasm")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(context.Background(), Config{Dir: dir, CacheDir: cache, Compiler: testCompiler()})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer r.Close(context.Background())
+	_, err = r.Inspect(context.Background(), filepath.Join(other, "tail.wasm"))
+	if u, ok := errors.AsType[*UnsupportedError](err); !ok || u.Feature != "tail calls" || !errors.Is(err, keel.ErrUnusableTool) {
+		t.Errorf("Inspect(tail.wasm) through a child = %v, want an unusable tool using tail calls", err)
+	}
+	_, err = r.Inspect(context.Background(), filepath.Join(other, "notwasm.wasm"))
+	if !errors.Is(err, keel.ErrUnusableTool) || errors.As(err, new(*CompileError)) {
+		t.Errorf("Inspect(notwasm.wasm) through a child = %v, want an unusable tool, not a failed child", err)
 	}
 }
