@@ -40,7 +40,9 @@ import (
 // cache keys are the daemon's. One child runs at a time per registry:
 // the machine's peak is one compile, not one per core. What a child
 // found is kept in the cache too ("inspected"), so a restart builds its
-// tools without starting any child.
+// tools without starting any child. That record does not prove that
+// wazero's compiled code is still beside it: if only that was deleted,
+// the tool's first call compiles it in process (see compileAgain).
 
 // compileChildEnv marks a process started as a compile child.
 const compileChildEnv = "KEEL_WASMTOOLS_COMPILE_CHILD"
