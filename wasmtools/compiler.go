@@ -134,9 +134,11 @@ func (e *CompileError) Unwrap() []error {
 }
 
 // childCompiles reports whether tools compile in a child: only with a
-// Compiler and a cache for the child to write to.
+// Compiler and a cache for the child to write to, and never in a compile
+// child itself, so that a Path whose main forgot to call
+// CompileChildMain cannot start children without end.
 func (r *Registry) childCompiles() bool {
-	return r.cfg.Compiler != nil && r.cfg.Compiler.Path != "" && r.cache != nil
+	return r.cfg.Compiler != nil && r.cfg.Compiler.Path != "" && r.cache != nil && !IsCompileChild()
 }
 
 // childRequest is what a compile child is asked, as JSON on its stdin.
