@@ -117,7 +117,7 @@ func TestReactorDiscard(t *testing.T) {
 			if !strings.Contains(terr.Message, tt.message) {
 				t.Errorf("%s error = %q, want it to mention %q", tt.name, terr.Message, tt.message)
 			}
-			if d := time.Since(start); tt.code == keel.ToolTimeout && d > timeout+5*time.Second {
+			if d := time.Since(start); tt.code == keel.ToolTimeout && d > timeout+time.Minute { // the guest loops or sleeps for an hour: only the limit ends it
 				t.Errorf("%s took %v; the call timeout is %v", tt.name, d, timeout)
 			}
 			after := counter(t, reg, "hostile")
