@@ -25,18 +25,21 @@ type Grants struct {
 	FS      []FSGrant `json:"fs,omitempty"`
 	Network []string  `json:"network,omitempty"` // scheme://host:port patterns
 	Env     []string  `json:"env,omitempty"`     // names of environment values
+	// Limits are per-call limits: in a manifest's requests, what the tool
+	// asks for; in grants, the most the user allows above the defaults.
+	Limits Limits `json:"limits,omitzero"`
 }
 
 // Empty reports whether g grants nothing.
 func (g Grants) Empty() bool {
-	return len(g.FS) == 0 && len(g.Network) == 0 && len(g.Env) == 0
+	return len(g.FS) == 0 && len(g.Network) == 0 && len(g.Env) == 0 && g.Limits == Limits{}
 }
 
 // Add returns g with more added: network and environment entries not yet
-// present, and filesystem grants that replace any grant of the same guest
-// path. g is not modified.
+// present, filesystem grants that replace any grant of the same guest
+// path, and the limits more sets replacing g's. g is not modified.
 func (g Grants) Add(more Grants) Grants {
-	out := Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env)}
+	out := Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits.Add(more.Limits)}
 	for _, f := range more.FS {
 		out.FS = slices.DeleteFunc(out.FS, func(e FSGrant) bool { return e.GuestPath == f.GuestPath })
 		out.FS = append(out.FS, f)

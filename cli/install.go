@@ -20,7 +20,9 @@ const grantHelp = `Grant specs:
   fs-ro:/GUEST=HOSTDIR   the same, read-only whatever the tool asks
   net:PATTERN            a network destination the tool requests, e.g. net:https://api.example.com:443
   env:NAME               an environment value the tool requests
-(revoke takes fs:/GUEST without the host directory)
+  limit:KIND=VALUE       a higher limit the tool's manifest asks for: timeout=30s, memory=512MiB,
+                         output=4MiB or write_quota=2GiB
+(revoke takes fs:/GUEST without the host directory, and limit:KIND without a value)
 --private marks the directories granted (fs, fs-ro) private: once a run reads the output of a tool
 with a private directory, the run is private from that step on and nothing reaches a cloud model.`
 
@@ -53,6 +55,12 @@ func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
 			g.Network = append(g.Network, val)
 		case "env":
 			g.Env = append(g.Env, val)
+		case "limit":
+			l, err := capabilities.ParseLimit(val, withHost)
+			if err != nil {
+				return g, fmt.Errorf("grant %q: %w", s, err)
+			}
+			g.Limits = g.Limits.Add(l)
 		default:
 			return g, fmt.Errorf("grant %q: unknown kind %q\n%s", s, kind, grantHelp)
 		}

@@ -191,7 +191,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	grants := &grantTable{m: stored}
 	notifier := &toolsNotifier{}
-	reg, err := wasmtools.Open(ctx, wasmtools.Config{
+	toolsConf, err := readToolsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
+	if err != nil {
+		return fmt.Errorf("tool limits: %w", err)
+	}
+	reg, err := wasmtools.Open(ctx, toolsConf.applyToolLimits(wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
 		GrantsFor: grants.get,
@@ -205,7 +209,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Background: true,
 		OnChange:   notifier.notify,
 		Logger:     log.With("component", "wasmtools"),
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("load tools: %w", err)
 	}

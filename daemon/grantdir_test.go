@@ -45,3 +45,20 @@ func TestCheckGrantsHostDirectory(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckGrantsLimits: a limit may be granted only where the manifest
+// asks for one.
+func TestCheckGrantsLimits(t *testing.T) {
+	t.Parallel()
+	req := capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 512}}
+	out, err := checkGrants(req, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}})
+	if err != nil || out.Limits.MemoryMiB != 1024 {
+		t.Fatalf("checkGrants(memory) = %+v, %v; want 1024 MiB granted", out, err)
+	}
+	if _, err := checkGrants(req, capabilities.Grants{Limits: capabilities.Limits{TimeoutMS: 60000}}); !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), "limit:timeout") {
+		t.Fatalf("checkGrants(timeout) error = %v, want keel.ErrInvalid naming limit:timeout", err)
+	}
+	if got := carryGrants(capabilities.Grants{}, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}}); got.Limits != (capabilities.Limits{}) {
+		t.Fatalf("carryGrants to a module that asks for no limit = %+v, want none", got.Limits)
+	}
+}

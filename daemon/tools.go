@@ -336,6 +336,7 @@ func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) 
 		})
 		next.Grants.Network = slices.DeleteFunc(slices.Clone(cur.Grants.Network), func(n string) bool { return slices.Contains(p.Grants.Network, n) })
 		next.Grants.Env = slices.DeleteFunc(slices.Clone(cur.Grants.Env), func(n string) bool { return slices.Contains(p.Grants.Env, n) })
+		next.Grants.Limits = cur.Grants.Limits.Without(p.Grants.Limits)
 	}
 	return m.store(ctx, p.Name, next)
 }
@@ -374,14 +375,16 @@ func carryGrants(req, g capabilities.Grants) capabilities.Grants {
 			out.Env = append(out.Env, e)
 		}
 	}
+	out.Limits = carryLimits(req.Limits, g.Limits)
 	return out
 }
 
 // checkGrants returns g normalized if it grants only what req requests:
 // a filesystem grant names a requested guest path and an existing host
 // directory, and is read-only where the request is; network and
-// environment grants name requested entries exactly. Anything else is
-// refused, naming the offending entry.
+// environment grants name requested entries exactly; a limit grant names
+// a limit the manifest asks for. Anything else is refused, naming the
+// offending entry.
 func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 	var out capabilities.Grants
 	for _, f := range g.FS {
@@ -415,7 +418,40 @@ func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 		}
 		out.Env = append(out.Env, e)
 	}
+	if err := g.Limits.Check(); err != nil {
+		return out, fmt.Errorf("grant: %w: %w", err, keel.ErrInvalid)
+	}
+	for _, f := range []struct {
+		kind      string
+		req, gave int64
+	}{
+		{"timeout", req.Limits.TimeoutMS, g.Limits.TimeoutMS},
+		{"memory", req.Limits.MemoryMiB, g.Limits.MemoryMiB},
+		{"output", req.Limits.OutputBytes, g.Limits.OutputBytes},
+		{"write_quota", req.Limits.WriteQuotaBytes, g.Limits.WriteQuotaBytes},
+	} {
+		if f.gave != 0 && f.req == 0 {
+			return out, fmt.Errorf("grant limit:%s: the tool's manifest does not ask for a %s limit: %w", f.kind, f.kind, keel.ErrInvalid)
+		}
+	}
+	out.Limits = g.Limits
 	return out, nil
+}
+
+// carryLimits returns the limits of g that req asks for.
+func carryLimits(req, g capabilities.Limits) capabilities.Limits {
+	keep := func(r, v int64) int64 {
+		if r == 0 {
+			return 0
+		}
+		return v
+	}
+	return capabilities.Limits{
+		TimeoutMS:       keep(req.TimeoutMS, g.TimeoutMS),
+		MemoryMiB:       keep(req.MemoryMiB, g.MemoryMiB),
+		OutputBytes:     keep(req.OutputBytes, g.OutputBytes),
+		WriteQuotaBytes: keep(req.WriteQuotaBytes, g.WriteQuotaBytes),
+	}
 }
 
 // copyFile copies src to dst atomically (temp file, fsync, rename), so a

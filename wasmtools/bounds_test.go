@@ -222,7 +222,7 @@ func TestStackOverflow(t *testing.T) {
 	o := outcome{err: fmt.Errorf("wrapped: %w", errStackOverflow())}
 	ctx, cancel := context.WithTimeout(context.Background(), -1)
 	defer cancel()
-	if f := r.failure(ctx, o, ""); f == nil || f.Code != keel.ToolResourceExhausted {
+	if f := r.failure(ctx, o, "", r.defaultLimits()); f == nil || f.Code != keel.ToolResourceExhausted {
 		t.Errorf("failure(stack overflow past the deadline) = %v, want resource_exhausted", f)
 	}
 }

@@ -80,10 +80,10 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	}
 
 	late := "" // the time limit's message, made only if needed (see failure)
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.cfg.CallTimeout {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < t.limits.timeout {
 		late = "tool did not finish before the caller's deadline"
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, t.limits.timeout)
 	defer cancel()
 	defer context.AfterFunc(r.ctx, cancel)()
 
@@ -95,7 +95,7 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 	if t.pool == nil {
 		var mc wazero.ModuleConfig
 		mc, disk = r.instanceConfig(t)
-		o = r.run(ctx, compiled, mc, input)
+		o = r.run(ctx, compiled, mc, input, t.limits)
 	} else {
 		if inst, o = r.callReactor(ctx, t, compiled, input); inst != nil {
 			disk = inst.disk
@@ -155,11 +155,11 @@ type outcome struct {
 }
 
 // run instantiates compiled and runs its _start to the end, with the
-// given stdin and fresh, capped stdout, stderr and memory. ctx's end
-// interrupts the guest.
-func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, stdin []byte) outcome {
-	mem := &memoryCap{limit: r.memoryLimit()}
-	stdout := &limitedWriter{limit: r.cfg.MaxOutputBytes, fail: true}
+// given stdin and fresh stdout, stderr and memory, capped by lim. ctx's
+// end interrupts the guest.
+func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, stdin []byte, lim limits) outcome {
+	mem := &memoryCap{limit: lim.memoryBytes()}
+	stdout := &limitedWriter{limit: lim.output, fail: true}
 	stderr := &limitedWriter{limit: stderrLimit}
 	mc = mc.WithStdin(bytes.NewReader(stdin)).
 		WithStdout(stdout).
@@ -224,7 +224,7 @@ func (r *Registry) callReactor(ctx context.Context, t *tool, compiled wazero.Com
 		t.pool.instantiations.Add(1)
 		var o outcome
 		mc, disk := r.instanceConfig(t)
-		if inst, o = r.instantiate(ctx, compiled, mc); inst == nil {
+		if inst, o = r.instantiate(ctx, compiled, mc, t.limits); inst == nil {
 			return nil, o
 		}
 		inst.disk = disk
@@ -248,17 +248,17 @@ func sleep(ctx context.Context, ns int64) {
 	}
 }
 
-// failure classifies a run that did not end cleanly; nil means the guest
-// exited 0 within its limits. late is the message for a run that ran out
-// of time; "" names the registry's call time limit.
-func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.ToolError {
+// failure classifies a run that did not end cleanly under lim; nil means
+// the guest exited 0 within its limits. late is the message for a run
+// that ran out of time; "" names the call's time limit.
+func (r *Registry) failure(ctx context.Context, o outcome, late string, lim limits) *keel.ToolError {
 	switch {
 	case o.outputExceeded:
-		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool output exceeded the limit of %d bytes", r.cfg.MaxOutputBytes)}
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool output exceeded the limit of %d bytes", lim.output)}
 	case o.err == nil:
 		return nil
 	case o.memoryExceeded:
-		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB (linear memory and tables)", r.cfg.MemoryLimitMiB)}
+		return &keel.ToolError{Code: keel.ToolResourceExhausted, Message: fmt.Sprintf("tool exceeded its memory limit of %d MiB (linear memory and tables)", lim.memoryMiB)}
 	case errors.Is(o.err, errStackOverflow()):
 		// Before the deadline's cases: the guest trapped on its stack,
 		// not on the interrupt, even if the deadline passed meanwhile.
@@ -267,7 +267,7 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: "tool stopped: the tool runtime is closing"}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		if late == "" {
-			late = fmt.Sprintf("tool did not finish within its time limit of %s", r.cfg.CallTimeout)
+			late = fmt.Sprintf("tool did not finish within its time limit of %s", lim.timeout)
 		}
 		return &keel.ToolError{Code: keel.ToolTimeout, Message: late}
 	case ctx.Err() != nil:
@@ -284,7 +284,7 @@ func (r *Registry) failure(ctx context.Context, o outcome, late string) *keel.To
 
 // result turns a run into the call's output or error.
 func (r *Registry) result(ctx context.Context, t *tool, o outcome, late string) (json.RawMessage, *keel.ToolError) {
-	if f := r.failure(ctx, o, late); f != nil {
+	if f := r.failure(ctx, o, late, t.limits); f != nil {
 		return nil, f
 	}
 	if out, ok := knownOutput(t, o.stdout); ok {

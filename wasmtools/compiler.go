@@ -287,7 +287,7 @@ func (r *Registry) inspectOutside(ctx context.Context, name, file string) (inspe
 }
 
 // inspectedVersion names the form of the inspections kept in the cache.
-const inspectedVersion = "1"
+const inspectedVersion = "2" // 2: Need
 
 // inspectedFile is where the cache keeps what a child found of the tool
 // name with file digest sum and sidecar side (nil: none). The memory

@@ -26,7 +26,7 @@ func (r *Registry) grantsFor(name, sum string) capabilities.Grants {
 
 // sameGrants reports whether a and b grant exactly the same things.
 func sameGrants(a, b capabilities.Grants) bool {
-	return slices.Equal(a.FS, b.FS) && slices.Equal(a.Network, b.Network) && slices.Equal(a.Env, b.Env)
+	return slices.Equal(a.FS, b.FS) && slices.Equal(a.Network, b.Network) && slices.Equal(a.Env, b.Env) && a.Limits == b.Limits
 }
 
 // Inspect compiles and validates the tool file NAME.wasm (with its

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/keel-runtime/keel/capabilities"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -150,3 +155,55 @@ var errStackOverflow = sync.OnceValue(func() error {
 	}
 	return err
 })
+
+// limits are one tool's per-call limits: the registry's defaults
+// (Config.CallTimeout, MemoryLimitMiB, MaxOutputBytes, WriteQuotaBytes),
+// as its manifest and grants change them (see resolveLimits).
+type limits struct {
+	timeout    time.Duration
+	memoryMiB  int
+	output     int
+	writeQuota int64 // <0: no quota
+}
+
+func (l limits) memoryBytes() uint64 { return uint64(l.memoryMiB) << 20 }
+
+// defaultLimits are the limits of a tool whose manifest asks for none,
+// and of asking a module for its manifest.
+func (r *Registry) defaultLimits() limits {
+	return limits{timeout: r.cfg.CallTimeout, memoryMiB: r.cfg.MemoryLimitMiB, output: r.cfg.MaxOutputBytes, writeQuota: r.cfg.WriteQuotaBytes}
+}
+
+// resolveLimits returns the limits of a tool whose manifest requests req
+// and whose grants allow granted: each limit the manifest sets at or
+// under the default is taken as asked; one above it is taken if granted
+// at least as much, and otherwise raise names it, and calls are denied
+// (permission_denied) until it is granted. A limit the manifest does not
+// set stays at the default whatever is granted.
+func (r *Registry) resolveLimits(req, granted capabilities.Limits) (_ limits, raise string) {
+	l := r.defaultLimits()
+	var missing []string
+	// pick returns the limit to use of default def and request want;
+	// def < 0 is no limit.
+	pick := func(def, want, allowed int64, what, spec string) int64 {
+		switch {
+		case want == 0:
+			return def
+		case def >= 0 && want > def && want > allowed:
+			missing = append(missing, fmt.Sprintf("%s (the default is %s; grant limit:%s)", what, spec, strings.SplitN(what, " ", 2)[0]))
+		}
+		return want
+	}
+	l.timeout = time.Duration(pick(l.timeout.Milliseconds(), req.TimeoutMS, granted.TimeoutMS,
+		fmt.Sprintf("timeout of %s", time.Duration(req.TimeoutMS)*time.Millisecond), l.timeout.String())) * time.Millisecond
+	l.memoryMiB = int(pick(int64(l.memoryMiB), req.MemoryMiB, granted.MemoryMiB,
+		fmt.Sprintf("memory of %d MiB", req.MemoryMiB), fmt.Sprintf("%d MiB", l.memoryMiB)))
+	l.output = int(pick(int64(l.output), req.OutputBytes, granted.OutputBytes,
+		fmt.Sprintf("output of %d bytes", req.OutputBytes), fmt.Sprintf("%d bytes", l.output)))
+	l.writeQuota = pick(l.writeQuota, req.WriteQuotaBytes, granted.WriteQuotaBytes,
+		fmt.Sprintf("write_quota of %d bytes", req.WriteQuotaBytes), fmt.Sprintf("%d bytes", l.writeQuota))
+	if len(missing) > 0 {
+		raise = "a higher limit: " + strings.Join(missing, ", ")
+	}
+	return l, raise
+}

@@ -103,6 +103,9 @@ func parseManifest(data []byte) (*parsedManifest, error) {
 }
 
 func checkRequests(r capabilities.Grants) error {
+	if err := r.Limits.Check(); err != nil {
+		return fmt.Errorf("manifest requests.%w", err)
+	}
 	seen := map[string]bool{}
 	for _, fs := range r.FS {
 		switch {

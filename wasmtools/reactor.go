@@ -252,10 +252,10 @@ func (r *Registry) PoolStats(name string) (PoolStats, bool) {
 // (the tool's grants, or nothing for its manifest) and runs its start
 // function, if any, then _initialize, both under ctx's deadline.
 // On failure it returns the outcome to classify and no instance.
-func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig) (*instance, outcome) {
+func (r *Registry) instantiate(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, lim limits) (*instance, outcome) {
 	inst := &instance{
-		mem:    &memoryCap{limit: r.memoryLimit()},
-		stdout: &limitedWriter{limit: r.cfg.MaxOutputBytes, fail: true},
+		mem:    &memoryCap{limit: lim.memoryBytes()},
+		stdout: &limitedWriter{limit: lim.output, fail: true},
 		stderr: &limitedWriter{limit: stderrLimit},
 		ctx:    ctx,
 	}
@@ -330,7 +330,7 @@ func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) out
 		return inst.outcome(nil, err, false)
 	}
 	ptr, n := uint32(res[0]>>32), uint32(res[0])
-	if int64(n) > int64(r.cfg.MaxOutputBytes) {
+	if int64(n) > int64(inst.stdout.limit) {
 		return inst.outcome(nil, nil, true)
 	}
 	b, ok := inst.mod.Memory().Read(ptr, n)
@@ -340,25 +340,25 @@ func (r *Registry) invoke(ctx context.Context, inst *instance, input []byte) out
 	return inst.outcome(bytes.Clone(b), nil, false)
 }
 
-// reactorManifest starts an instance with nothing granted and reads what
-// keel_manifest returns.
-func (r *Registry) reactorManifest(ctx context.Context, name string, compiled wazero.CompiledModule) ([]byte, error) {
+// reactorManifest starts an instance with nothing granted, under lim,
+// and reads what keel_manifest returns.
+func (r *Registry) reactorManifest(ctx context.Context, name string, compiled wazero.CompiledModule, lim limits) ([]byte, error) {
 	if compiled.ExportedFunctions()[exportManifest] == nil {
 		return nil, fmt.Errorf("reactor exports no %s and has no sidecar %s.manifest.json", exportManifest, name)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, lim.timeout)
 	defer cancel()
-	late := fmt.Sprintf("did not finish within %s", r.cfg.CallTimeout)
-	inst, o := r.instantiate(ctx, compiled, baseModuleConfig().WithArgs(name))
+	late := fmt.Sprintf("did not finish within %s", lim.timeout)
+	inst, o := r.instantiate(ctx, compiled, baseModuleConfig().WithArgs(name), lim)
 	if inst == nil {
-		return nil, fmt.Errorf("start reactor for its manifest: %s", r.failure(ctx, o, late).Message)
+		return nil, fmt.Errorf("start reactor for its manifest: %s", r.failure(ctx, o, late, lim).Message)
 	}
 	defer inst.close(ctx)
 	disarm := armInterrupt(ctx, inst.stop)
 	res, err := inst.mod.ExportedFunction(exportManifest).Call(ctx)
 	disarm()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s", exportManifest, r.failure(ctx, inst.outcome(nil, err, false), late).Message)
+		return nil, fmt.Errorf("%s: %s", exportManifest, r.failure(ctx, inst.outcome(nil, err, false), late, lim).Message)
 	}
 	ptr, n := uint32(res[0]>>32), uint32(res[0])
 	if n == 0 {

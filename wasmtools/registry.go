@@ -44,7 +44,7 @@ const (
 )
 
 // maxMemoryLimitMiB is the most a 32-bit WebAssembly memory can address.
-const maxMemoryLimitMiB = 4 << 10
+const maxMemoryLimitMiB = capabilities.MaxMemoryMiB
 
 // stderrLimit bounds what is kept of a tool's stderr for the log.
 const stderrLimit = 4 << 10
@@ -277,6 +277,8 @@ type tool struct {
 	// fresh is set when the manifest asks for isolation "fresh": a
 	// reactor then gets a new instance for every call too.
 	fresh bool
+	// limits are its calls' limits (see resolveLimits).
+	limits limits
 }
 
 // Open loads every NAME.wasm in cfg.Dir: it compiles the module, reads
@@ -720,6 +722,9 @@ type inspection struct {
 	// module printed (not parsed yet).
 	Manifest   []byte `json:"manifest"`
 	HasSidecar bool   `json:"has_sidecar"`
+	// Need is the bytes of memory and tables the module starts with,
+	// which its memory limit must cover.
+	Need uint64 `json:"need"`
 }
 
 // inspect reads, rewrites and compiles the tool file, checks the module
@@ -753,7 +758,7 @@ func (r *Registry) inspect(ctx context.Context, name, file string) (_ inspection
 			_ = compiled.Close(ctx)
 		}
 	}()
-	if in.Reactor, err = r.checkModule(compiled, tables); err != nil {
+	if in.Reactor, in.Need, err = r.checkModule(compiled, tables); err != nil {
 		return in, nil, unusable(err)
 	}
 	data, err := readSidecar(filepath.Join(filepath.Dir(file), name+".manifest.json"))
@@ -767,7 +772,12 @@ func (r *Registry) inspect(ctx context.Context, name, file string) (_ inspection
 			ask = r.reactorManifest
 		}
 		key := fmt.Sprintf("%x-%s-v%s.json", sum, name, manifestCacheVersion)
-		if data, err = r.cached("manifests", key, func() ([]byte, error) { return ask(ctx, name, compiled) }); err != nil {
+		// The module's manifest may ask for more memory than the
+		// default, so it is asked with as much as the module starts
+		// with; it cannot grow past that.
+		lim := r.defaultLimits()
+		lim.memoryMiB = max(lim.memoryMiB, int((in.Need+1<<20-1)>>20))
+		if data, err = r.cached("manifests", key, func() ([]byte, error) { return ask(ctx, name, compiled, lim) }); err != nil {
 			if ctx.Err() != nil {
 				return in, nil, err
 			}
@@ -812,8 +822,16 @@ func (r *Registry) build(ctx context.Context, name, file string, in inspection, 
 	t.manifest = in.Manifest
 	t.info = describe(m, in.SHA256, t.sidecar, file)
 	t.granted = r.grantsFor(name, t.info.GrantDigest)
+	var raise string
+	t.limits, raise = r.resolveLimits(m.Requests.Limits, t.granted.Limits)
+	if in.Need > t.limits.memoryBytes() {
+		return nil, unusable(fmt.Errorf("needs %d MiB of memory and tables to start; the limit is %d MiB", in.Need>>20, t.limits.memoryMiB))
+	}
 	r.grant(t, t.granted)
-	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing != "" {
+	if t.missing = missingGrant(t.info.Requests, t.info.Grants); t.missing == "" {
+		t.missing = raise
+	}
+	if t.missing != "" {
 		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
 	}
 	if compiled != nil {
@@ -923,48 +941,50 @@ func readSidecar(name string) ([]byte, error) {
 // checkModule refuses modules keel cannot run: only WASI is offered, and
 // a tool exports its memory and either _start (a command) or
 // _initialize, keel_alloc and keel_call (a reactor); its initial memory
-// and tables (tables bytes) fit the memory cap. It reports which.
-func (r *Registry) checkModule(m wazero.CompiledModule, tables uint64) (reactor bool, err error) {
+// and tables (tables bytes), need, fit the most memory a tool may be
+// granted. It reports which it is, and need, which its manifest's limit
+// must fit too.
+func (r *Registry) checkModule(m wazero.CompiledModule, tables uint64) (reactor bool, need uint64, err error) {
 	for _, f := range m.ImportedFunctions() {
 		mod, fn, _ := f.Import()
 		if mod == hostModuleName && hostFuncs[fn] {
 			continue
 		}
 		if mod != wasi_snapshot_preview1.ModuleName {
-			return false, fmt.Errorf("imports %s.%s: only WASI (%s) and %s.http_request/http_response are offered to tools", mod, fn, wasi_snapshot_preview1.ModuleName, hostModuleName)
+			return false, 0, fmt.Errorf("imports %s.%s: only WASI (%s) and %s.http_request/http_response are offered to tools", mod, fn, wasi_snapshot_preview1.ModuleName, hostModuleName)
 		}
 		if !r.wasi[fn] {
-			return false, fmt.Errorf("imports %s.%s, which this host's WASI does not provide", mod, fn)
+			return false, 0, fmt.Errorf("imports %s.%s, which this host's WASI does not provide", mod, fn)
 		}
 	}
 	if len(m.ImportedMemories()) > 0 {
-		return false, errors.New("imports a memory; a tool must define its own")
+		return false, 0, errors.New("imports a memory; a tool must define its own")
 	}
 	mem, ok := m.ExportedMemories()["memory"]
 	if !ok {
-		return false, errors.New(`does not export its memory as "memory"`)
+		return false, 0, errors.New(`does not export its memory as "memory"`)
 	}
-	if need := uint64(mem.Min())*65536 + tables; need > r.memoryLimit() {
-		return false, fmt.Errorf("needs %d MiB of memory and tables to start; the limit is %d MiB", need>>20, r.cfg.MemoryLimitMiB)
+	need = uint64(mem.Min())*65536 + tables
+	if need > uint64(maxMemoryLimitMiB)<<20 {
+		return false, 0, fmt.Errorf("needs %d MiB of memory and tables to start; no tool may have more than %d MiB", need>>20, maxMemoryLimitMiB)
 	}
 	if reactor, err := isReactor(m); reactor || err != nil {
-		return reactor, err
+		return reactor, need, err
 	}
 	if _, ok := m.ExportedFunctions()["_start"]; !ok {
-		return false, errors.New("does not export _start (a WASI command) nor _initialize, keel_alloc and keel_call (a keel reactor)")
+		return false, 0, errors.New("does not export _start (a WASI command) nor _initialize, keel_alloc and keel_call (a keel reactor)")
 	}
-	return false, nil
+	return false, need, nil
 }
 
-func (r *Registry) memoryLimit() uint64 { return uint64(r.cfg.MemoryLimitMiB) << 20 }
-
-// printManifest runs the module with --manifest, with nothing granted.
-func (r *Registry) printManifest(ctx context.Context, name string, compiled wazero.CompiledModule) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+// printManifest runs the module with --manifest, with nothing granted,
+// under lim.
+func (r *Registry) printManifest(ctx context.Context, name string, compiled wazero.CompiledModule, lim limits) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, lim.timeout)
 	defer cancel()
 	mc := baseModuleConfig().WithArgs(name, "--manifest")
-	o := r.run(ctx, compiled, mc, nil)
-	if f := r.failure(ctx, o, fmt.Sprintf("did not finish within %s", r.cfg.CallTimeout)); f != nil {
+	o := r.run(ctx, compiled, mc, nil, lim)
+	if f := r.failure(ctx, o, fmt.Sprintf("did not finish within %s", lim.timeout), lim); f != nil {
 		return nil, fmt.Errorf("print manifest (no sidecar %s.manifest.json either): %s", name, f.Message)
 	}
 	return o.stdout, nil
@@ -1028,10 +1048,10 @@ func (r *Registry) instanceConfig(t *tool) (wazero.ModuleConfig, diskUse) {
 		switch {
 		case m.readOnly:
 			fs = &sysfs.ReadFS{FS: rootFS{root: m.root}}
-		case r.cfg.WriteQuotaBytes < 0 && r.cfg.MinFreeDiskBytes < 0:
+		case t.limits.writeQuota < 0 && r.cfg.MinFreeDiskBytes < 0:
 			fs = rootFS{root: m.root}
 		default:
-			meter := &diskMeter{guest: m.guest, quota: r.cfg.WriteQuotaBytes, floor: r.cfg.MinFreeDiskBytes}
+			meter := &diskMeter{guest: m.guest, quota: t.limits.writeQuota, floor: r.cfg.MinFreeDiskBytes}
 			disk = append(disk, meter)
 			fs = rootFS{root: m.root, meter: meter}
 		}
@@ -1120,7 +1140,7 @@ func (t Tool) clone() Tool {
 }
 
 func cloneGrants(g capabilities.Grants) capabilities.Grants {
-	return capabilities.Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env)}
+	return capabilities.Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits}
 }
 
 // ErrCloseTimeout is what Close returns when ctx ended before the calls
