@@ -30,6 +30,10 @@
 //
 //	isolation      "pooled" (default) or "fresh"; see Reactors below
 //
+// requests may also hold "limits": {"timeout_ms", "memory_mib",
+// "output_bytes", "write_quota_bytes"}, the tool's own call limits (see
+// Sandbox).
+//
 // Call. The module is started with argv [NAME], the input JSON on stdin
 // and no environment but what is granted. It writes exactly one JSON
 // object to stdout, {"output": value} or {"error": {"message": "...",
@@ -107,6 +111,11 @@
 // allocator rather than wazero's runtime-wide page limit, because the
 // allocator can tell that a grow was refused: a guest that dies after
 // hitting the cap is reported as resource_exhausted, not as a crash.
+// Those, and the write quota, are the defaults: a manifest's
+// requests.limits may lower any of them for its tool, or raise it as far
+// as the tool's grants' Limits allow; a raise not granted leaves the tool
+// listed, its calls denied with permission_denied (limits.go,
+// resolveLimits). docs/tools.md documents the tool ABI for any language.
 //
 // Every allocation a guest controls is bounded. The cap covers linear
 // memory and table entries together, each entry counted at 8 bytes
