@@ -1,13 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/keel-runtime/keel/models"
@@ -88,20 +84,7 @@ func (l limitsJSON) apply(pc models.ProviderConfig) models.ProviderConfig {
 
 // readModelsFile reads path; a missing file is the empty configuration.
 func readModelsFile(path string) (modelsFile, error) {
-	var f modelsFile
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return f, nil
-	}
-	if err != nil {
-		return f, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return f, fmt.Errorf("%s: %w (see docs/models.md)", path, err)
-	}
-	return f, nil
+	return readConfigFile[modelsFile](path, "docs/models.md")
 }
 
 // newRouter builds the model layer: local is the Ollama provider (or a

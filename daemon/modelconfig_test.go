@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
@@ -140,5 +141,23 @@ func TestBadModelsConfigRefusesToStart(t *testing.T) {
 				t.Errorf("daemon.Run with a bad models.json = %v, want an error naming the file", err)
 			}
 		})
+	}
+}
+
+// TestModelsConfigTrailingData: a models.json with a second object after
+// the first (a paste gone wrong) is refused naming the file; it used to
+// be read up to the first object, the rest silently ignored.
+func TestModelsConfigTrailingData(t *testing.T) {
+	t.Parallel()
+	dir := noTools(t)
+	if err := os.WriteFile(filepath.Join(dir, daemon.ModelsConfigFile), []byte(`{"allow_cloud": false} {"allow_cloud": true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := daemon.Run(ctx, daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", Provider: scripted.New(nil),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), daemon.ModelsConfigFile) || !strings.Contains(err.Error(), "after its JSON object") {
+		t.Errorf("daemon.Run with trailing data in models.json = %v, want an error naming the file and the trailing data", err)
 	}
 }

@@ -1,14 +1,8 @@
 package daemon
 
 import (
-	"bytes"
 	"cmp"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
@@ -31,21 +25,9 @@ type toolsFile struct {
 // readToolsFile reads path; a missing file is the empty configuration.
 // Unknown fields and negative or impossible limits are errors.
 func readToolsFile(path string) (toolsFile, error) {
-	var f toolsFile
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return f, nil
-	}
+	f, err := readConfigFile[toolsFile](path, "docs/tools.md")
 	if err != nil {
 		return f, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return f, fmt.Errorf("%s: %w (see docs/tools.md)", path, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return f, fmt.Errorf("%s: data after its JSON object (see docs/tools.md)", path)
 	}
 	if err := f.Limits.Check(); err != nil {
 		return f, fmt.Errorf("%s: %w (see docs/tools.md)", path, err)

@@ -1,0 +1,34 @@
+package daemon
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+)
+
+// readConfigFile decodes the JSON object in path into a T. A missing
+// file is the zero T; unknown fields and anything after the object are
+// errors naming the file and the doc that describes it.
+func readConfigFile[T any](path, doc string) (T, error) {
+	var v T
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return v, nil
+	}
+	if err != nil {
+		return v, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return v, fmt.Errorf("%s: %w (see %s)", path, err, doc)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return v, fmt.Errorf("%s: data after its JSON object (see %s)", path, doc)
+	}
+	return v, nil
+}
