@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ func runCmd() *cobra.Command {
 	var timeout time.Duration
 	var kind kindFlags
 	var detach bool
+	var tools []string
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C detaches: the run goes on)",
@@ -38,6 +40,12 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 				if err := waitForTools(cmd, c); err != nil {
 					return err
 				}
+				if cmd.Flags().Changed("tools") {
+					if err := checkRunTools(cmd, c, tools); err != nil {
+						return err
+					}
+					p.Policy.Tools = append([]string{}, tools...) // [] is "no tools", nil is every tool
+				}
 				run, err := c.StartRun(ctx, p)
 				if err != nil {
 					return err
@@ -56,6 +64,7 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 		},
 	}
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the run, print its id and return; it goes on in the daemon (keel attach RUN follows it)")
+	cmd.Flags().StringSliceVar(&tools, "tools", nil, "the only tools the run may call, comma-separated (--tools= for none; default: every installed tool)")
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
 	cmd.Flags().IntVar(&p.MaxSteps, "max-steps", 0, "most model calls the run may make (default 8)")
 	cmd.Flags().BoolVar(&p.Policy.AllowCloud, "allow-cloud", false, "let this run use cloud models, where the daemon's models configuration allows cloud")
@@ -170,4 +179,24 @@ func follow(cmd *cobra.Command, c *client.Client, id keel.RunID, from int64) err
 			return detached(next)
 		}
 	}
+}
+
+// checkRunTools refuses a --tools list naming a tool that is not
+// installed (a typo would otherwise leave the run without it, silently),
+// as a usage error that lists what is installed.
+func checkRunTools(cmd *cobra.Command, c *client.Client, names []string) error {
+	installed, err := c.ListTools(cmd.Context())
+	if err != nil {
+		return err
+	}
+	have := make([]string, 0, len(installed))
+	for _, t := range installed {
+		have = append(have, t.Name)
+	}
+	for _, n := range names {
+		if !slices.Contains(have, n) {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--tools: no tool named %q is installed (installed: %s; see keel tools list)", n, strings.Join(have, ", "))}
+		}
+	}
+	return nil
 }
