@@ -210,11 +210,14 @@ func waitForTools(cmd *cobra.Command, c *client.Client) error {
 			pr = newProgress(errw, isTerminal(errw), false)
 		}
 		pr.set("waiting for the daemon to compile its tools", int64(res.Compiling.Loaded), int64(res.Compiling.Total))
+		// The daemon says tools.changed as each tool loads and when the
+		// load ends; the tick is only for a daemon that does not.
 		select {
 		case <-cmd.Context().Done():
 			pr.end()
 			return cmd.Context().Err()
-		case <-time.After(250 * time.Millisecond):
+		case <-c.ToolsChanged():
+		case <-time.After(2 * time.Second):
 		}
 	}
 }

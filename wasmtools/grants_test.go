@@ -216,3 +216,28 @@ func TestIndexListsToolsBeforeTheyLoad(t *testing.T) {
 		t.Errorf("listed after changes = %v, want %v", names, want)
 	}
 }
+
+// TestBackgroundLoadNotifies: with Background, OnChange is called as
+// each tool of the first load becomes callable and once more when the
+// load ends, so a client can wait for the tools instead of polling
+// Progress (it was called only by Reload).
+func TestBackgroundLoadNotifies(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	calls := 0
+	r := openRegistry(t, Config{Dir: toolsDir, Background: true, OnChange: func() {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+	}})
+	if err := r.WaitReady(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// WaitReady returns when the load's goroutine closes ready, which it
+	// does after its last OnChange (deferred close).
+	mu.Lock()
+	defer mu.Unlock()
+	if want := len(r.Specs()) + 1; calls < want {
+		t.Errorf("OnChange called %d times during a background load of %d tools, want at least %d", calls, len(r.Specs()), want)
+	}
+}

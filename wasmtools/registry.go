@@ -86,8 +86,10 @@ type Config struct {
 	// returns with every tool loaded.
 	Background bool
 	// OnChange, when set, is called after every Reload that changed the
-	// tools or their grants (including those Watch makes). It must not
-	// block or call back into the Registry.
+	// tools or their grants (including those Watch makes) and, with
+	// Background, as each tool of the first load becomes callable and
+	// when that load ends, so that clients need not poll Progress. It
+	// must not block or call back into the Registry.
 	OnChange func()
 	// CallTimeout bounds a whole call, from instantiation (and the
 	// module's start function) to the last byte of output, and asking a
@@ -339,6 +341,9 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 			}
 			r.set.Store(set)
 			log.Info("wasmtools: all tools loaded", "tools", len(set.names), "duration", time.Since(start))
+			if cfg.OnChange != nil {
+				cfg.OnChange() // the first load ended (Ready)
+			}
 		}()
 		return r, nil
 	}
@@ -581,6 +586,9 @@ func (r *Registry) loadQueued(q *loadQueue, name string) {
 		q.loaded[name] = t
 		if q.publish != nil && q.ctx.Err() == nil {
 			q.publish(t)
+			if r.cfg.OnChange != nil {
+				r.cfg.OnChange() // one more tool is callable
+			}
 		}
 	}
 	close(q.done[name])
