@@ -156,3 +156,35 @@ func parseSize(s string, value bool) (int64, error) {
 	}
 	return n * unit, nil
 }
+
+// Specs renders the non-zero fields of l as ParseLimit reads them
+// ("timeout=30s", "memory=512MiB"), in the order of LimitKinds.
+func (l Limits) Specs() []string {
+	var out []string
+	if l.TimeoutMS != 0 {
+		out = append(out, "timeout="+(time.Duration(l.TimeoutMS)*time.Millisecond).String())
+	}
+	if l.MemoryMiB != 0 {
+		out = append(out, fmt.Sprintf("memory=%dMiB", l.MemoryMiB))
+	}
+	if l.OutputBytes != 0 {
+		out = append(out, "output="+formatSize(l.OutputBytes))
+	}
+	if l.WriteQuotaBytes != 0 {
+		out = append(out, "write_quota="+formatSize(l.WriteQuotaBytes))
+	}
+	return out
+}
+
+// formatSize writes n in the largest unit that divides it exactly.
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
+		if n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.name)
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}

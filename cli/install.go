@@ -107,6 +107,9 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 	for _, e := range g.Env {
 		fmt.Fprintf(w, "%senv %s\n", prefix, e)
 	}
+	for _, l := range g.Limits.Specs() {
+		fmt.Fprintf(w, "%slimit %s\n", prefix, l)
+	}
 }
 
 // grantsLine renders grants on one line, for people: "none" when empty.
@@ -140,6 +143,9 @@ func grantsLine(g capabilities.Grants) string {
 	}
 	for _, e := range g.Env {
 		parts = append(parts, "env "+e)
+	}
+	for _, l := range g.Limits.Specs() {
+		parts = append(parts, "limit "+l)
 	}
 	if len(parts) == 0 {
 		return "none"
