@@ -99,6 +99,7 @@ func testMain(m *testing.M) (int, error) {
 	cacheDir = filepath.Join(tmp, "cache")
 	if dir, err := os.UserCacheDir(); err == nil {
 		cacheDir = filepath.Join(dir, "keel", "wasmtools-test")
+		pruneCache(cacheDir, 7*24*time.Hour)
 	}
 
 	toolsDir = filepath.Join(tmp, "tools")
@@ -664,4 +665,22 @@ func recursionModule() []byte {
 			append(str("_start"), exportFunc, 0))),
 		section(secCode, vec(body(0x10, 0x00, opEnd))),
 	)
+}
+
+// pruneCache removes the files of the shared test compilation cache
+// written more than maxAge ago: entries of test modules that changed
+// since would otherwise pile up for good (gigabytes over weeks). An entry
+// still in use is compiled again once, at the next run; a file removed
+// while another test process has it open stays readable to it.
+func pruneCache(dir string, maxAge time.Duration) {
+	cutoff := time.Now().Add(-maxAge)
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && fi.ModTime().Before(cutoff) {
+			os.Remove(path)
+		}
+		return nil
+	})
 }
