@@ -28,7 +28,8 @@ var errQueueClosed = errors.New("queue closed")
 //   - responses and replayed events (reliable items) are pushed with
 //     backpressure: push waits while limit of them are queued;
 //   - live events never wait: tryPushLive fails when limit live events
-//     are queued, and the caller drops the client.
+//     are queued, and the caller drops the client; a model.delta is
+//     folded into its run's queued delta instead (mergeDelta).
 //
 // Keeping the bounds apart means a large replay cannot make a live event
 // look like an overflow.
@@ -86,6 +87,13 @@ func (q *outQueue) tryPushLive(m outMsg) bool {
 	if q.closed {
 		q.mu.Unlock()
 		return true
+	}
+	if q.live >= q.limit && m.isEv && mergeDelta(q.items, m.ev) {
+		q.mu.Unlock()
+		return true
+	}
+	if q.live >= q.limit {
+		q.items, q.live = compactDeltas(q.items, q.live)
 	}
 	if q.live >= q.limit {
 		q.mu.Unlock()

@@ -50,6 +50,13 @@ func (c *conn) onEvent(ev keel.Event) {
 	}
 	if sub.replaying {
 		if len(sub.buf) >= c.s.cfg.QueueSize {
+			if last := len(sub.buf) - 1; sub.buf[last].Type == keel.EventModelDelta {
+				items := []outMsg{{ev: sub.buf[last], isEv: true}}
+				if mergeDelta(items, ev) {
+					sub.buf[last] = items[0].ev
+					return
+				}
+			}
 			c.end(websocket.StatusPolicyViolation, reasonTooSlow)
 			return
 		}

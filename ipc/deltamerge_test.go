@@ -1,0 +1,55 @@
+package ipc_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// TestDeltaFloodIsFolded: a model streaming deltas faster than a
+// client reads (a fast local model) used to fill the client's queue and
+// drop it as too slow, mid-run. Deltas are folded into the queued one of
+// their step instead: the client stays, receives every byte of the text
+// in order, and then the run's next persisted event.
+func TestDeltaFloodIsFolded(t *testing.T) {
+	t.Parallel()
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
+	ts := startSmallBufServer(t, f, ipc.Config{QueueSize: 4})
+	c := dialWith(t, ts, dialOpts{smallReadBuffer: true})
+	c.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1"}, nil)
+
+	// 200 deltas of 1 KiB, more than the small socket buffers hold, with
+	// the client not reading.
+	var want strings.Builder
+	for i := range 200 {
+		piece := strings.Repeat(string(rune('a'+i%26)), 1<<10)
+		want.WriteString(piece)
+		data, _ := json.Marshal(keel.ModelDeltaData{Step: 1, Content: piece})
+		f.Emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta, Data: data})
+	}
+	f.Emit(ipctest.Event("r1", 1))
+	ts.grow()
+	c.grow()
+
+	var got strings.Builder
+	for {
+		ev := c.readEvent()
+		if ev.Seq == 1 {
+			break
+		}
+		var d keel.ModelDeltaData
+		if ev.Type != keel.EventModelDelta || json.Unmarshal(ev.Data, &d) != nil || d.Step != 1 {
+			t.Fatalf("unexpected event %+v", ev)
+		}
+		got.WriteString(d.Content)
+	}
+	if got.String() != want.String() {
+		t.Errorf("the client received %d bytes of text, want the %d streamed, in order", got.Len(), want.Len())
+	}
+}
