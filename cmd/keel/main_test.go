@@ -37,18 +37,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	keel := func(args ...string) (string, int) {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return string(out), ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return string(out), 0
-	}
+	keel := func(args ...string) (string, int) { return keelCmd(t, bin, env, args...) }
 	if out, code := keel("tool", "call", "wordcount", `{"text":"keel works without ollama"}`); code != 0 || !strings.Contains(out, `"words": 4`) {
 		t.Errorf("keel tool call: exit %d\n%s", code, out)
 	}
