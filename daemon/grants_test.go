@@ -84,19 +84,8 @@ func waitDigest(t *testing.T, c *client.Client, name, sum string) protocol.ToolI
 // installed module at the next start.
 func TestGrantsBoundToDigest(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil)})
-	c := dial(t, d.dir)
+	d, c, keelCLI, toolFile, orig := writefileDaemon(t)
 	ctx := context.Background()
-	keelCLI := func(args ...string) (string, int) {
-		var out bytes.Buffer
-		code := cli.Main(ctx, append(args, "--data-dir", d.dir), &out, &out)
-		return out.String(), code
-	}
-	toolFile := filepath.Join(d.dir, "tools", "writefile.wasm")
-	orig, err := os.ReadFile(toolFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	origSum := hexSHA256(orig)
 	waitDigest(t, c, "writefile", origSum)
 	out := t.TempDir()
@@ -268,19 +257,8 @@ func TestToolsWriteQuota(t *testing.T) {
 // installed module and sidecar at the next start.
 func TestGrantsCoverSidecar(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil)})
-	c := dial(t, d.dir)
+	d, c, keelCLI, _, orig := writefileDaemon(t)
 	ctx := context.Background()
-	keelCLI := func(args ...string) (string, int) {
-		var out bytes.Buffer
-		code := cli.Main(ctx, append(args, "--data-dir", d.dir), &out, &out)
-		return out.String(), code
-	}
-	toolFile := filepath.Join(d.dir, "tools", "writefile.wasm")
-	orig, err := os.ReadFile(toolFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	origSum := hexSHA256(orig)
 	info := waitDigest(t, c, "writefile", origSum)
 	out := t.TempDir()
@@ -383,4 +361,24 @@ func TestGrantsCoverSidecar(t *testing.T) {
 	if err := write("c.txt"); err != nil || !written("c.txt") {
 		t.Fatalf("write with a grant bound to the module alone before: %v", err)
 	}
+}
+
+// writefileDaemon starts a daemon holding only writefile and returns it,
+// a client, a way to run the CLI against it, the tool's file and its
+// bytes as installed.
+func writefileDaemon(t *testing.T) (d *started, c *client.Client, keelCLI func(args ...string) (string, int), toolFile string, orig []byte) {
+	t.Helper()
+	d = startDaemon(t, daemon.Config{DataDir: withTools(t, "writefile"), Provider: scripted.New(nil)})
+	c = dial(t, d.dir)
+	keelCLI = func(args ...string) (string, int) {
+		var out bytes.Buffer
+		code := cli.Main(context.Background(), append(args, "--data-dir", d.dir), &out, &out)
+		return out.String(), code
+	}
+	toolFile = filepath.Join(d.dir, "tools", "writefile.wasm")
+	orig, err := os.ReadFile(toolFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, c, keelCLI, toolFile, orig
 }
