@@ -16,6 +16,9 @@
 // their own budget and tool subset, at most Config.MaxParallelSteps at
 // once; a plan run's model proposes the plan and re-plans when a step
 // fails. The parent's state is its journal, so it resumes like any run.
+// Its files: flow.go (the parent's goroutine), flowstate.go (its state,
+// rebuilt from the journal), plan.go (validation and schema), planner.go
+// (the planner's model step) and budget.go (what each sub-agent may spend).
 //
 // The engine consumes small interfaces defined here (Store, Model, Tools)
 // and takes its clock and ID source from Config so runs are reproducible.
