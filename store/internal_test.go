@@ -351,3 +351,76 @@ func TestWhoCommits(t *testing.T) {
 		t.Errorf("a write after Close = %v, want errClosed", err)
 	}
 }
+
+// TestSpansSeeSpansBeingCommitted: Spans returns every span finished
+// before it was called, also when the transaction that carries them is
+// under way (here held inside by a write that waits). Spans used to read
+// the database at once when nothing was left waiting, and so missed them:
+// a failed model call's span, the only record of what it spent, was then
+// missing from a run's budget (engine: what a sub-agent may spend).
+func TestSpansSeeSpansBeingCommitted(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.SetLazyDelay(time.Hour)
+	now := time.Now().UTC()
+	if err := s.CreateRun(ctx, keel.Run{ID: "a", Goal: "g", Model: "m", Status: keel.RunQueued, MaxSteps: 1, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	sp := keel.Span{ID: "s1", RunID: "a", Kind: keel.SpanModelCall, Start: now}
+	if err := s.StartSpan(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	sp.Status, sp.Error, sp.PromptTokens = keel.SpanError, "timeout", 40
+	if err := s.FinishSpanWithNext(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	// The next write carries the span, and waits inside its transaction.
+	inside, release := make(chan struct{}), make(chan struct{})
+	wrote := make(chan error, 1)
+	go func() {
+		wrote <- s.wr.write(ctx, func(context.Context, *wtx) error { close(inside); <-release; return nil })
+	}()
+	<-inside
+	got := make(chan []keel.Span, 1)
+	go func() {
+		spans, err := s.Spans(ctx, "a")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- spans
+	}()
+	// Release the transaction once Spans waits for it (it queued a write
+	// behind it), or check what Spans returned without waiting.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	var spans []keel.Span
+	released := false
+wait:
+	for {
+		select {
+		case spans = <-got:
+			break wait
+		case <-tick.C:
+			s.wr.mu.Lock()
+			queued := len(s.wr.pending) > 0
+			s.wr.mu.Unlock()
+			if queued && !released {
+				close(release)
+				released = true
+			}
+		}
+	}
+	if !released {
+		close(release)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if len(spans) != 1 || spans[0].PromptTokens != 40 || spans[0].Status != keel.SpanError {
+		t.Errorf("Spans during the commit that carries span s1 = %+v, want s1 failed with 40 prompt tokens", spans)
+	}
+}

@@ -687,7 +687,9 @@ func (s *Store) RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error) {
 	return out, nil
 }
 
-// Spans returns the run's spans in start order.
+// Spans returns the run's spans in start order: every span started or
+// finished before the call, also those still waiting to be written or
+// in a transaction under way, which it waits for.
 func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 	// Spans still waiting to be written, or being written, are read too.
 	if !s.wr.settled() {

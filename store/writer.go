@@ -122,7 +122,9 @@ type writeReq struct {
 	fns   []op
 	done  chan error
 	flush bool
-	after bool // queued by carryAfter; counted in flushing
+	// carried is set when fns holds lazy or next writes (see waiting):
+	// the request is counted in writer.carrying until it is committed.
+	carried bool
 }
 
 // writer is the state of group commit.
@@ -155,9 +157,10 @@ type writer struct {
 	// within lazyDelay (see QueueToolCall); unlike carryNext, they do
 	// not bring the lazy writes along.
 	next []op
-	// flushing counts the flushes queued by carryAfter and not yet
-	// committed.
-	flushing int
+	// carrying counts the requests that took lazy or next writes out of
+	// lazy and next and are not yet committed: while one is, a span the
+	// engine finished is neither waiting nor readable (see settled).
+	carrying int
 	delay    time.Duration // lazyDelay, but for tests
 	timer    *time.Timer
 	closed   bool
@@ -234,7 +237,18 @@ func (w *writer) writeOp(ctx context.Context, o op, c carry) error {
 	default:
 		fns, w.next = w.next, nil
 	}
-	return w.submit(writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o)}, after)
+	req := writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o)}
+	w.carry(&req, len(fns))
+	return w.submit(req, after)
+}
+
+// carry marks req as carrying n lazy or next writes, if n > 0. w.mu must
+// be held.
+func (w *writer) carry(req *writeReq, n int) {
+	if n > 0 {
+		req.carried = true
+		w.carrying++
+	}
 }
 
 // submit queues req and waits until it is committed, committing it
@@ -275,9 +289,9 @@ func (w *writer) queueAfter(req *writeReq) {
 	if req == nil {
 		return
 	}
-	req.done, req.after = make(chan error, 1), true
+	req.done = make(chan error, 1)
+	w.carry(req, len(req.fns))
 	w.pending = append(w.pending, *req)
-	w.flushing++
 }
 
 // take removes the next batch from pending: the writes queued first, up
@@ -394,11 +408,12 @@ func (w *writer) waiting() []op {
 	return fns
 }
 
-// settled reports whether every lazy write queued so far is committed.
+// settled reports whether every lazy write queued so far is committed:
+// none waits, and no transaction that carries some is under way.
 func (w *writer) settled() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.lazy)+len(w.next) == 0 && w.flushing == 0
+	return len(w.lazy)+len(w.next) == 0 && w.carrying == 0
 }
 
 // flushLazy commits the lazy and next writes that no write carried.
@@ -408,7 +423,15 @@ func (w *writer) flushLazy() {
 		w.mu.Unlock()
 		return
 	}
-	_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}, nil)
+	w.flushWaiting()
+}
+
+// flushWaiting commits the lazy and next writes in a transaction of
+// their own. w.mu must be held; flushWaiting releases it.
+func (w *writer) flushWaiting() {
+	req := writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}
+	w.carry(&req, len(req.fns))
+	_ = w.submit(req, nil)
 }
 
 // close commits what is queued and waits for the last commit to end;
@@ -427,7 +450,7 @@ func (w *writer) close() {
 		w.timer.Stop()
 	}
 	if len(w.lazy)+len(w.next) > 0 {
-		_ = w.submit(writeReq{ctx: context.Background(), fns: w.waiting(), flush: true}, nil)
+		w.flushWaiting()
 		w.mu.Lock()
 	}
 	for w.leading {
@@ -517,15 +540,15 @@ func (w *writer) commit(batch []writeReq) {
 			req.done <- nil
 		}
 	}
-	afters := 0
+	carried := 0
 	for _, req := range batch {
-		if req.after {
-			afters++
+		if req.carried {
+			carried++
 		}
 	}
-	if afters > 0 {
+	if carried > 0 {
 		w.mu.Lock()
-		w.flushing -= afters
+		w.carrying -= carried
 		w.mu.Unlock()
 	}
 }
