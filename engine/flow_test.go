@@ -1152,8 +1152,9 @@ func TestDAGSubAgentsShareTheBudget(t *testing.T) {
 			// started closes once every sub-agent has been created: a
 			// sub-agent's creation publishes its run.started.
 			var once sync.Once
+			parent := r.ID // r is assigned below while this still runs
 			allStarted := func(keel.Event) {
-				if kids, err := h.st.ChildRuns(ctx, r.ID); err != nil || len(kids) == len(tt.steps) {
+				if kids, err := h.st.ChildRuns(ctx, parent); err != nil || len(kids) == len(tt.steps) {
 					once.Do(func() { close(started) })
 				}
 			}

@@ -260,6 +260,13 @@ func (e *Engine) readsPrivate(name string) bool {
 // journal none (failed calls, the planner's). A result's span is written
 // lazily and may be lost in a crash; its model.result is not. Events
 // copied into a fork (before its run.forked) were spent by its source.
+//
+// The spans are read first, and the store's Spans returns every span
+// finished before it was called: a call whose span is read has its
+// result, if any, among the events read after, and a call whose span is
+// not read yet has either its result among them or no result at all (it
+// is still running). So each call is counted once, whichever goroutine
+// is writing meanwhile.
 func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd float64) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
