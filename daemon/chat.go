@@ -6,14 +6,13 @@ import (
 	"fmt"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 )
 
 // Chat serves models.chat: one call through the model router, streamed
 // to onDelta; with a format, a structured call with repairs.
-func (b *backend) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error) {
+func (s *modelService) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error) {
 	if len(p.Messages) == 0 {
 		return protocol.ModelsChatResult{}, fmt.Errorf("messages is empty: %w", keel.ErrInvalid)
 	}
@@ -33,7 +32,7 @@ func (b *backend) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta
 	var resp models.ChatResponse
 	attempts := 0
 	if len(p.Format) > 0 {
-		res, err := models.Structured(ctx, b.router, req, p.Format, p.Repairs)
+		res, err := models.Structured(ctx, s.router, req, p.Format, p.Repairs)
 		if err != nil {
 			return protocol.ModelsChatResult{}, modelError(err)
 		}
@@ -48,7 +47,7 @@ func (b *backend) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta
 			}
 		}
 		var err error
-		if resp, err = b.router.Chat(ctx, req, stream); err != nil {
+		if resp, err = s.router.Chat(ctx, req, stream); err != nil {
 			return protocol.ModelsChatResult{}, modelError(err)
 		}
 	}
@@ -75,63 +74,4 @@ func modelError(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", keel.ErrModelUnavailable, err)
-}
-
-// DecideRun serves run.decide.
-func (b *backend) DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error) {
-	return b.eng.Decide(ctx, p.RunID, p.CallID, p.Decision, p.Output, p.Note)
-}
-
-// PauseRun serves run.pause.
-func (b *backend) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	return b.eng.Pause(ctx, id)
-}
-
-// ResumeRun serves run.resume.
-func (b *backend) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	return b.eng.Unpause(ctx, id)
-}
-
-// ReplayRun serves run.replay.
-func (b *backend) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error) {
-	replay, err := b.eng.Replay(ctx, id)
-	if err != nil {
-		return protocol.RunReplayResult{}, err
-	}
-	journal, err := b.st.Events(ctx, id, 0)
-	if err != nil {
-		return protocol.RunReplayResult{}, err
-	}
-	diff := engine.SameEvents(journal, replay)
-	return protocol.RunReplayResult{Events: replay, Matches: diff == "", Difference: diff}, nil
-}
-
-// ApproveRun serves run.approve.
-func (b *backend) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
-	return b.eng.Approve(ctx, p.RunID, keel.ApprovalData{CallID: p.CallID, ArgsSHA256: p.ArgsSHA256, Approved: p.Approved, Reason: p.Reason, Arguments: p.Arguments})
-}
-
-// SayToRun serves run.say.
-func (b *backend) SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error) {
-	return b.eng.Say(ctx, id, message)
-}
-
-// TakeOverRun serves run.takeover.
-func (b *backend) TakeOverRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error) {
-	return b.eng.TakeOver(ctx, p.RunID, p.Note)
-}
-
-// HandBackRun serves run.handback.
-func (b *backend) HandBackRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error) {
-	return b.eng.HandBack(ctx, p.RunID, p.Note)
-}
-
-// RunToolFor serves run.tool.
-func (b *backend) RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error) {
-	return b.eng.RunTool(ctx, p.RunID, p.Name, p.Arguments)
-}
-
-// ForkRun serves run.fork.
-func (b *backend) ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error) {
-	return b.eng.Fork(ctx, engine.ForkRequest{From: p.RunID, Step: p.Step, Model: p.Model, Goal: p.Goal})
 }

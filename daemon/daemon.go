@@ -245,15 +245,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", "runs", n)
 	}
 
-	mgr := &toolManager{reg: reg, st: st, grants: grants, dir: toolsDir}
-	b := &backend{toolsNotifier: notifier, st: st, eng: eng, reg: reg, tools: tools, mgr: mgr, provider: provider, providers: providers, router: router, endpoint: endpoint, cfg: cfg}
-	srv, err := ipc.NewServer(b, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
+	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, calls: tools, grants: grants, dir: toolsDir}
+	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
+	env := &environment{cfg: cfg, models: ms, tools: mgr}
+	srv, err := ipc.NewServer(ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: mgr, Admin: mgr, Audit: st,
+		Models: ms, Chat: ms, Env: env}, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
 	if err != nil {
 		return err
 	}
 	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: tokenFile,
 		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
-	b.url = info.URL
+	env.url = info.URL
 
 	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
 	srvDone := make(chan error, 1)

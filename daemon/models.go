@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -32,10 +31,20 @@ const (
 	hintNoModels    = "no models yet: pull one, e.g. `keel models pull qwen2.5:0.5b`"
 )
 
+// modelService serves the model methods of the protocol (ipc.Models,
+// ipc.Chat) from the model layer.
+type modelService struct {
+	provider  models.Provider                  // the local one, Ollama unless a test's
+	providers map[string]models.ProviderConfig // every configured provider, the local one as localProvider
+	router    *models.Router                   // the model layer runs and models.chat use
+	endpoint  string                           // the local provider's
+	file      string                           // models.json
+}
+
 // askProvider asks p, configured under name, for its models, for at most
 // providerTimeout. hint says what to do when that fails or finds none;
 // local tells the local provider from those of models.json.
-func (b *backend) askProvider(ctx context.Context, name string, p models.Provider, local bool) (list []models.ModelInfo, hint string, err error) {
+func (s *modelService) askProvider(ctx context.Context, name string, p models.Provider, local bool) (list []models.ModelInfo, hint string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, providerTimeout)
 	defer cancel()
 	list, err = p.Models(ctx)
@@ -43,24 +52,22 @@ func (b *backend) askProvider(ctx context.Context, name string, p models.Provide
 	case err != nil && local:
 		return nil, hintUnreachable, err
 	case err != nil:
-		return nil, fmt.Sprintf("check provider %s in %s: that its server runs at base_url and its API key is set (see docs/models.md)", name, b.modelsFile()), err
+		return nil, fmt.Sprintf("check provider %s in %s: that its server runs at base_url and its API key is set (see docs/models.md)", name, s.file), err
 	case len(list) == 0 && local:
 		return nil, hintNoModels, nil
 	case len(list) == 0:
-		return nil, fmt.Sprintf("declare the models of provider %s in %s, or set discover (see docs/models.md)", name, b.modelsFile()), nil
+		return nil, fmt.Sprintf("declare the models of provider %s in %s, or set discover (see docs/models.md)", name, s.file), nil
 	}
 	return list, "", nil
 }
 
-func (b *backend) modelsFile() string { return filepath.Join(b.cfg.DataDir, ModelsConfigFile) }
-
 // endpointOf returns where the provider configured as name is reached,
 // when it says.
-func (b *backend) endpointOf(name string) string {
+func (s *modelService) endpointOf(name string) string {
 	if name == localProvider {
-		return b.endpoint
+		return s.endpoint
 	}
-	if bu, ok := b.providers[name].Provider.(interface{ BaseURL() string }); ok {
+	if bu, ok := s.providers[name].Provider.(interface{ BaseURL() string }); ok {
 		return bu.BaseURL()
 	}
 	return ""
@@ -78,10 +85,10 @@ func capNames(caps []models.Capability) []string {
 // ListModels asks every configured provider for its models, all at once,
 // and lists them under the names routing uses: local providers first,
 // then by name.
-func (b *backend) ListModels(ctx context.Context) (protocol.ModelsListResult, error) {
-	names := slices.Collect(maps.Keys(b.providers))
+func (s *modelService) ListModels(ctx context.Context) (protocol.ModelsListResult, error) {
+	names := slices.Collect(maps.Keys(s.providers))
 	slices.SortFunc(names, func(x, y string) int {
-		if cx, cy := b.providers[x].Cloud, b.providers[y].Cloud; cx != cy {
+		if cx, cy := s.providers[x].Cloud, s.providers[y].Cloud; cx != cy {
 			if cx {
 				return 1
 			}
@@ -99,7 +106,7 @@ func (b *backend) ListModels(ctx context.Context) (protocol.ModelsListResult, er
 	for i, name := range names {
 		wg.Go(func() {
 			a := &answers[i]
-			a.list, a.hint, a.err = b.askProvider(ctx, name, b.providers[name].Provider, name == localProvider)
+			a.list, a.hint, a.err = s.askProvider(ctx, name, s.providers[name].Provider, name == localProvider)
 		})
 	}
 	wg.Wait()
@@ -107,7 +114,7 @@ func (b *backend) ListModels(ctx context.Context) (protocol.ModelsListResult, er
 	var res protocol.ModelsListResult
 	for i, name := range names {
 		a := answers[i]
-		ps := protocol.ProviderStatus{Name: name, Endpoint: b.endpointOf(name), Reachable: a.err == nil, Hint: a.hint}
+		ps := protocol.ProviderStatus{Name: name, Endpoint: s.endpointOf(name), Reachable: a.err == nil, Hint: a.hint}
 		if a.err != nil {
 			ps.Error = a.err.Error()
 		}
@@ -130,10 +137,10 @@ type puller interface {
 // registry does not know is invalid input; a provider or registry out of
 // reach leaves the model unavailable; a pull cut short by the client or
 // by shutdown is unavailable.
-func (b *backend) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
-	pl, ok := b.provider.(puller)
+func (s *modelService) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+	pl, ok := s.provider.(puller)
 	if !ok {
-		return fmt.Errorf("model provider %s cannot pull models: %w", b.provider.Name(), keel.ErrUnavailable)
+		return fmt.Errorf("model provider %s cannot pull models: %w", s.provider.Name(), keel.ErrUnavailable)
 	}
 	err := pl.Pull(ctx, name, func(p ollama.PullProgress) {
 		progress(protocol.ModelsPullProgress{Status: p.Status, Digest: p.Digest, Completed: p.Completed, Total: p.Total})

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -170,11 +171,32 @@ func installExamples(ctx context.Context, st *store.Store, toolsDir, workspace s
 // toolManager installs, removes, grants and revokes tools. Every change
 // is stored, then applied by reloading the registry.
 type toolManager struct {
-	reg    *wasmtools.Registry
-	st     *store.Store
-	grants *grantTable
-	dir    string
+	*toolsNotifier // SubscribeTools: clients hear of tool changes
+	reg            *wasmtools.Registry
+	st             *store.Store
+	calls          *auditedTools
+	grants         *grantTable
+	dir            string
 }
+
+// ListTools serves tools.list: the installed tools, with the grants their
+// names hold for other modules.
+func (m *toolManager) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
+	tools := m.reg.Tools()
+	out := make([]protocol.ToolInfo, len(tools))
+	for i, t := range tools {
+		out[i] = m.grants.withPending(toolInfo(t))
+	}
+	return out, nil
+}
+
+// CallTool serves tools.call, audited.
+func (m *toolManager) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+	return m.calls.Call(ctx, name, input)
+}
+
+// ToolsProgress reports the compilation of the tools found at start.
+func (m *toolManager) ToolsProgress() (loaded, total int, ready bool) { return m.reg.Progress() }
 
 // info returns the installed tool name. Every manager method starts with
 // it (or waitReady), so none acts on the partial set seen while the tools
@@ -216,7 +238,7 @@ func (m *toolManager) inspect(ctx context.Context, file string) (wasmtools.Tool,
 	return t, nil
 }
 
-func (m *toolManager) Inspect(ctx context.Context, file string) (protocol.ToolInfo, error) {
+func (m *toolManager) InspectTool(ctx context.Context, file string) (protocol.ToolInfo, error) {
 	t, err := m.inspect(ctx, file)
 	if err != nil {
 		return protocol.ToolInfo{}, err
@@ -224,11 +246,11 @@ func (m *toolManager) Inspect(ctx context.Context, file string) (protocol.ToolIn
 	return toolInfo(t), nil
 }
 
-// Install validates the file, checks the grants against what it
+// InstallTool validates the file, checks the grants against what it
 // requests, stores them bound to the file's digest, copies the module in
 // atomically and reloads. With KeepGrants, the replaced tool's grants
 // that the new module still requests are carried to it.
-func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
+func (m *toolManager) InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
 	if p.KeepGrants && !p.Replace {
 		return protocol.ToolInfo{}, fmt.Errorf("keep_grants carries the grants of a tool being replaced: it needs replace: %w", keel.ErrInvalid)
 	}
@@ -274,7 +296,7 @@ func (m *toolManager) Install(ctx context.Context, p protocol.ToolsInstallParams
 	return m.info(ctx, name)
 }
 
-func (m *toolManager) Remove(ctx context.Context, name string) error {
+func (m *toolManager) RemoveTool(ctx context.Context, name string) error {
 	if _, err := m.info(ctx, name); err != nil {
 		return err
 	}
@@ -291,12 +313,12 @@ func (m *toolManager) Remove(ctx context.Context, name string) error {
 	return err
 }
 
-// Grant adds grants to the installed module of a tool. While the tool has
+// GrantTool adds grants to the installed module of a tool. While the tool has
 // grants pending (given to a module of another digest), a grant must
 // confirm them (p.Confirm, the installed digest), which carries those the
 // module requests to it; a plain grant is refused, so none is lost
 // unnoticed.
-func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
+func (m *toolManager) GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
 	info, err := m.info(ctx, p.Name)
 	if err != nil {
 		return protocol.ToolInfo{}, err
@@ -320,10 +342,10 @@ func (m *toolManager) Grant(ctx context.Context, p protocol.ToolsGrantParams) (p
 	return m.store(ctx, p.Name, store.ToolGrant{SHA256: info.GrantDigest, Grants: next.Add(add)})
 }
 
-// Revoke takes grants back. Entries are taken from the stored grants,
+// RevokeTool takes grants back. Entries are taken from the stored grants,
 // pending or not, which stay bound to their module; revoking all leaves
 // the installed module granted nothing.
-func (m *toolManager) Revoke(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
+func (m *toolManager) RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
 	info, err := m.info(ctx, p.Name)
 	if err != nil {
 		return protocol.ToolInfo{}, err

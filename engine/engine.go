@@ -328,24 +328,8 @@ func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 	}
 }
 
-// StartRequest asks for a new run.
-type StartRequest struct {
-	Goal     string
-	Model    string
-	MaxSteps int
-	Policy   keel.RunPolicy
-	// IdempotencyKey, when set, makes Start idempotent: a second Start
-	// with the same key returns the run the first created.
-	IdempotencyKey string
-	// Kind is how the run is driven; "" is keel.KindAgent. A
-	// keel.KindDAG run needs Plan; a keel.KindPlan run's planner (the
-	// model) makes its own. See docs/orchestration.md.
-	Kind keel.RunKind
-	// Plan is a DAG run's plan, checked by Start (unique step IDs, known
-	// dependencies, no cycle, tools that exist and the policy allows,
-	// bounded sizes).
-	Plan *keel.Plan
-}
+// StartRequest asks for a new run; see keel.StartRequest.
+type StartRequest = keel.StartRequest
 
 // Start validates req, stores the run and starts it in the background.
 // Errors wrap keel.ErrInvalid (bad request), keel.ErrModelUnavailable (no

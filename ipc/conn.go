@@ -27,7 +27,7 @@ type conn struct {
 	nc  net.Conn // the underlying connection, closed outright on forced shutdown
 	log *slog.Logger
 
-	// ctx is cancelled when the connection ends; handlers and Backend
+	// ctx is cancelled when the connection ends; handlers and Services
 	// calls run under it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -61,7 +61,7 @@ func (s *Server) newConn(nc net.Conn, remote string) *conn {
 }
 
 // end asks the connection to close with code and reason. The first call
-// wins; end never blocks, so the Backend's callback may call it.
+// wins; end never blocks, so the Runs' callback may call it.
 func (c *conn) end(code websocket.StatusCode, reason string) {
 	c.endOnce.Do(func() {
 		c.endCode, c.endReason = code, reason
@@ -76,7 +76,10 @@ func (c *conn) serve(ws *websocket.Conn) {
 	ws.SetReadLimit(protocol.MaxFrameBytes)
 	c.log.Debug("ipc: client connected")
 
-	unsubscribe := c.s.b.Subscribe(c.onEvent)
+	unsubscribe := func() {}
+	if c.s.svc.Runs != nil {
+		unsubscribe = c.s.svc.Runs.Subscribe(c.onEvent)
+	}
 	var wg sync.WaitGroup
 	wg.Go(c.readLoop)
 	wg.Go(c.writeLoop)

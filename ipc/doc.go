@@ -7,7 +7,10 @@
 // protocol, and one bounded outbound queue per client, so that a slow
 // client is dropped instead of stalling the engine.
 //
-// The server reaches the rest of keel only through Backend, an interface
-// it defines; the daemon provides the implementation. The wire types live
+// The server reaches the rest of keel only through Services: small
+// interfaces it defines, one per group of methods (Runs, History, Tools,
+// Models, ...), each served directly by the package that owns the thing
+// (the engine, the store, the tool runtime) and put together by the
+// daemon; a nil group is not served. The wire types live
 // in ipc/protocol and the protocol is specified in docs/protocol.md.
 package ipc

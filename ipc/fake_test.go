@@ -16,6 +16,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -36,7 +37,7 @@ type testServer struct {
 	grow func()
 }
 
-func startServer(t *testing.T, b ipc.Backend, cfg ipc.Config) *testServer {
+func startServer(t *testing.T, b any, cfg ipc.Config) *testServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,7 +78,7 @@ func (l *smallBufListener) grow() {
 
 // startSmallBufServer is startServer with small socket buffers on the
 // server's side; clients that want them too dial with smallReadBuffer.
-func startSmallBufServer(t *testing.T, b ipc.Backend, cfg ipc.Config) *testServer {
+func startSmallBufServer(t *testing.T, b any, cfg ipc.Config) *testServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -89,12 +90,16 @@ func startSmallBufServer(t *testing.T, b ipc.Backend, cfg ipc.Config) *testServe
 	return ts
 }
 
-func startServerOn(t *testing.T, b ipc.Backend, cfg ipc.Config, ln net.Listener) *testServer {
+func startServerOn(t *testing.T, b any, cfg ipc.Config, ln net.Listener) *testServer {
 	t.Helper()
 	if cfg.Token == "" {
 		cfg.Token = testToken
 	}
-	s, err := ipc.NewServer(b, cfg)
+	svc, ok := b.(ipc.Services)
+	if !ok {
+		svc = ipctest.Services(b)
+	}
+	s, err := ipc.NewServer(svc, cfg)
 	if err != nil {
 		ln.Close()
 		t.Fatalf("NewServer: %v", err)

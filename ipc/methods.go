@@ -19,41 +19,62 @@ import (
 // goes through rpcError.
 type methodFunc func(ctx context.Context, c *conn, params json.RawMessage) (any, error)
 
-// methods is the method table.
-var methods map[string]methodFunc
+// methods is the method table: every method the server knows, and the
+// group of Services it needs (nil: always served).
+var methods map[string]method
+
+// method is a row of the method table.
+type method struct {
+	h methodFunc
+	// serves reports whether svc has what the method needs.
+	serves func(svc Services) bool
+}
 
 func init() {
 	// Assigned in init because initialize lists the table's own keys.
-	methods = map[string]methodFunc{
-		protocol.MethodInitialize:     typed(handleInitialize),
-		protocol.MethodRunStart:       typed(handleRunStart),
-		protocol.MethodRunCancel:      handleRunCancel,
-		protocol.MethodRunList:        typed(handleRunList),
-		protocol.MethodRunGet:         handleRunGet,
-		protocol.MethodRunSubscribe:   typed(handleRunSubscribe),
-		protocol.MethodRunUnsubscribe: handleRunUnsubscribe,
-		protocol.MethodToolsList:      handleToolsList,
-		protocol.MethodToolsCall:      typed(handleToolsCall),
-		protocol.MethodToolsAudit:     typed(handleToolsAudit),
-		protocol.MethodToolsInspect:   typed(handleToolsInspect),
-		protocol.MethodToolsInstall:   typed(handleToolsInstall),
-		protocol.MethodToolsRemove:    typed(handleToolsRemove),
-		protocol.MethodToolsGrant:     typed(handleToolsGrant),
-		protocol.MethodToolsRevoke:    typed(handleToolsRevoke),
-		protocol.MethodEnvDescribe:    handleEnvDescribe,
-		protocol.MethodModelsList:     handleModelsList,
-		protocol.MethodModelsPull:     typed(handleModelsPull),
-		protocol.MethodModelsChat:     typed(handleModelsChat),
-		protocol.MethodRunDecide:      typed(handleRunDecide),
-		protocol.MethodRunPause:       onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.PauseRun(ctx, id) }),
-		protocol.MethodRunResume:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ResumeRun(ctx, id) }),
-		protocol.MethodRunReplay:      onRun(func(ctx context.Context, b RunController, id keel.RunID) (any, error) { return b.ReplayRun(ctx, id) }),
-		protocol.MethodRunApprove:     typed(handleRunApprove),
-		protocol.MethodRunSay:         typed(handleRunSay),
-		protocol.MethodRunTakeOver:    handleRunControl((RunSteerer).TakeOverRun),
-		protocol.MethodRunHandBack:    handleRunControl((RunSteerer).HandBackRun),
-		protocol.MethodRunTool:        typed(handleRunTool),
-		protocol.MethodRunFork:        typed(handleRunFork),
+	runs := func(s Services) bool { return s.Runs != nil }
+	history := func(s Services) bool { return s.History != nil }
+	follow := func(s Services) bool { return s.Runs != nil && s.History != nil }
+	control := func(s Services) bool { return s.Control != nil }
+	steering := func(s Services) bool { return s.Steering != nil }
+	tools := func(s Services) bool { return s.Tools != nil }
+	admin := func(s Services) bool { return s.Admin != nil }
+	audit := func(s Services) bool { return s.Audit != nil }
+	models := func(s Services) bool { return s.Models != nil }
+	chat := func(s Services) bool { return s.Chat != nil }
+	env := func(s Services) bool { return s.Env != nil }
+	methods = map[string]method{
+		protocol.MethodInitialize:     {typed(handleInitialize), nil},
+		protocol.MethodRunStart:       {typed(handleRunStart), runs},
+		protocol.MethodRunCancel:      {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Runs.Cancel(ctx, id) }), runs},
+		protocol.MethodRunList:        {typed(handleRunList), history},
+		protocol.MethodRunGet:         {handleRunGet, history},
+		protocol.MethodRunSubscribe:   {typed(handleRunSubscribe), follow},
+		protocol.MethodRunUnsubscribe: {handleRunUnsubscribe, follow},
+		protocol.MethodToolsList:      {handleToolsList, tools},
+		protocol.MethodToolsCall:      {typed(handleToolsCall), tools},
+		protocol.MethodToolsAudit:     {typed(handleToolsAudit), audit},
+		protocol.MethodToolsInspect:   {typed(handleToolsInspect), admin},
+		protocol.MethodToolsInstall:   {typed(handleToolsInstall), admin},
+		protocol.MethodToolsRemove:    {typed(handleToolsRemove), admin},
+		protocol.MethodToolsGrant:     {typed(handleToolsGrant), admin},
+		protocol.MethodToolsRevoke:    {typed(handleToolsRevoke), admin},
+		protocol.MethodEnvDescribe:    {handleEnvDescribe, env},
+		protocol.MethodModelsList:     {handleModelsList, models},
+		protocol.MethodModelsPull:     {typed(handleModelsPull), models},
+		protocol.MethodModelsChat:     {typed(handleModelsChat), chat},
+		protocol.MethodRunDecide:      {typed(handleRunDecide), control},
+		protocol.MethodRunPause:       {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Pause(ctx, id) }), control},
+		protocol.MethodRunResume:      {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Unpause(ctx, id) }), control},
+		protocol.MethodRunReplay: {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) {
+			return s.Control.CheckReplay(ctx, id)
+		}), control},
+		protocol.MethodRunApprove:  {typed(handleRunApprove), control},
+		protocol.MethodRunSay:      {typed(handleRunSay), control},
+		protocol.MethodRunTakeOver: {handleRunControl((RunSteering).TakeOver), steering},
+		protocol.MethodRunHandBack: {handleRunControl((RunSteering).HandBack), steering},
+		protocol.MethodRunTool:     {typed(handleRunTool), steering},
+		protocol.MethodRunFork:     {typed(handleRunFork), steering},
 	}
 }
 
@@ -70,23 +91,14 @@ func typed[P any](h func(context.Context, *conn, P) (any, error)) methodFunc {
 	}
 }
 
-// servedMethods returns the method table less the methods whose
-// optional Backend interface b does not implement.
-func servedMethods(b Backend) map[string]methodFunc {
-	_, models := b.(ModelManager)
-	_, chat := b.(ModelChatter)
-	_, control := b.(RunController)
-	_, steer := b.(RunSteerer)
+// servedMethods returns the handlers of the methods whose group svc
+// serves.
+func servedMethods(svc Services) map[string]methodFunc {
 	served := make(map[string]methodFunc, len(methods))
-	for name, h := range methods {
-		switch {
-		case !models && (name == protocol.MethodModelsList || name == protocol.MethodModelsPull),
-			!chat && name == protocol.MethodModelsChat,
-			!control && (name == protocol.MethodRunDecide || name == protocol.MethodRunPause || name == protocol.MethodRunResume || name == protocol.MethodRunReplay || name == protocol.MethodRunApprove || name == protocol.MethodRunSay),
-			!steer && (name == protocol.MethodRunTakeOver || name == protocol.MethodRunHandBack || name == protocol.MethodRunTool || name == protocol.MethodRunFork):
-			continue
+	for name, m := range methods {
+		if m.serves == nil || m.serves(svc) {
+			served[name] = m.h
 		}
-		served[name] = h
 	}
 	return served
 }
@@ -120,7 +132,7 @@ func handleRunStart(ctx context.Context, c *conn, p protocol.RunStartParams) (an
 	if p.MaxSteps < 0 {
 		return nil, paramError("max_steps", "must not be negative")
 	}
-	return c.s.b.StartRun(ctx, p)
+	return c.s.svc.Runs.Start(ctx, p)
 }
 
 // decodeRunRef decodes and checks params naming a run.
@@ -135,14 +147,6 @@ func decodeRunRef(params json.RawMessage) (keel.RunID, error) {
 	return p.RunID, nil
 }
 
-func handleRunCancel(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
-	id, err := decodeRunRef(params)
-	if err != nil {
-		return nil, err
-	}
-	return c.s.b.CancelRun(ctx, id)
-}
-
 func handleRunList(ctx context.Context, c *conn, p protocol.RunListParams) (any, error) {
 	if p.Limit < 0 || p.Limit > maxListLimit {
 		return nil, paramError("limit", fmt.Sprintf("must be between 0 and %d", maxListLimit))
@@ -155,7 +159,7 @@ func handleRunList(ctx context.Context, c *conn, p protocol.RunListParams) (any,
 			return nil, paramError("status", fmt.Sprintf("%q is not a run status (%s)", st, joinStatuses()))
 		}
 	}
-	res, err := c.s.b.ListRuns(ctx, p)
+	res, err := c.s.svc.History.RunPage(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -180,15 +184,15 @@ func handleRunGet(ctx context.Context, c *conn, params json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	run, err := c.s.b.GetRun(ctx, id)
+	run, err := c.s.svc.History.GetRun(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	events, err := c.s.b.Events(ctx, id, 0)
+	events, err := c.s.svc.History.Events(ctx, id, 0)
 	if err != nil {
 		return nil, err
 	}
-	spans, err := c.s.b.Spans(ctx, id)
+	spans, err := c.s.svc.History.Spans(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -218,15 +222,13 @@ func handleToolsList(ctx context.Context, c *conn, params json.RawMessage) (any,
 	if err := decodeParams(params, &struct{}{}); err != nil {
 		return nil, err
 	}
-	tools, err := c.s.b.ListTools(ctx)
+	tools, err := c.s.svc.Tools.ListTools(ctx)
 	if err != nil {
 		return nil, err
 	}
 	res := protocol.ToolsListResult{Tools: nonNil(tools)}
-	if tp, ok := c.s.b.(ToolsProgress); ok {
-		if loaded, total, ready := tp.ToolsProgress(); !ready {
-			res.Compiling = &protocol.ToolsProgress{Loaded: loaded, Total: total}
-		}
+	if loaded, total, ready := c.s.svc.Tools.ToolsProgress(); !ready {
+		res.Compiling = &protocol.ToolsProgress{Loaded: loaded, Total: total}
 	}
 	return res, nil
 }
@@ -239,7 +241,7 @@ func handleToolsCall(ctx context.Context, c *conn, p protocol.ToolsCallParams) (
 		p.Input = json.RawMessage("{}")
 	}
 	start := time.Now()
-	out, err := c.s.b.CallTool(ctx, p.Name, p.Input)
+	out, err := c.s.svc.Tools.CallTool(ctx, p.Name, p.Input)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +255,7 @@ func handleToolsAudit(ctx context.Context, c *conn, p protocol.ToolsAuditParams)
 	if p.Limit == 0 {
 		p.Limit = 50
 	}
-	recs, err := c.s.b.ToolAudit(ctx, p.Tool, p.Limit)
+	recs, err := c.s.svc.Audit.ToolCalls(ctx, p.Tool, p.Limit)
 	if err != nil {
 		return nil, err
 	}
@@ -277,21 +279,21 @@ func handleToolsInspect(ctx context.Context, c *conn, p protocol.ToolsInspectPar
 	if err := checkToolPath(p.Path); err != nil {
 		return nil, err
 	}
-	return c.s.b.InspectTool(ctx, p.Path)
+	return c.s.svc.Admin.InspectTool(ctx, p.Path)
 }
 
 func handleToolsInstall(ctx context.Context, c *conn, p protocol.ToolsInstallParams) (any, error) {
 	if err := checkToolPath(p.Path); err != nil {
 		return nil, err
 	}
-	return c.s.b.InstallTool(ctx, p)
+	return c.s.svc.Admin.InstallTool(ctx, p)
 }
 
 func handleToolsRemove(ctx context.Context, c *conn, p protocol.ToolRef) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
 	}
-	if err := c.s.b.RemoveTool(ctx, p.Name); err != nil {
+	if err := c.s.svc.Admin.RemoveTool(ctx, p.Name); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil
@@ -304,7 +306,7 @@ func handleToolsGrant(ctx context.Context, c *conn, p protocol.ToolsGrantParams)
 	if p.Grants.Empty() && p.Confirm == "" {
 		return nil, paramError("grants", "must grant something, or confirm pending grants")
 	}
-	return c.s.b.GrantTool(ctx, p)
+	return c.s.svc.Admin.GrantTool(ctx, p)
 }
 
 func handleToolsRevoke(ctx context.Context, c *conn, p protocol.ToolsRevokeParams) (any, error) {
@@ -314,14 +316,14 @@ func handleToolsRevoke(ctx context.Context, c *conn, p protocol.ToolsRevokeParam
 	if p.All == !p.Grants.Empty() {
 		return nil, paramError("grants", "name the grants to revoke, or set all (not both)")
 	}
-	return c.s.b.RevokeTool(ctx, p)
+	return c.s.svc.Admin.RevokeTool(ctx, p)
 }
 
 func handleEnvDescribe(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
 	if err := decodeParams(params, &struct{}{}); err != nil {
 		return nil, err
 	}
-	env, err := c.s.b.Describe(ctx)
+	env, err := c.s.svc.Env.Describe(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +337,7 @@ func handleModelsList(ctx context.Context, c *conn, params json.RawMessage) (any
 	if err := decodeParams(params, &struct{}{}); err != nil {
 		return nil, err
 	}
-	res, err := c.s.b.(ModelManager).ListModels(ctx)
+	res, err := c.s.svc.Models.ListModels(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -362,7 +364,7 @@ func handleModelsPull(ctx context.Context, c *conn, p protocol.ModelsPullParams)
 			_ = c.notify(ctx, protocol.NotifyModelsPullProgress, pr)
 		}
 	}
-	if err := c.s.b.(ModelManager).PullModel(ctx, p.Name, progress); err != nil {
+	if err := c.s.svc.Models.PullModel(ctx, p.Name, progress); err != nil {
 		return nil, err
 	}
 	return protocol.ModelsPullResult{Name: p.Name}, nil
@@ -377,7 +379,7 @@ func handleModelsChat(ctx context.Context, c *conn, p protocol.ModelsChatParams)
 	}
 	id := requestID(ctx)
 	if id == nil || !p.Stream {
-		return c.s.b.(ModelChatter).Chat(ctx, p, nil)
+		return c.s.svc.Chat.Chat(ctx, p, nil)
 	}
 	co := &coalescer{send: func(d protocol.ChatDelta) {
 		d.ID = id
@@ -385,7 +387,7 @@ func handleModelsChat(ctx context.Context, c *conn, p protocol.ModelsChatParams)
 		// and so the call.
 		_ = c.notify(ctx, protocol.NotifyModelsChatDelta, d)
 	}}
-	res, err := c.s.b.(ModelChatter).Chat(ctx, p, co.add)
+	res, err := c.s.svc.Chat.Chat(ctx, p, co.add)
 	co.flush() // every delta goes out before the response
 	return res, err
 }
@@ -434,11 +436,11 @@ func handleRunDecide(ctx context.Context, c *conn, p protocol.RunDecideParams) (
 	case p.Decision != keel.DecisionRetry && p.Decision != keel.DecisionSkip && p.Decision != keel.DecisionDone:
 		return nil, paramError("decision", "must be retry, skip or done")
 	}
-	return c.s.b.(RunController).DecideRun(ctx, p)
+	return c.s.svc.Control.Decide(ctx, p.RunID, p.CallID, p.Decision, p.Output, p.Note)
 }
 
 // handleRunControl serves run.takeover and run.handback.
-func handleRunControl(f func(RunSteerer, context.Context, protocol.RunControlParams) (keel.Run, error)) methodFunc {
+func handleRunControl(f func(RunSteering, context.Context, keel.RunID, string) (keel.Run, error)) methodFunc {
 	return func(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
 		var p protocol.RunControlParams
 		if err := decodeParams(params, &p); err != nil {
@@ -447,7 +449,7 @@ func handleRunControl(f func(RunSteerer, context.Context, protocol.RunControlPar
 		if p.RunID == "" {
 			return nil, paramError("run_id", "must not be empty")
 		}
-		return f(c.s.b.(RunSteerer), ctx, p)
+		return f(c.s.svc.Steering, ctx, p.RunID, p.Note)
 	}
 }
 
@@ -460,7 +462,7 @@ func handleRunTool(ctx context.Context, c *conn, p protocol.RunToolParams) (any,
 	case len(p.Arguments) > 0 && !json.Valid(p.Arguments):
 		return nil, paramError("arguments", "must be JSON")
 	}
-	return c.s.b.(RunSteerer).RunToolFor(ctx, p)
+	return c.s.svc.Steering.RunTool(ctx, p.RunID, p.Name, p.Arguments)
 }
 
 func handleRunFork(ctx context.Context, c *conn, p protocol.RunForkParams) (any, error) {
@@ -470,7 +472,7 @@ func handleRunFork(ctx context.Context, c *conn, p protocol.RunForkParams) (any,
 	case p.Step < 0:
 		return nil, paramError("step", "must not be negative")
 	}
-	return c.s.b.(RunSteerer).ForkRun(ctx, p)
+	return c.s.svc.Steering.ForkRun(ctx, p)
 }
 
 func handleRunSay(ctx context.Context, c *conn, p protocol.RunSayParams) (any, error) {
@@ -480,7 +482,7 @@ func handleRunSay(ctx context.Context, c *conn, p protocol.RunSayParams) (any, e
 	case strings.TrimSpace(p.Message) == "":
 		return nil, paramError("message", "must not be empty")
 	}
-	return c.s.b.(RunController).SayToRun(ctx, p.RunID, p.Message)
+	return c.s.svc.Control.Say(ctx, p.RunID, p.Message)
 }
 
 func handleRunApprove(ctx context.Context, c *conn, p protocol.RunApproveParams) (any, error) {
@@ -494,17 +496,17 @@ func handleRunApprove(ctx context.Context, c *conn, p protocol.RunApproveParams)
 	case len(p.Arguments) > 0 && !p.Approved:
 		return nil, paramError("arguments", "only an approval can edit the arguments")
 	}
-	return c.s.b.(RunController).ApproveRun(ctx, p)
+	return c.s.svc.Control.Approve(ctx, p.RunID, keel.ApprovalData{CallID: p.CallID, ArgsSHA256: p.ArgsSHA256, Approved: p.Approved, Reason: p.Reason, Arguments: p.Arguments})
 }
 
-// onRun is the handler of a run-control method whose params are a RunRef.
-func onRun(f func(ctx context.Context, b RunController, id keel.RunID) (any, error)) methodFunc {
+// onRun is the handler of a method whose params are a RunRef.
+func onRun(f func(ctx context.Context, s Services, id keel.RunID) (any, error)) methodFunc {
 	return func(ctx context.Context, c *conn, params json.RawMessage) (any, error) {
 		id, err := decodeRunRef(params)
 		if err != nil {
 			return nil, err
 		}
-		return f(ctx, c.s.b.(RunController), id)
+		return f(ctx, c.s.svc, id)
 	}
 }
 

@@ -210,7 +210,8 @@ func TestModelsPullCancelled(t *testing.T) {
 // models methods: initialize does not list them and calls to them fail
 // as unknown methods.
 func TestModelsOptional(t *testing.T) {
-	b := struct{ ipc.Backend }{ipctest.New()} // hides the fake's ModelManager methods
+	b := ipctest.Services(ipctest.New())
+	b.Models = nil // serves no models
 	c := dial(t, startServer(t, b, ipc.Config{}))
 	var init protocol.InitializeResult
 	c.callOK(protocol.MethodInitialize, nil, &init)

@@ -30,7 +30,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := ipc.NewServer(ipctest.New(), tt.cfg); err == nil {
+			if _, err := ipc.NewServer(ipctest.Services(ipctest.New()), tt.cfg); err == nil {
 				t.Errorf("NewServer(%+v) = nil error, want an error", tt.cfg)
 			}
 		})
@@ -156,7 +156,7 @@ func TestBrowserTokenNotEchoed(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	s, err := ipc.NewServer(ipctest.New(), ipc.Config{Token: testToken})
+	s, err := ipc.NewServer(ipctest.Services(ipctest.New()), ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestRunTwice(t *testing.T) {
 }
 
 func TestURL(t *testing.T) {
-	s, err := ipc.NewServer(ipctest.New(), ipc.Config{Token: testToken})
+	s, err := ipc.NewServer(ipctest.Services(ipctest.New()), ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,128 +18,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
-
-// Backend is what the server needs from the rest of keel. The daemon
-// implements it on top of the engine, the store and the tool runtime.
-//
-// Every ctx passed to a Backend method is cancelled when the client's
-// connection ends or the server stops; methods must honour it, because
-// Server.Run waits for every call in flight before it returns. Errors
-// are mapped to protocol error codes with errors.Is/As (see
-// docs/protocol.md): wrap keel.ErrNotFound, keel.ErrConflict,
-// keel.ErrInvalid, keel.ErrUnavailable or keel.ErrModelUnavailable, or
-// return a *keel.ToolError from CallTool. Any other error is reported to
-// the client as an internal error and logged.
-type Backend interface {
-	// StartRun creates a run and starts it in the background; the run
-	// outlives ctx. The returned Run is its state right after creation.
-	StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error)
-	// CancelRun asks a run to stop and returns its state.
-	CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	// ListRuns returns a page of runs, newest first, as p selects
-	// (p.Limit is between 1 and 1000, p.Status known states), and the
-	// cursor of the next page. A bad cursor wraps keel.ErrInvalid.
-	ListRuns(ctx context.Context, p protocol.RunListParams) (protocol.RunListResult, error)
-	// GetRun returns one run.
-	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	// Events returns the persisted events of a run with Seq > afterSeq,
-	// in Seq order.
-	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
-	// Spans returns the trace spans of a run.
-	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
-	// Subscribe calls fn for every event of every run as it happens:
-	// persisted events (Seq > 0) after they are stored, and live-only
-	// events (Seq == 0, such as model.delta). For one run, fn is called
-	// in Seq order, never concurrently. fn does not block. After cancel
-	// returns, fn is not called again.
-	Subscribe(fn func(keel.Event)) (cancel func())
-	// ListTools returns the installed tools.
-	ListTools(ctx context.Context) ([]protocol.ToolInfo, error)
-	// CallTool runs one tool with input. A tool failure is a
-	// *keel.ToolError.
-	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
-	// InspectTool validates and compiles a .wasm file without installing
-	// it and returns what it is and what it requests.
-	InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error)
-	// InstallTool installs a .wasm file with the given grants.
-	InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error)
-	// RemoveTool uninstalls a tool and forgets its grants.
-	RemoveTool(ctx context.Context, name string) error
-	// GrantTool adds grants to a tool; RevokeTool removes some or all.
-	GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error)
-	RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error)
-	// ToolAudit returns up to limit tool-call audit records, newest
-	// first, only tool's when tool is not empty.
-	ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error)
-	// Describe returns what this environment declares about itself.
-	Describe(ctx context.Context) (capabilities.Environment, error)
-}
-
-// ToolsNotifier is an optional Backend method: a backend that can tell
-// when tools change gets every client sent a tools.changed notification.
-type ToolsNotifier interface {
-	// SubscribeTools calls fn after every change of the installed tools
-	// or their grants. fn does not block.
-	SubscribeTools(fn func()) (cancel func())
-}
-
-// ToolsProgress is an optional Backend method: a backend that compiles
-// tools in the background reports its progress, and tools.list shows it.
-type ToolsProgress interface {
-	ToolsProgress() (loaded, total int, ready bool)
-}
-
-// ModelChatter is an optional Backend interface: a backend with a model
-// layer serves models.chat. Chat calls onDelta (nil unless the request
-// asked to stream) from the calling goroutine, in order.
-type ModelChatter interface {
-	Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error)
-}
-
-// RunController is an optional Backend interface: a backend whose runs
-// can wait for a human, be paused and be replayed serves run.decide,
-// run.approve, run.say, run.pause, run.resume and run.replay.
-type RunController interface {
-	DecideRun(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error)
-	PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error)
-	ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error)
-	SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error)
-}
-
-// RunSteerer is an optional Backend interface: a backend whose runs a
-// person can take over, hand back and fork serves run.takeover,
-// run.handback, run.tool and run.fork.
-type RunSteerer interface {
-	TakeOverRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error)
-	HandBackRun(ctx context.Context, p protocol.RunControlParams) (keel.Run, error)
-	RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error)
-	ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error)
-}
-
-// ModelManager is an optional Backend interface: a backend that manages
-// models serves models.list and models.pull. For any other backend those
-// methods do not exist (CodeMethodNotFound) and initialize does not list
-// them.
-type ModelManager interface {
-	// ListModels returns the models of every configured provider and
-	// each provider's status. A provider that cannot be reached is
-	// reported in the result (Reachable false, with Error and Hint), not
-	// as an error.
-	ListModels(ctx context.Context) (protocol.ModelsListResult, error)
-	// PullModel downloads the model name and returns once it is
-	// complete. It calls progress from the calling goroutine, in order,
-	// with each progress report (the server sets their ID); progress may
-	// block while the client's queue is full. Cancelling ctx cancels the
-	// pull. A name the provider refuses or does not know wraps
-	// keel.ErrInvalid; an unreachable provider keel.ErrModelUnavailable.
-	PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
-}
 
 // Config configures a Server. Token is required; the zero value of every
 // other field selects a safe default.
@@ -200,9 +79,9 @@ const reasonTooSlow = "client too slow: event queue full"
 // Create it with NewServer and serve with Run. Its methods are safe for
 // concurrent use.
 type Server struct {
-	b       Backend
+	svc     Services
 	cfg     Config
-	served  map[string]methodFunc // the method table less what b cannot serve
+	served  map[string]methodFunc // the methods of the groups svc serves
 	log     *slog.Logger
 	token   [sha256.Size]byte
 	origins map[string]bool
@@ -215,13 +94,10 @@ type Server struct {
 	connWG  sync.WaitGroup
 }
 
-// NewServer returns a server that serves b. It fails if cfg.Token is
-// empty, an allowed origin is not of the form scheme://host[:port], or b
-// is nil.
-func NewServer(b Backend, cfg Config) (*Server, error) {
-	if b == nil {
-		return nil, errors.New("ipc: nil Backend")
-	}
+// NewServer returns a server that serves the groups of svc that are not
+// nil. It fails if cfg.Token is empty or an allowed origin is not of the
+// form scheme://host[:port].
+func NewServer(svc Services, cfg Config) (*Server, error) {
 	if cfg.Token == "" {
 		return nil, errors.New("ipc: Config.Token is required")
 	}
@@ -245,9 +121,9 @@ func NewServer(b Backend, cfg Config) (*Server, error) {
 	}
 	cfg.AllowedOrigins = append([]string(nil), cfg.AllowedOrigins...)
 	return &Server{
-		b:       b,
+		svc:     svc,
 		cfg:     cfg,
-		served:  servedMethods(b),
+		served:  servedMethods(svc),
 		log:     log,
 		token:   sha256.Sum256([]byte(cfg.Token)),
 		origins: origins,
@@ -300,7 +176,7 @@ func (s *Server) URL(ln net.Listener) string {
 // loopback address), until ctx is done or ln fails, then closes ln and
 // every client connection (with status 1001, "server shutting down") and
 // returns once every goroutine it started has exited, including every
-// Backend call in flight. It returns nil after ctx is done. A Server runs
+// Services call in flight. It returns nil after ctx is done. A Server runs
 // once; a second Run fails.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	if s.ran.Swap(true) {
@@ -322,8 +198,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		},
 	}
 	s.log.Info("ipc: serving", logKeyAddr, ln.Addr().String())
-	if tn, ok := s.b.(ToolsNotifier); ok {
-		stop := tn.SubscribeTools(s.broadcastToolsChanged)
+	if s.svc.Tools != nil {
+		stop := s.svc.Tools.SubscribeTools(s.broadcastToolsChanged)
 		defer stop()
 	}
 

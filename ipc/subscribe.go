@@ -89,12 +89,12 @@ func (c *conn) subscribe(ctx context.Context, p protocol.SubscribeParams) (any, 
 	c.subs[p.RunID] = sub
 	c.subsMu.Unlock()
 
-	run, err := c.s.b.GetRun(ctx, p.RunID)
+	run, err := c.s.svc.History.GetRun(ctx, p.RunID)
 	if err != nil {
 		c.removeSub(sub)
 		return nil, err
 	}
-	stored, err := c.s.b.Events(ctx, p.RunID, p.AfterSeq)
+	stored, err := c.s.svc.History.Events(ctx, p.RunID, p.AfterSeq)
 	if err != nil {
 		c.removeSub(sub)
 		return nil, err

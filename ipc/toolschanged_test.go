@@ -10,7 +10,7 @@ import (
 )
 
 // notifyingBackend is an ipctest.Backend whose tools can be said to have
-// changed (ipc.ToolsNotifier), as the daemon's are by install, removal
+// changed (ipc.Tools.SubscribeTools), as the daemon's are by install, removal
 // and hot reload.
 type notifyingBackend struct {
 	*ipctest.Backend
@@ -41,7 +41,7 @@ func (b *notifyingBackend) changed() {
 func TestToolsChangedReachesEveryClient(t *testing.T) {
 	t.Parallel()
 	b := &notifyingBackend{Backend: ipctest.New(), subd: make(chan struct{})}
-	var _ ipc.ToolsNotifier = b
+	var _ ipc.Tools = b
 	ts := startServer(t, b, ipc.Config{})
 	c1, c2 := dial(t, ts), dial(t, ts)
 	// A round trip on each makes sure both connections are registered.

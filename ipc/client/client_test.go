@@ -31,10 +31,10 @@ func TestMain(m *testing.M) {
 const testToken = "client-test-token"
 
 // serve runs a real ipc.Server on loopback and returns its URL.
-func serve(t *testing.T, b ipc.Backend, cfg ipc.Config) string {
+func serve(t *testing.T, b any, cfg ipc.Config) string {
 	t.Helper()
 	cfg.Token = testToken
-	s, err := ipc.NewServer(b, cfg)
+	s, err := ipc.NewServer(ipctest.Services(b), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestCloseEndsEverything(t *testing.T) {
 
 func TestServerCloseReported(t *testing.T) {
 	f := ipctest.New()
-	s, err := ipc.NewServer(f, ipc.Config{Token: testToken})
+	s, err := ipc.NewServer(ipctest.Services(f), ipc.Config{Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Package ipctest provides a hand-written, in-memory ipc.Backend for the
+// Package ipctest provides a hand-written, in-memory backend for the
 // tests of the protocol server and of its Go client, which both run it
 // behind a real server on loopback.
 package ipctest
@@ -16,10 +16,12 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
-// Backend is a hand-written in-memory ipc.Backend. Events it emits are
+// Backend is a hand-written in-memory backend of every ipc.Services
+// group but run control, steering and chat (see Services). Events it emits are
 // stored first (if Seq > 0) and then passed to every subscriber, as the
 // engine does. Its tools: "echo" returns its input; any other fails with
 // a tool_error. Set the hooks before a server uses it.
@@ -154,7 +156,7 @@ func (f *Backend) Subscribers() int {
 	return len(f.subs)
 }
 
-func (f *Backend) StartRun(_ context.Context, p protocol.RunStartParams) (keel.Run, error) {
+func (f *Backend) Start(_ context.Context, p keel.StartRequest) (keel.Run, error) {
 	if err := f.failWith("StartRun"); err != nil {
 		return keel.Run{}, err
 	}
@@ -168,7 +170,7 @@ func (f *Backend) StartRun(_ context.Context, p protocol.RunStartParams) (keel.R
 	return r, nil
 }
 
-func (f *Backend) CancelRun(_ context.Context, id keel.RunID) (keel.Run, error) {
+func (f *Backend) Cancel(_ context.Context, id keel.RunID) (keel.Run, error) {
 	if err := f.failWith("CancelRun"); err != nil {
 		return keel.Run{}, err
 	}
@@ -186,11 +188,11 @@ func (f *Backend) CancelRun(_ context.Context, id keel.RunID) (keel.Run, error) 
 	return r, nil
 }
 
-// ListRuns lists the runs by ID, highest first (the fake's "newest");
-// the cursor is the last ID of the page before.
-func (f *Backend) ListRuns(_ context.Context, p protocol.RunListParams) (protocol.RunListResult, error) {
+// RunPage lists the runs by ID, highest first (the fake's "newest");
+// the cursor is the last ID of the page before. Err["ListRuns"] fails it.
+func (f *Backend) RunPage(_ context.Context, p keel.RunQuery) (keel.RunPage, error) {
 	if err := f.failWith("ListRuns"); err != nil {
-		return protocol.RunListResult{}, err
+		return keel.RunPage{}, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -201,7 +203,7 @@ func (f *Backend) ListRuns(_ context.Context, p protocol.RunListParams) (protoco
 		}
 	}
 	slices.SortFunc(runs, func(a, b keel.Run) int { return strings.Compare(string(b.ID), string(a.ID)) })
-	var res protocol.RunListResult
+	var res keel.RunPage
 	if p.Limit > 0 && len(runs) > p.Limit {
 		runs = runs[:p.Limit]
 		res.NextCursor = string(runs[len(runs)-1].ID)
@@ -300,6 +302,12 @@ func (f *Backend) CallTool(ctx context.Context, name string, input json.RawMessa
 	return input, nil
 }
 
+// ToolsProgress reports the tools ready.
+func (f *Backend) ToolsProgress() (loaded, total int, ready bool) { return 1, 1, true }
+
+// SubscribeTools never calls fn: the fake's tools do not change.
+func (f *Backend) SubscribeTools(fn func()) (cancel func()) { return func() {} }
+
 func (f *Backend) InspectTool(_ context.Context, path string) (protocol.ToolInfo, error) {
 	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: strings.TrimSuffix(filepath.Base(path), ".wasm")}}, nil
 }
@@ -318,7 +326,7 @@ func (f *Backend) RevokeTool(_ context.Context, p protocol.ToolsRevokeParams) (p
 	return protocol.ToolInfo{ToolSpec: keel.ToolSpec{Name: p.Name}}, nil
 }
 
-func (f *Backend) ToolAudit(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
+func (f *Backend) ToolCalls(_ context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
 	return []keel.ToolAudit{{Tool: tool, Step: limit, Outcome: "ok"}}, nil
 }
 
@@ -353,4 +361,21 @@ func (f *Backend) PullModel(ctx context.Context, name string, progress func(prot
 		return pull(ctx, name, progress)
 	}
 	return f.failWith("PullModel")
+}
+
+// Services returns the groups of ipc.Services that b implements: for
+// the fake, or a type that embeds it to add or hide methods.
+func Services(b any) ipc.Services {
+	var s ipc.Services
+	s.Runs, _ = b.(ipc.Runs)
+	s.History, _ = b.(ipc.History)
+	s.Control, _ = b.(ipc.RunControl)
+	s.Steering, _ = b.(ipc.RunSteering)
+	s.Tools, _ = b.(ipc.Tools)
+	s.Admin, _ = b.(ipc.ToolAdmin)
+	s.Audit, _ = b.(ipc.ToolAudit)
+	s.Models, _ = b.(ipc.Models)
+	s.Chat, _ = b.(ipc.Chat)
+	s.Env, _ = b.(ipc.Environment)
+	return s
 }

@@ -116,14 +116,8 @@ type RunApproveParams struct {
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 }
 
-// RunReplayResult is the result of run.replay: the events the engine
-// produced from the journaled results, and whether they match the
-// journal (times, durations and lifecycle-only events aside).
-type RunReplayResult struct {
-	Events     []keel.Event `json:"events"`
-	Matches    bool         `json:"matches"`
-	Difference string       `json:"difference,omitempty"`
-}
+// RunReplayResult is the result of run.replay.
+type RunReplayResult = keel.ReplayCheck
 
 // AlreadyDecided is the data of the -32002 (CodeConflict) error of a
 // run.decide or run.approve whose wait another decision already

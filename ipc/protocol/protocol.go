@@ -140,25 +140,7 @@ type InitializeResult struct {
 }
 
 // RunStartParams starts a run.
-type RunStartParams struct {
-	Goal string `json:"goal"`
-	// Model names the model; empty means the daemon's default.
-	Model string `json:"model,omitempty"`
-	// MaxSteps bounds model calls; 0 means the daemon's default (8).
-	MaxSteps int `json:"max_steps,omitempty"`
-	// Policy: cloud models allowed (where the daemon allows cloud),
-	// private content, token and dollar budgets. Default: local only.
-	Policy keel.RunPolicy `json:"policy,omitzero"`
-	// IdempotencyKey, when set, makes a retried run.start safe: a start
-	// with a key already used returns that run instead of a new one.
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
-	// Kind is how the run is driven: "agent" (the default), "plan"
-	// (the model plans, the runtime runs the steps) or "dag" (the steps
-	// of Plan); see docs/orchestration.md.
-	Kind keel.RunKind `json:"kind,omitempty"`
-	// Plan is the steps of a "dag" run; refused for other kinds.
-	Plan *keel.Plan `json:"plan,omitempty"`
-}
+type RunStartParams = keel.StartRequest
 
 // RunRef names a run.
 type RunRef struct {
@@ -166,20 +148,10 @@ type RunRef struct {
 }
 
 // RunListParams filters run.list, which lists runs newest first.
-type RunListParams struct {
-	Limit int `json:"limit,omitempty"` // default 50, at most 1000
-	// Status, when not empty, keeps only runs in one of these states.
-	Status []keel.RunStatus `json:"status,omitempty"`
-	// Cursor continues a listing: the NextCursor of the page before.
-	Cursor string `json:"cursor,omitempty"`
-}
+type RunListParams = keel.RunQuery
 
 // RunListResult is the result of run.list.
-type RunListResult struct {
-	Runs []keel.Run `json:"runs"`
-	// NextCursor, when not empty, lists the next page (as Cursor).
-	NextCursor string `json:"next_cursor,omitempty"`
-}
+type RunListResult = keel.RunPage
 
 // RunDetail is the result of run.get: the run, its journal and its trace.
 type RunDetail struct {

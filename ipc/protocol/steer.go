@@ -46,12 +46,4 @@ type RunToolParams struct {
 type RunToolResult = keel.HumanToolData
 
 // RunForkParams is the params of run.fork.
-type RunForkParams struct {
-	RunID keel.RunID `json:"run_id"`
-	// Step is the last step of the source the fork keeps; 0 keeps only
-	// the goal.
-	Step int `json:"step"`
-	// Model and Goal, when set, replace the source's.
-	Model string `json:"model,omitempty"`
-	Goal  string `json:"goal,omitempty"`
-}
+type RunForkParams = keel.ForkRequest

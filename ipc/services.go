@@ -1,0 +1,162 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// Services are what a Server serves: one small interface per group of
+// protocol methods, each served by the package that owns the thing (the
+// engine runs, the store's journal, the tool runtime, the model layer).
+// A nil group is not served: its methods answer CodeMethodNotFound and
+// initialize does not list them (docs/protocol.md).
+//
+// Every ctx passed to a method is cancelled when the client's connection
+// ends or the server stops; methods must honour it, because Server.Run
+// waits for every call in flight before it returns. Errors are mapped to
+// protocol error codes with errors.Is/As (see docs/protocol.md): wrap
+// keel.ErrNotFound, keel.ErrConflict, keel.ErrInvalid,
+// keel.ErrUnavailable, keel.ErrUnusableTool or keel.ErrModelUnavailable,
+// or return a *keel.ToolError from a tool call or a
+// *keel.AlreadyDecidedError from a decision. Any other error is reported
+// to the client as an internal error and logged.
+type Services struct {
+	Runs     Runs        // run.start, run.cancel; with History, run.subscribe and run.unsubscribe
+	History  History     // run.list, run.get
+	Control  RunControl  // run.decide, run.approve, run.say, run.pause, run.resume, run.replay
+	Steering RunSteering // run.takeover, run.handback, run.tool, run.fork
+	Tools    Tools       // tools.list, tools.call and the tools.changed notification
+	Admin    ToolAdmin   // tools.inspect, tools.install, tools.remove, tools.grant, tools.revoke
+	Audit    ToolAudit   // tools.audit
+	Models   Models      // models.list, models.pull
+	Chat     Chat        // models.chat
+	Env      Environment // env.describe
+}
+
+// Runs starts, cancels and follows runs.
+type Runs interface {
+	// Start creates a run and starts it in the background; the run
+	// outlives ctx. The returned Run is its state right after creation.
+	Start(ctx context.Context, req keel.StartRequest) (keel.Run, error)
+	// Cancel asks a run to stop and returns its state.
+	Cancel(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// Subscribe calls fn for every event of every run as it happens:
+	// persisted events (Seq > 0) after they are stored, and live-only
+	// events (Seq == 0, such as model.delta). For one run, fn is called
+	// in Seq order, never concurrently. fn does not block. After cancel
+	// returns, fn is not called again.
+	Subscribe(fn func(keel.Event)) (cancel func())
+}
+
+// History reads what runs recorded.
+type History interface {
+	// RunPage returns a page of runs, newest first, as q selects
+	// (q.Limit is between 1 and 1000, q.Status known states). A bad
+	// cursor wraps keel.ErrInvalid.
+	RunPage(ctx context.Context, q keel.RunQuery) (keel.RunPage, error)
+	// GetRun returns one run.
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// Events returns the persisted events of a run with Seq > afterSeq,
+	// in Seq order.
+	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	// Spans returns the trace spans of a run.
+	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
+}
+
+// RunControl serves the decisions a run can wait for, pausing and
+// replay.
+type RunControl interface {
+	// Decide answers a failed tool call's wait: decision is
+	// keel.DecisionRetry, DecisionSkip or DecisionDone (with output).
+	Decide(ctx context.Context, id keel.RunID, callID, decision string, output json.RawMessage, note string) (keel.Run, error)
+	// Approve answers an approval request.
+	Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData) (keel.Run, error)
+	// Say gives a run a person's message.
+	Say(ctx context.Context, id keel.RunID, text string) (keel.Run, error)
+	// Pause stops a run at its next step boundary; Unpause lets it go on.
+	Pause(ctx context.Context, id keel.RunID) (keel.Run, error)
+	Unpause(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// CheckReplay replays a finished run from its journal and compares.
+	CheckReplay(ctx context.Context, id keel.RunID) (keel.ReplayCheck, error)
+}
+
+// RunSteering serves a person taking a run over, and forks.
+type RunSteering interface {
+	TakeOver(ctx context.Context, id keel.RunID, note string) (keel.Run, error)
+	HandBack(ctx context.Context, id keel.RunID, note string) (keel.Run, error)
+	// RunTool calls a tool on behalf of a run a person has taken over;
+	// a failed tool is a result, not an error.
+	RunTool(ctx context.Context, id keel.RunID, name string, args json.RawMessage) (keel.HumanToolData, error)
+	// ForkRun starts a new run from another's journal.
+	ForkRun(ctx context.Context, req keel.ForkRequest) (keel.Run, error)
+}
+
+// Tools lists and calls the installed tools.
+type Tools interface {
+	// ListTools returns the installed tools.
+	ListTools(ctx context.Context) ([]protocol.ToolInfo, error)
+	// CallTool runs one tool with input. A tool failure is a
+	// *keel.ToolError.
+	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// ToolsProgress reports the compilation of the tools found at start;
+	// tools.list shows it while ready is false.
+	ToolsProgress() (loaded, total int, ready bool)
+	// SubscribeTools calls fn after every change of the installed tools
+	// or their grants; every client is then sent tools.changed. fn does
+	// not block.
+	SubscribeTools(fn func()) (cancel func())
+}
+
+// ToolAdmin installs, removes and grants tools.
+type ToolAdmin interface {
+	// InspectTool validates and compiles a .wasm file without installing
+	// it and returns what it is and what it requests.
+	InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error)
+	// InstallTool installs a .wasm file with the given grants.
+	InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error)
+	// RemoveTool uninstalls a tool and forgets its grants.
+	RemoveTool(ctx context.Context, name string) error
+	// GrantTool adds grants to a tool; RevokeTool removes some or all.
+	GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error)
+	RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error)
+}
+
+// ToolAudit reads the tool-call audit.
+type ToolAudit interface {
+	// ToolCalls returns up to limit tool-call audit records, newest
+	// first, only tool's when tool is not empty.
+	ToolCalls(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error)
+}
+
+// Models lists and downloads models.
+type Models interface {
+	// ListModels returns the models of every configured provider and
+	// each provider's status. A provider that cannot be reached is
+	// reported in the result (Reachable false, with Error and Hint), not
+	// as an error.
+	ListModels(ctx context.Context) (protocol.ModelsListResult, error)
+	// PullModel downloads the model name and returns once it is
+	// complete. It calls progress from the calling goroutine, in order,
+	// with each progress report (the server sets their ID); progress may
+	// block while the client's queue is full. Cancelling ctx cancels the
+	// pull. A name the provider refuses or does not know wraps
+	// keel.ErrInvalid; an unreachable provider keel.ErrModelUnavailable.
+	PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
+}
+
+// Chat is one call of the model layer.
+type Chat interface {
+	// Chat calls onDelta (nil unless the request asked to stream) from
+	// the calling goroutine, in order.
+	Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error)
+}
+
+// Environment describes this environment.
+type Environment interface {
+	// Describe returns what this environment declares about itself.
+	Describe(ctx context.Context) (capabilities.Environment, error)
+}
