@@ -19,8 +19,7 @@
 //
 // The host validates the input against the manifest's input schema before
 // the tool starts, so a handler sees only input that matches it. The
-// package needs the standard library and github.com/goccy/go-json only,
-// nothing else of keel or its dependencies, and compiles for every GOOS,
+// package needs the standard library only, nothing else of keel or its dependencies, and compiles for every GOOS,
 // which keeps handlers testable with a plain go test.
 //
 // A tool in its own module gets it with

@@ -7,12 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
-	// goccy/go-json decodes and encodes a tool's input and output: a
-	// drop-in for encoding/json whose decoder does not step a scanner
-	// through a function pointer per byte, which under wazero's
-	// termination checks made a small call's JSON four times slower.
-	fastjson "github.com/goccy/go-json"
 )
 
 // SideEffect classifies what a tool may change outside itself. The values
@@ -90,7 +84,7 @@ type Handler func(input json.RawMessage) (any, error)
 func Typed[In, Out any](h func(In) (Out, error)) Handler {
 	return func(raw json.RawMessage) (any, error) {
 		var in In
-		if err := fastjson.Unmarshal(raw, &in); err != nil {
+		if err := json.Unmarshal(raw, &in); err != nil {
 			return nil, Errorf("invalid_input", "decode input: %v", err)
 		}
 		return h(in)
@@ -147,7 +141,7 @@ func respond(h Handler, input []byte) []byte {
 	if err != nil {
 		return encode(errorResult(err))
 	}
-	b, err := fastjson.Marshal(out)
+	b, err := json.Marshal(out)
 	if err != nil {
 		return encode(errorResult(Errorf("internal", "encode result: %v", err)))
 	}
@@ -207,7 +201,7 @@ func write(stdout, stderr io.Writer, v any) int {
 // encode marshals v. An output that cannot be encoded is the tool's own
 // bug; it is reported as a tool error rather than as nothing.
 func encode(v any) []byte {
-	b, err := fastjson.Marshal(v)
+	b, err := json.Marshal(v)
 	if err != nil {
 		b, _ = json.Marshal(errorResult(Errorf("internal", "encode result: %v", err)))
 	}
