@@ -13,19 +13,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/internal/atomicfile"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
-	"github.com/keel-runtime/keel/models/ollama"
-	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
+	"golang.org/x/sync/errgroup"
 )
 
 // Version is keel's version (keel.Version), reported in daemon.json and
@@ -93,10 +93,46 @@ type Config struct {
 // ErrAlreadyRunning is returned when another daemon holds the data dir.
 var ErrAlreadyRunning = errors.New("another keel daemon is already running on this data directory")
 
-// Run starts the daemon and serves until ctx is cancelled, then stops
+// Daemon is keel's runtime on one data directory. New takes the data
+// directory, the caller binds a listener, Serve builds the layers and
+// serves until its ctx ends, Close lets the data directory go:
+//
+//	d, err := daemon.New(cfg)
+//	defer d.Close()
+//	ln, err := d.Listen()
+//	err = d.Serve(ctx, ln)
+//
+// Run does exactly that.
+type Daemon struct {
+	cfg              Config
+	log              *slog.Logger
+	token, tokenFile string
+	unlock           func()
+	served           atomic.Bool
+}
+
+// Run runs a daemon on cfg.Addr until ctx is cancelled, then stops
 // cleanly: runs in flight are journaled as interrupted, daemon.json is
 // removed, the database is closed.
-func Run(ctx context.Context, cfg Config) (err error) {
+func Run(ctx context.Context, cfg Config) error {
+	d, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ln, err := d.Listen()
+	if err != nil {
+		return err
+	}
+	return d.Serve(ctx, ln)
+}
+
+// New checks cfg, fills in its defaults, creates the data directory,
+// takes its lock (ErrAlreadyRunning if another daemon holds it) and
+// reads or makes the client token. It does no slow work, so a mistake
+// is reported at once; the caller binds its listener next (Listen) and
+// then calls Serve. Close releases the lock.
+func New(cfg Config) (*Daemon, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -104,8 +140,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.DataDir == "" {
 		cfg.DataDir = client.DefaultDataDir()
 	}
+	var err error
 	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = DefaultAddr
@@ -116,203 +153,146 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Workspace == "" {
 		cfg.Workspace = filepath.Join(cfg.DataDir, "workspace")
 	}
-	// Every check of the configuration, and binding the port, come
-	// before any slow work (opening the database, compiling tools), so a
-	// mistake is reported at once.
 	if err := checkLoopback(cfg.Addr, cfg.AllowNonLoopback); err != nil {
-		return err
+		return nil, err
 	}
 	if err := ipc.CheckOrigins(cfg.AllowedOrigins); err != nil {
-		return fmt.Errorf("--allow-origin: %w", err)
+		return nil, fmt.Errorf("--allow-origin: %w", err)
 	}
 	for _, se := range cfg.RequireApproval {
 		switch se {
 		case keel.SideEffectReadOnly, keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite, keel.SideEffectExternal:
 		default:
-			return fmt.Errorf("--require-approval %q: want read_only, idempotent_write, non_idempotent_write or external", se)
+			return nil, fmt.Errorf("--require-approval %q: want read_only, idempotent_write, non_idempotent_write or external", se)
 		}
 	}
-	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "tools"), filepath.Join(cfg.DataDir, "cache"), cfg.Workspace} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("create %s: %w", d, err)
+	for _, dir := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "tools"), filepath.Join(cfg.DataDir, "cache"), cfg.Workspace} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
 	unlock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer unlock()
 	token, tokenFile, err := ensureToken(cfg.DataDir)
 	if err != nil {
-		return err
+		unlock()
+		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	return &Daemon{cfg: cfg, log: log, token: token, tokenFile: tokenFile, unlock: sync.OnceFunc(unlock)}, nil
+}
+
+// Listen binds the configured address (Config.Addr), with a hint when
+// the port is taken.
+func (d *Daemon) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", d.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w (is another program using the port? pick another with --addr 127.0.0.1:PORT, or port 0 for any free port)", cfg.Addr, err)
+		return nil, fmt.Errorf("listen on %s: %w (is another program using the port? pick another with --addr 127.0.0.1:PORT, or port 0 for any free port)", d.cfg.Addr, err)
 	}
-	// Closed by the server once it runs; until then by this, on an error.
+	return ln, nil
+}
+
+// Close releases the data directory; a second Close does nothing. It
+// does not stop a Serve in progress: cancel its ctx and wait for it
+// first.
+func (d *Daemon) Close() error {
+	d.unlock()
+	return nil
+}
+
+// Serve builds the layers in order (store, models, tools, engine, ipc),
+// serves on ln, which it closes, and writes daemon.json; then it waits
+// until ctx is done or the server fails, and stops everything in reverse
+// order. A daemon serves once.
+//
+// The lifetimes (the server, the tool directory watch, the engine with
+// the resumption of interrupted runs) run in one errgroup; each stops the
+// next, so the order is fixed: the engine closes first (runs in flight
+// are journaled as interrupted while clients still hear it), then the
+// server (waiting for calls in flight), then the tool runtime and its
+// watch.
+func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	defer ln.Close()
-
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"))
-	if err != nil {
-		return fmt.Errorf("open database: %w", err)
+	if d.served.Swap(true) {
+		return errors.New("daemon: Serve called more than once")
 	}
-	defer st.Close()
-
-	provider := cfg.Provider
-	var endpoint string
-	if provider == nil {
-		op, err := ollama.New(ollama.Config{Host: cfg.OllamaHost, Logger: log.With("component", "ollama")})
-		if err != nil {
-			return fmt.Errorf("ollama provider: %w", err)
-		}
-		// Close lets streams cancelled mid-reply drain (see ollama.Config.CancelDrain).
-		defer op.Close()
-		provider, endpoint = op, op.Endpoint()
-	}
-
-	// The engine asks the model layer, which routes to Ollama and to the
-	// providers of models.json, enforcing policy, limits and budgets.
-	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	l, err := d.build(ctx)
+	defer l.close()
 	if err != nil {
 		return err
 	}
+	cfg, log := d.cfg, d.log
+	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
+	if err != nil {
+		return err
+	}
+	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: d.tokenFile,
+		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
+	l.env.url = info.URL
 
-	toolsDir := filepath.Join(cfg.DataDir, "tools")
-	if err := installExamples(ctx, st, toolsDir, cfg.Workspace); err != nil {
-		return fmt.Errorf("install example tools: %w", err)
-	}
-	stored, err := st.ToolGrants(ctx)
-	if err != nil {
-		return fmt.Errorf("load tool grants: %w", err)
-	}
-	if err := bindLegacyGrants(ctx, st, toolsDir, stored, log.With("component", "grants")); err != nil {
-		return fmt.Errorf("bind tool grants to their modules: %w", err)
-	}
-	grants := &grantTable{m: stored}
-	notifier := &toolsNotifier{}
-	toolsConf, err := readToolsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
-	if err != nil {
-		return fmt.Errorf("tool limits: %w", err)
-	}
-	reg, err := wasmtools.Open(ctx, toolsConf.applyToolLimits(wasmtools.Config{
-		Dir:       toolsDir,
-		CacheDir:  cfg.CacheDir,
-		GrantsFor: grants.get,
-		// Network grants never reach the local machine unless asked for.
-		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
-		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
-		MinFreeDiskBytes:    cfg.ToolsMinFreeDiskBytes,
-		IdleToolTimeout:     cfg.ToolsIdleTimeout,
-		Compiler:            cfg.ToolsCompiler,
-		// Accept connections at once; tools compile meanwhile.
-		Background: true,
-		OnChange:   notifier.notify,
-		Logger:     log.With("component", "wasmtools"),
-	}))
-	if err != nil {
-		return fmt.Errorf("load tools: %w", err)
-	}
-	// Hot reload: tools dropped into, replaced in or deleted from the tools
-	// directory take effect without a restart.
-	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	watchDone := make(chan error, 1)
-	go func() { watchDone <- reg.Watch(watchCtx, 0, nil) }()
-	defer func() {
-		// Close interrupts every guest and the load of the tools found
-		// at start at once; the watch ends after it, as its first rescan
-		// waits for that load. The bound only matters if a host step
-		// outlives that, and keeps shutdown prompt.
-		stopWatch()
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := reg.Close(closeCtx); err != nil {
-			log.Error("close the tool runtime", "err", err)
+	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
+	// stopping ends when the caller stops the daemon or a lifetime fails.
+	stopping, stop := context.WithCancel(gctx)
+	defer stop()
+	unwatch := context.AfterFunc(ctx, stop)
+	defer unwatch()
+	srvCtx, stopSrv := context.WithCancel(context.Background())
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	infoPath := filepath.Join(cfg.DataDir, protocol.DaemonFile)
+
+	// The engine: interrupted runs go on from their journals once their
+	// tools can run (until then the daemon already serves); on stop it
+	// closes, then stops the server.
+	g.Go(func() error {
+		defer stopSrv()
+		if err := l.reg.WaitReady(stopping); err == nil {
+			if n, err := l.eng.Resume(stopping); err != nil {
+				log.Error("resume interrupted runs", "err", err, "resumed", n)
+			} else if n > 0 {
+				log.Info("resumed interrupted runs from their journals", "runs", n)
+			}
 		}
-		if err := <-watchDone; err != nil {
+		<-stopping.Done()
+		log.Info("keel daemon stopping")
+		os.Remove(infoPath)
+		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return l.eng.Close(closeCtx)
+	})
+	// The server; once it has stopped, the tool runtime closes, which
+	// ends the watch.
+	g.Go(func() error {
+		// The watch ends after the runtime closes, as its first rescan
+		// waits for the load of the tools found at start.
+		defer l.closeTools()
+		defer stopWatch()
+		if err := srv.Run(srvCtx, ln); err != nil && (srvCtx.Err() == nil || !errors.Is(err, net.ErrClosed)) {
+			return fmt.Errorf("server stopped: %w", err)
+		}
+		return nil
+	})
+	// Hot reload: tools dropped into, replaced in or deleted from the
+	// tools directory take effect without a restart.
+	g.Go(func() error {
+		if err := l.reg.Watch(watchCtx, 0, nil); err != nil {
 			log.Warn("tool directory watch ended", "err", err)
 		}
-	}()
+		return nil
+	})
 
-	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
-	if err != nil {
-		return err
-	}
-	if n, err := eng.Recover(ctx); err != nil {
-		return err
-	} else if n > 0 {
-		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", "runs", n)
-	}
-
-	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, calls: tools, grants: grants, dir: toolsDir}
-	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
-	env := &environment{cfg: cfg, models: ms, tools: mgr}
-	srv, err := ipc.NewServer(ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: mgr, Admin: mgr, Audit: st,
-		Models: ms, Chat: ms, Env: env}, ipc.Config{Token: token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
-	if err != nil {
-		return err
-	}
-	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: tokenFile,
-		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
-	env.url = info.URL
-
-	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
-	srvDone := make(chan error, 1)
-	go func() { srvDone <- srv.Run(srvCtx, ln) }()
-
-	infoPath := filepath.Join(cfg.DataDir, protocol.DaemonFile)
 	if err := writeFileAtomic(infoPath, mustJSON(info), 0o600); err != nil {
-		stopSrv()
-		<-srvDone
-		return fmt.Errorf("write %s: %w", infoPath, err)
+		stop()
+		return errors.Join(fmt.Errorf("write %s: %w", infoPath, err), g.Wait())
 	}
-	_, total, _ := reg.Progress()
+	_, total, _ := l.reg.Progress()
 	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tool_files", total)
 	if cfg.Ready != nil {
 		cfg.Ready(info)
 	}
-
-	// Interrupted runs go on from their journals once their tools can
-	// run; until then the daemon already serves.
-	resumeCtx, stopResume := context.WithCancel(context.WithoutCancel(ctx))
-	resumeDone := make(chan struct{})
-	go func() {
-		defer close(resumeDone)
-		if err := reg.WaitReady(resumeCtx); err != nil {
-			return
-		}
-		if n, err := eng.Resume(resumeCtx); err != nil {
-			log.Error("resume interrupted runs", "err", err, "resumed", n)
-		} else if n > 0 {
-			log.Info("resumed interrupted runs from their journals", "runs", n)
-		}
-	}()
-	defer func() { stopResume(); <-resumeDone }()
-
-	select {
-	case <-ctx.Done():
-	case err := <-srvDone:
-		stopSrv()
-		os.Remove(infoPath)
-		stopResume()
-		<-resumeDone
-		return errors.Join(fmt.Errorf("server stopped: %w", err), eng.Close(context.WithoutCancel(ctx)))
-	}
-	log.Info("keel daemon stopping")
-	os.Remove(infoPath)
-	stopResume()
-	<-resumeDone
-	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	engErr := eng.Close(closeCtx)
-	stopSrv()
-	srvErr := <-srvDone
-	if errors.Is(srvErr, context.Canceled) || errors.Is(srvErr, net.ErrClosed) {
-		srvErr = nil
-	}
+	err = g.Wait()
 	log.Info("keel daemon stopped")
-	return errors.Join(engErr, srvErr)
+	return err
 }
 
 func checkLoopback(addr string, allow bool) error {

@@ -1,0 +1,134 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/models/ollama"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/wasmtools"
+)
+
+// layers are what build makes: the parts Serve runs, and what the
+// protocol server serves.
+type layers struct {
+	reg      *wasmtools.Registry
+	eng      *engine.Engine
+	env      *environment
+	services ipc.Services
+	// closeTools closes the tool runtime, once.
+	closeTools func()
+	// closers undo build, last first (close).
+	closers []func()
+}
+
+// close releases what build made, in reverse order.
+func (l *layers) close() {
+	for i := len(l.closers) - 1; i >= 0; i-- {
+		l.closers[i]()
+	}
+}
+
+// build makes the layers in order: store, models, tools, engine (with
+// the runs a previous daemon left unfinished journaled as interrupted),
+// and the services of the protocol. On an error, what was made is in
+// l.closers all the same.
+func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
+	cfg, log := d.cfg, d.log
+	l = &layers{closeTools: func() {}}
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"))
+	if err != nil {
+		return l, fmt.Errorf("open database: %w", err)
+	}
+	l.closers = append(l.closers, func() { st.Close() })
+
+	provider := cfg.Provider
+	var endpoint string
+	if provider == nil {
+		op, err := ollama.New(ollama.Config{Host: cfg.OllamaHost, Logger: log.With("component", "ollama")})
+		if err != nil {
+			return l, fmt.Errorf("ollama provider: %w", err)
+		}
+		// Close lets streams cancelled mid-reply drain (see ollama.Config.CancelDrain).
+		l.closers = append(l.closers, func() { op.Close() })
+		provider, endpoint = op, op.Endpoint()
+	}
+	// The engine asks the model layer, which routes to Ollama and to the
+	// providers of models.json, enforcing policy, limits and budgets.
+	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	if err != nil {
+		return l, err
+	}
+
+	toolsDir := filepath.Join(cfg.DataDir, "tools")
+	if err := installExamples(ctx, st, toolsDir, cfg.Workspace); err != nil {
+		return l, fmt.Errorf("install example tools: %w", err)
+	}
+	stored, err := st.ToolGrants(ctx)
+	if err != nil {
+		return l, fmt.Errorf("load tool grants: %w", err)
+	}
+	if err := bindLegacyGrants(ctx, st, toolsDir, stored, log.With("component", "grants")); err != nil {
+		return l, fmt.Errorf("bind tool grants to their modules: %w", err)
+	}
+	grants := &grantTable{m: stored}
+	notifier := &toolsNotifier{}
+	toolsConf, err := readToolsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
+	if err != nil {
+		return l, fmt.Errorf("tool limits: %w", err)
+	}
+	reg, err := wasmtools.Open(ctx, toolsConf.applyToolLimits(wasmtools.Config{
+		Dir:       toolsDir,
+		CacheDir:  cfg.CacheDir,
+		GrantsFor: grants.get,
+		// Network grants never reach the local machine unless asked for.
+		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
+		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
+		MinFreeDiskBytes:    cfg.ToolsMinFreeDiskBytes,
+		IdleToolTimeout:     cfg.ToolsIdleTimeout,
+		Compiler:            cfg.ToolsCompiler,
+		// Accept connections at once; tools compile meanwhile.
+		Background: true,
+		OnChange:   notifier.notify,
+		Logger:     log.With("component", "wasmtools"),
+	}))
+	if err != nil {
+		return l, fmt.Errorf("load tools: %w", err)
+	}
+	l.reg = reg
+	l.closeTools = sync.OnceFunc(func() {
+		// Close interrupts every guest and the load of the tools found at
+		// start at once. The bound only matters if a host step outlives
+		// that, and keeps shutdown prompt.
+		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := reg.Close(closeCtx); err != nil {
+			log.Error("close the tool runtime", "err", err)
+		}
+	})
+	l.closers = append(l.closers, l.closeTools)
+
+	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	if err != nil {
+		return l, err
+	}
+	if n, err := eng.Recover(ctx); err != nil {
+		return l, err
+	} else if n > 0 {
+		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", "runs", n)
+	}
+	l.eng = eng
+
+	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, calls: tools, grants: grants, dir: toolsDir}
+	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
+	l.env = &environment{cfg: cfg, models: ms, tools: mgr}
+	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: mgr, Admin: mgr, Audit: st,
+		Models: ms, Chat: ms, Env: l.env}
+	return l, nil
+}
