@@ -28,11 +28,11 @@ type auditedTools struct {
 // Specs returns the tools a run may use. While the tools found at start
 // are still compiling, a run is offered every tool the index lists (a
 // call then waits for its tool); if the index does not know them all,
-// the run waits for the load (at most a few minutes), so it is offered
-// every tool.
-func (a *auditedTools) Specs() []keel.ToolSpec {
+// the run waits for the load (at most a few minutes, or until ctx ends),
+// so it is offered every tool.
+func (a *auditedTools) Specs(ctx context.Context) []keel.ToolSpec {
 	if !a.reg.Listed() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 		if err := a.reg.WaitReady(ctx); err != nil {
 			a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)

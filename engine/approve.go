@@ -20,8 +20,8 @@ func argsHash(args json.RawMessage) string {
 
 // needsApproval reports whether a call of tool name must be approved by a
 // person first (Config.RequireApproval names its side-effect class).
-func (e *Engine) needsApproval(name string) (keel.SideEffect, bool) {
-	class, ok := e.sideEffects(name)
+func (e *Engine) needsApproval(ctx context.Context, name string) (keel.SideEffect, bool) {
+	class, ok := e.sideEffects(ctx, name)
 	return class, ok && slices.Contains(e.cfg.RequireApproval, class)
 }
 
@@ -30,7 +30,7 @@ func (e *Engine) needsApproval(name string) (keel.SideEffect, bool) {
 // journal instead (denied), or wait true after asking for an approval,
 // which leaves the run waiting.
 func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.ToolCall, decided map[string]keel.ApprovalData) (keel.ToolCall, *keel.ToolResultData, bool, error) {
-	effects, need := e.needsApproval(call.Name)
+	effects, need := e.needsApproval(ctx, call.Name)
 	if !need {
 		return call, nil, false, nil
 	}

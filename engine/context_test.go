@@ -122,7 +122,7 @@ func TestContextSummarized(t *testing.T) {
 // with tag: a big result from a small call.
 type dumpTools struct{}
 
-func (dumpTools) Specs() []keel.ToolSpec {
+func (dumpTools) Specs(context.Context) []keel.ToolSpec {
 	return []keel.ToolSpec{{Name: "dump", Description: "returns n bytes", SideEffects: keel.SideEffectReadOnly,
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"},"tag":{"type":"string"}},"required":["n","tag"]}`)}}
 }

@@ -55,12 +55,13 @@ type Model interface {
 // Tools runs tools. Call validates input against the tool's schema and
 // returns a *keel.ToolError on failure.
 //
-// Specs may wait for tools that are still loading. A Tools that can wait
-// also implements Loading, so that Start never does: Start journals a
-// run's start with its creation, in one commit, when Specs would not
-// wait, and otherwise leaves the run queued for its loop to start.
+// Specs may wait for tools that are still loading, until ctx ends; it
+// then returns the tools loaded so far. A Tools that can wait also
+// implements Loading, so that Start never does: Start journals a run's
+// start with its creation, in one commit, when Specs would not wait, and
+// otherwise leaves the run queued for its loop to start.
 type Tools interface {
-	Specs() []keel.ToolSpec
+	Specs(ctx context.Context) []keel.ToolSpec
 	Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
 }
 
@@ -351,7 +352,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if len(req.IdempotencyKey) > 200 {
 		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
 	}
-	plan, err := e.checkKind(req)
+	plan, err := e.checkKind(ctx, req)
 	if err != nil {
 		return keel.Run{}, err
 	}

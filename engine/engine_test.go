@@ -35,7 +35,7 @@ type echoTools struct {
 	slowEntered chan struct{}
 }
 
-func (t *echoTools) Specs() []keel.ToolSpec {
+func (t *echoTools) Specs(context.Context) []keel.ToolSpec {
 	return []keel.ToolSpec{
 		{Name: "echo", Description: "echo text", InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`), SideEffects: keel.SideEffectReadOnly},
 		{Name: "slow", Description: "waits", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectReadOnly},
@@ -669,9 +669,9 @@ func (t *loadingTools) Loading() bool {
 	}
 }
 
-func (t *loadingTools) Specs() []keel.ToolSpec {
+func (t *loadingTools) Specs(context.Context) []keel.ToolSpec {
 	<-t.loaded
-	return t.echoTools.Specs()
+	return t.echoTools.Specs(context.Background())
 }
 
 // TestStartJournalsTheStartWithTheCreation: when the tools are known
@@ -811,13 +811,13 @@ type classTools struct {
 	specs atomic.Int64
 }
 
-func (t *classTools) Specs() []keel.ToolSpec {
+func (t *classTools) Specs(context.Context) []keel.ToolSpec {
 	t.specs.Add(1)
-	return t.echoTools.Specs()
+	return t.echoTools.Specs(context.Background())
 }
 
 func (t *classTools) SideEffects(name string) (keel.SideEffect, bool) {
-	for _, s := range t.echoTools.Specs() {
+	for _, s := range t.echoTools.Specs(context.Background()) {
 		if s.Name == name {
 			return s.SideEffects, true
 		}

@@ -41,7 +41,7 @@ func newFlowTools() *flowTools {
 	return &flowTools{calls: map[string]int{}, changed: make(chan struct{})}
 }
 
-func (t *flowTools) Specs() []keel.ToolSpec {
+func (t *flowTools) Specs(context.Context) []keel.ToolSpec {
 	return []keel.ToolSpec{
 		{Name: "echo", Description: "echo text", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectReadOnly},
 		{Name: "write", Description: "appends", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectNonIdempotentWrite},

@@ -55,10 +55,10 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	case fresh != nil && fresh.started:
 		specs = fresh.specs
 	case j.fresh:
-		specs = toolsFor(run, e.cfg.Tools.Specs())
+		specs = toolsFor(run, e.cfg.Tools.Specs(ctx))
 		_, err = e.appendEvent(ctx, run.ID, keel.EventRunStarted, startedData(run, specs), &keel.RunUpdate{Status: keel.RunRunning})
 	default:
-		specs = toolsFor(run, e.cfg.Tools.Specs())
+		specs = toolsFor(run, e.cfg.Tools.Specs(ctx))
 		_, err = e.appendEvent(ctx, run.ID, keel.EventRunResumed, keel.RunResumedData{FromSeq: j.lastSeq, Step: j.step},
 			&keel.RunUpdate{Status: keel.RunRunning})
 	}
@@ -216,7 +216,7 @@ func (e *Engine) finishCall(ctx context.Context, run keel.Run, j journal, call k
 			out = json.RawMessage(`{"status":"done","confirmed_by":"human"}`)
 		}
 		res = keel.ToolResultData{Step: j.step, CallID: call.ID, Name: call.Name, Output: out}
-	case j.intent[call.ID] && !decided && !e.rerunnable(call.Name):
+	case j.intent[call.ID] && !decided && !e.rerunnable(ctx, call.Name):
 		why := fmt.Sprintf("the daemon stopped while tool %s was running; it is not idempotent, so it will not run again unless you decide", call.Name)
 		c := call
 		if _, err := e.appendEvent(ctx, run.ID, keel.EventRunWaiting,
@@ -332,7 +332,7 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		// The intent of a call that may run twice rides with its result
 		// (see hold); any other is on disk before the tool starts.
 		var err error
-		if e.rerunnable(call.Name) {
+		if e.rerunnable(ctx, call.Name) {
 			err = e.hold(run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call})
 		} else {
 			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil)
@@ -390,7 +390,7 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 			te = &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s did not finish within the run's step timeout of %s", call.Name, run.Policy.StepTimeout)}
 		}
 		res.Error = te
-		if attempt > run.Policy.ToolRetries || !retryableToolError(te) || !e.rerunnable(call.Name) {
+		if attempt > run.Policy.ToolRetries || !retryableToolError(te) || !e.rerunnable(ctx, call.Name) {
 			return res, nil
 		}
 		if err := e.retryWait(ctx, run, keel.StepRetryData{Step: step, CallID: call.ID, Attempt: attempt + 1, Error: te.Error()}); err != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -44,7 +45,7 @@ var stepIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // checkKind validates a start request's kind and plan. It returns the
 // plan a DAG run starts with (nil for other kinds).
-func (e *Engine) checkKind(req StartRequest) (*keel.Plan, error) {
+func (e *Engine) checkKind(ctx context.Context, req StartRequest) (*keel.Plan, error) {
 	switch req.Kind {
 	case "", keel.KindAgent, keel.KindPlan:
 		if req.Plan != nil {
@@ -56,7 +57,7 @@ func (e *Engine) checkKind(req StartRequest) (*keel.Plan, error) {
 			return nil, fmt.Errorf("a %q run needs a plan: %w", keel.KindDAG, keel.ErrInvalid)
 		}
 		p := clonePlan(*req.Plan)
-		if err := validatePlan(p, e.cfg.Tools.Specs(), req.Policy.Tools); err != nil {
+		if err := validatePlan(p, e.cfg.Tools.Specs(ctx), req.Policy.Tools); err != nil {
 			return nil, err
 		}
 		return &p, nil

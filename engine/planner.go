@@ -30,7 +30,7 @@ const composePrompt = "You write the final answer of a keel run from the results
 // a model.result and the plan as plan.proposed. A reply journaled before
 // the daemon stopped is used instead of asking again.
 func (f *flowRun) propose(ctx context.Context, why string) error {
-	specs := toolsFor(f.run, f.e.cfg.Tools.Specs())
+	specs := toolsFor(f.run, f.e.cfg.Tools.Specs(ctx))
 	revision := 0
 	if f.st.hasPlan {
 		revision = f.st.revision + 1
@@ -40,7 +40,7 @@ func (f *flowRun) propose(ctx context.Context, why string) error {
 		if err := json.Unmarshal([]byte(p.Content), &plan); err != nil {
 			return fmt.Errorf("the journaled plan of model step %d: %w", p.Step, err)
 		}
-		if err := validatePlan(plan, f.e.cfg.Tools.Specs(), f.run.Policy.Tools); err != nil {
+		if err := validatePlan(plan, f.e.cfg.Tools.Specs(ctx), f.run.Policy.Tools); err != nil {
 			return fmt.Errorf("the journaled plan of model step %d: %w", p.Step, err)
 		}
 	} else {
@@ -101,7 +101,7 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 		problem := ""
 		if err := json.Unmarshal(res.Value, &plan); err != nil {
 			problem = err.Error()
-		} else if err := validatePlan(plan, f.e.cfg.Tools.Specs(), f.run.Policy.Tools); err != nil {
+		} else if err := validatePlan(plan, f.e.cfg.Tools.Specs(ctx), f.run.Policy.Tools); err != nil {
 			problem = strings.TrimSuffix(err.Error(), ": "+keel.ErrInvalid.Error())
 		}
 		if problem == "" {

@@ -41,7 +41,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		return nil, err
 	}
 	rec := &recording{results: map[string]keel.ToolResultData{}, modelFailures: map[int][]string{}, toolFailures: map[string][]string{}}
-	for _, s := range e.cfg.Tools.Specs() {
+	for _, s := range e.cfg.Tools.Specs(ctx) {
 		rec.specs = append(rec.specs, s) // side effects decide retries
 	}
 	summaries := map[int][]keel.ContextSummaryData{}
@@ -169,7 +169,7 @@ func (r *recording) Chat(_ context.Context, _ models.ChatRequest, _ func(models.
 		Usage: models.Usage{PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens}}, nil
 }
 
-func (r *recording) Specs() []keel.ToolSpec {
+func (r *recording) Specs(context.Context) []keel.ToolSpec {
 	specs := make([]keel.ToolSpec, len(r.started.Tools))
 	for i, name := range r.started.Tools {
 		specs[i] = keel.ToolSpec{Name: name}

@@ -316,18 +316,18 @@ func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd fl
 
 // rerunnable reports whether a tool may run again when its earlier call's
 // outcome is unknown: only tools declared read-only or idempotent.
-func (e *Engine) rerunnable(name string) bool {
-	class, ok := e.sideEffects(name)
+func (e *Engine) rerunnable(ctx context.Context, name string) bool {
+	class, ok := e.sideEffects(ctx, name)
 	return ok && (class == keel.SideEffectReadOnly || class == keel.SideEffectIdempotentWrite)
 }
 
 // sideEffects returns the side-effect class of the tool name, and
 // whether there is such a tool.
-func (e *Engine) sideEffects(name string) (keel.SideEffect, bool) {
+func (e *Engine) sideEffects(ctx context.Context, name string) (keel.SideEffect, bool) {
 	if se, ok := e.cfg.Tools.(SideEffecter); ok {
 		return se.SideEffects(name)
 	}
-	for _, s := range e.cfg.Tools.Specs() {
+	for _, s := range e.cfg.Tools.Specs(ctx) {
 		if s.Name == name {
 			return s.SideEffects, true
 		}

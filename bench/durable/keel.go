@@ -32,7 +32,7 @@ var toolSpecs = []keel.ToolSpec{
 		InputSchema: json.RawMessage(`{"type":"object"}`)},
 }
 
-func (tools) Specs() []keel.ToolSpec { return slices.Clone(toolSpecs) }
+func (tools) Specs(context.Context) []keel.ToolSpec { return slices.Clone(toolSpecs) }
 
 func (tools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
 	switch name {
