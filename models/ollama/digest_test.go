@@ -1,6 +1,7 @@
 package ollama
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -62,5 +63,28 @@ func TestChatReportsTheModelDigest(t *testing.T) {
 	}
 	if d := chat("tools"); d != "" {
 		t.Errorf("digest of a model listed without one = %q, want none", d)
+	}
+}
+
+// TestChatDigestWhenTagsFail: a failed /api/tags costs the reply its
+// digest, not the call, and is not asked again within showTTL.
+func TestChatDigestWhenTagsFail(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	f.tagsStatus = http.StatusInternalServerError
+	f.digests = map[string]string{"tiny": "aaa111"}
+	f.lines = []any{chunk("hi"), done("stop", 3, 1)}
+	p := f.provider(t, Config{})
+	for range 2 {
+		resp, err := p.Chat(t.Context(), hi("tiny"), nil)
+		if err != nil {
+			t.Fatalf("Chat() with /api/tags failing: error = %v", err)
+		}
+		if resp.ModelDigest != "" {
+			t.Errorf("digest = %q, want none", resp.ModelDigest)
+		}
+	}
+	if n := f.count("/api/tags"); n != 1 {
+		t.Errorf("/api/tags called %d times within the TTL, want 1", n)
 	}
 }

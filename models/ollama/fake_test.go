@@ -31,8 +31,8 @@ func TestMain(m *testing.M) {
 }
 
 // fake is an httptest server speaking the parts of Ollama's API the
-// provider uses: /api/tags, /api/show, streamed NDJSON /api/chat and
-// /api/pull.
+// provider uses: /api/tags, /api/show, streamed NDJSON /api/chat,
+// /api/pull and /api/embed.
 type fake struct {
 	srv *httptest.Server
 
@@ -40,13 +40,21 @@ type fake struct {
 	calls   map[string]int
 	chats   []string                     // /api/chat request bodies
 	pulls   []string                     // /api/pull request bodies
+	embeds  []string                     // /api/embed request bodies
 	models  map[string]*api.ShowResponse // by name without ":latest"
 	digests map[string]string            // what /api/tags lists as each model's digest
+	// tagsStatus, when set, is the status /api/tags fails with.
+	tagsStatus int
+	// broken lists models /api/tags lists beside models, each with the
+	// status /api/show fails with for it.
+	broken map[string]int
 	// reply answers /api/chat; by default it streams lines.
 	reply func(w http.ResponseWriter, r *http.Request)
 	lines []any
 	// pull answers /api/pull; by default it streams success.
 	pull func(w http.ResponseWriter, r *http.Request)
+	// embed answers /api/embed; by default with no embedding.
+	embed func(w http.ResponseWriter, r *http.Request)
 }
 
 func newFake(t *testing.T) *fake {
@@ -68,6 +76,7 @@ func newFake(t *testing.T) *fake {
 	}
 	f.reply = func(w http.ResponseWriter, r *http.Request) { ndjson(w, f.lines...) }
 	f.pull = func(w http.ResponseWriter, r *http.Request) { ndjson(w, api.ProgressResponse{Status: "success"}) }
+	f.embed = func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(api.EmbedResponse{}) }
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
@@ -114,8 +123,16 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 	case "/api/tags":
 		var list api.ListResponse
 		f.mu.Lock()
+		if f.tagsStatus != 0 {
+			f.mu.Unlock()
+			http.Error(w, `{"error":"tags failed"}`, f.tagsStatus)
+			return
+		}
 		for name := range f.models {
 			list.Models = append(list.Models, api.ListModelResponse{Name: name + ":latest", Model: name + ":latest", Size: int64(len(name)), Digest: f.digests[name]})
+		}
+		for name := range f.broken {
+			list.Models = append(list.Models, api.ListModelResponse{Name: name + ":latest", Model: name + ":latest"})
 		}
 		f.mu.Unlock()
 		json.NewEncoder(w).Encode(list)
@@ -124,7 +141,12 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		json.Unmarshal(body, &req)
 		f.mu.Lock()
 		resp, ok := f.models[strings.TrimSuffix(req.Model, ":latest")]
+		status := f.broken[strings.TrimSuffix(req.Model, ":latest")]
 		f.mu.Unlock()
+		if status != 0 {
+			http.Error(w, `{"error":"show failed"}`, status)
+			return
+		}
 		if !ok {
 			w.WriteHeader(http.StatusNotFound)
 			fmt.Fprintf(w, `{"error":"model '%s' not found"}`, req.Model)
@@ -141,6 +163,11 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		f.pulls = append(f.pulls, string(body))
 		f.mu.Unlock()
 		f.pull(w, r)
+	case "/api/embed":
+		f.mu.Lock()
+		f.embeds = append(f.embeds, string(body))
+		f.mu.Unlock()
+		f.embed(w, r)
 	default:
 		http.NotFound(w, r)
 	}

@@ -296,3 +296,23 @@ func decode(t *testing.T, s string) any {
 	}
 	return v
 }
+
+func TestAsInt(t *testing.T) {
+	tests := []struct {
+		in   any
+		want int
+	}{
+		{float64(4096), 4096},
+		{4096, 4096},
+		{int64(4096), 4096},
+		{json.Number("4096"), 4096},
+		{json.Number("4096.5"), 0},
+		{"4096", 0},
+		{nil, 0},
+	}
+	for _, tt := range tests {
+		if got := asInt(tt.in); got != tt.want {
+			t.Errorf("asInt(%#v) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}

@@ -643,3 +643,97 @@ func TestPromptCountCalibrates(t *testing.T) {
 		t.Errorf("Chat(over the calibrated limit) = %v after %d sends; want ErrContextTooLong before sending", err, f.count("/api/chat")-before)
 	}
 }
+
+// TestChatRefusedBeforeSending: a request keel can tell is bad, or one
+// whose context is already done, fails with its kind and reaches no
+// /api/chat.
+func TestChatRefusedBeforeSending(t *testing.T) {
+	t.Parallel()
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	badSchema := []keel.ToolSpec{{Name: "bad", Description: "x", InputSchema: json.RawMessage(`[1]`)}}
+	notJSON := []keel.ToolSpec{{Name: "bad", Description: "x", InputSchema: json.RawMessage(`{"type":`)}}
+	badCall := []models.Message{
+		{Role: models.RoleUser, Content: "hi"},
+		{Role: models.RoleAssistant, ToolCalls: []keel.ToolCall{{ID: "c0", Name: "now", Arguments: json.RawMessage(`[1]`)}}},
+	}
+	tests := []struct {
+		name string
+		ctx  context.Context
+		req  models.ChatRequest
+		want error
+	}{
+		{"context already cancelled", cancelled, hi("tiny"), context.Canceled},
+		{"native tool schema not an object", t.Context(), models.ChatRequest{Model: "tools", Messages: hi("").Messages, Tools: badSchema}, models.ErrInvalidRequest},
+		{"schema-mode tool schema not JSON", t.Context(), models.ChatRequest{Model: "tiny", Messages: hi("").Messages, Tools: notJSON}, models.ErrInvalidRequest},
+		{"native tool call arguments not an object", t.Context(), models.ChatRequest{Model: "tools", Messages: badCall, Tools: testTools}, models.ErrInvalidRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake(t)
+			f.lines = []any{chunk("hi"), done("stop", 1, 1)}
+			_, err := f.provider(t, Config{}).Chat(tt.ctx, tt.req, nil)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Chat() error = %v, want %v", err, tt.want)
+			}
+			if n := f.count("/api/chat"); n != 0 {
+				t.Errorf("/api/chat called %d times, want none", n)
+			}
+		})
+	}
+}
+
+// TestChatSendsImages: a message's pictures reach Ollama as base64, on
+// that message.
+func TestChatSendsImages(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	f.lines = []any{chunk("a cat"), done("stop", 1, 1)}
+	req := hi("tiny")
+	req.Messages[0].Images = [][]byte{[]byte("PNG1"), []byte("PNG2")}
+	if _, err := f.provider(t, Config{}).Chat(t.Context(), req, nil); err != nil {
+		t.Fatal(err)
+	}
+	msgs := f.lastChat(t)["messages"].([]any)
+	got := msgs[len(msgs)-1].(map[string]any)["images"]
+	want := decode(t, `["UE5HMQ==","UE5HMg=="]`)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("images sent mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// TestModelsShowFails: a model deleted between /api/tags and /api/show
+// is left out of the list; any other failure of /api/show fails Models
+// with its kind.
+func TestModelsShowFails(t *testing.T) {
+	t.Parallel()
+	f := newFake(t)
+	f.broken = map[string]int{"gone": http.StatusNotFound}
+	p := f.provider(t, Config{})
+	list, err := p.Models(t.Context())
+	if err != nil {
+		t.Fatalf("Models() with a deleted model: error = %v", err)
+	}
+	var names []string
+	for _, m := range list {
+		names = append(names, m.Name)
+	}
+	if diff := cmp.Diff([]string{"tiny", "tools"}, names, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("Models() names mismatch (-want +got):\n%s", diff)
+	}
+
+	f.mu.Lock()
+	f.broken["sick"] = http.StatusInternalServerError
+	f.mu.Unlock()
+	if _, err := p.Models(t.Context()); !errors.Is(err, models.ErrUnavailable) {
+		t.Errorf("Models() with /api/show failing: error = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestNewRefusesABadHost(t *testing.T) {
+	t.Parallel()
+	if p, err := New(Config{Host: "ftp://example.com"}); err == nil {
+		p.Close()
+		t.Errorf("New(Host ftp://example.com) = %v, want an error", p.Endpoint())
+	}
+}
