@@ -83,6 +83,11 @@ func TestBackgroundOpen(t *testing.T) {
 	if loaded, total, ready := r.Progress(); !ready || loaded != total || len(r.Specs()) != 4 {
 		t.Errorf("after WaitReady: Progress = %d/%d ready=%v, %d specs", loaded, total, ready, len(r.Specs()))
 	}
+	select {
+	case <-r.Ready():
+	default:
+		t.Error("Ready() is not closed after WaitReady returned")
+	}
 
 	// A cold cache makes the load slow; Close must still return promptly.
 	cold, err := Open(context.Background(), Config{Dir: toolsDir, CacheDir: t.TempDir(), Background: true})
@@ -97,6 +102,34 @@ func TestBackgroundOpen(t *testing.T) {
 	}
 	if _, te := call(t, cold, "wordcount", `{"text":"x"}`); te == nil {
 		t.Error("a call after Close succeeded")
+	}
+}
+
+// TestRequestsNetworkAndGrantedPrivate: the two cheap questions the
+// daemon asks of a tool answer from its manifest and its grants, and
+// say no for a tool that is not there.
+func TestRequestsNetworkAndGrantedPrivate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r := openRegistry(t, Config{Dir: toolsDir, Grants: map[string]capabilities.Grants{
+		"readfile":  {FS: []capabilities.FSGrant{{HostPath: dir, GuestPath: "/workspace", ReadOnly: true, Private: true}}},
+		"writefile": {FS: []capabilities.FSGrant{{HostPath: dir, GuestPath: "/workspace"}}},
+	}})
+	for _, tt := range []struct {
+		name             string
+		network, private bool
+	}{
+		{"fetch", true, false},
+		{"readfile", false, true},
+		{"writefile", false, false},
+		{"nosuchtool", false, false},
+	} {
+		if got := r.RequestsNetwork(tt.name); got != tt.network {
+			t.Errorf("RequestsNetwork(%s) = %v, want %v", tt.name, got, tt.network)
+		}
+		if got := r.GrantedPrivate(tt.name); got != tt.private {
+			t.Errorf("GrantedPrivate(%s) = %v, want %v", tt.name, got, tt.private)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package wasmtools
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,5 +66,40 @@ func TestNetworkGrants(t *testing.T) {
 	te = wantCode(t, none, "fetch", fmt.Sprintf(`{"url":%q}`, srv.URL+"/"), keel.ToolPermissionDenied)
 	if !strings.Contains(te.Message, "network") {
 		t.Errorf("ungranted fetch: %q does not name the network", te.Message)
+	}
+}
+
+// TestPublicIP: the dialer lets a tool reach globally routable unicast
+// addresses only.
+func TestPublicIP(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		ip   string
+		want bool
+	}{
+		{"93.184.215.14", true},
+		{"2606:4700::1111", true},
+		{"100.128.0.1", true}, // just past carrier-grade NAT
+		{"127.0.0.1", false},
+		{"::1", false},
+		{"10.1.2.3", false},
+		{"192.168.1.1", false},
+		{"172.16.0.1", false},
+		{"fd00::1", false},
+		{"0.0.0.0", false},
+		{"::", false},
+		{"0.1.2.3", false},
+		{"100.64.0.1", false},
+		{"100.127.255.255", false},
+		{"169.254.169.254", false}, // cloud metadata
+		{"fe80::1", false},
+		{"224.0.0.1", false},
+		{"ff02::1", false},
+		{"ff01::1", false},
+		{"::ffff:127.0.0.1", false},
+	} {
+		if got := publicIP(net.ParseIP(tt.ip)); got != tt.want {
+			t.Errorf("publicIP(%s) = %v, want %v", tt.ip, got, tt.want)
+		}
 	}
 }
