@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keel-runtime/keel/internal/testcache"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
@@ -83,7 +84,9 @@ func testMain(m *testing.M) (int, error) {
 			return 0, err
 		}
 		warmCache = filepath.Join(dir, "keel", "daemon-test", key)
-		pruneCaches(filepath.Dir(warmCache), filepath.Base(warmCache))
+		// Caches of other wasmtools code or tools go when no test binary
+		// used them for a day, or beyond 1 GiB (about 150 MiB each).
+		testcache.PruneDirs(filepath.Dir(warmCache), filepath.Base(warmCache), 24*time.Hour, 1024*testcache.MiB)
 	}
 	// Compile the tools into the cache up front, without a deadline, so
 	// that each test's daemon loads them from it. A warm cache makes this
@@ -155,24 +158,6 @@ func cacheKey(dirs ...string) (string, error) {
 		fmt.Fprintf(h, "%s %x\n", filepath.Base(f), sum)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// pruneCaches removes the caches beside keep that no test binary used for
-// a day (other worktrees' may be in use now), and marks keep used.
-func pruneCaches(parent, keep string) {
-	now := time.Now()
-	if err := os.MkdirAll(filepath.Join(parent, keep), 0o700); err == nil {
-		os.Chtimes(filepath.Join(parent, keep), now, now)
-	}
-	entries, _ := os.ReadDir(parent)
-	for _, e := range entries {
-		if e.Name() == keep || !e.IsDir() {
-			continue
-		}
-		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > 24*time.Hour {
-			os.RemoveAll(filepath.Join(parent, e.Name()))
-		}
-	}
 }
 
 // linkWarmCache makes dst a compilation cache for one test's daemon: a

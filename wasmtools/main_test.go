@@ -19,10 +19,16 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/testcache"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
 	"github.com/tetratelabs/wazero"
 	"go.uber.org/goleak"
 )
+
+// cacheMaxBytes bounds cacheDir: one checkout's fixtures compile to
+// about 300 MiB, so this keeps a few versions of them (other worktrees',
+// or before a change to a fixture) beside the current one.
+const cacheMaxBytes = 1024 * testcache.MiB
 
 // Fixture directories, filled once by TestMain.
 var (
@@ -47,7 +53,8 @@ var (
 	// cacheDir is the compilation cache shared by the tests. Go modules
 	// take seconds to compile (more under -race), so it lives in the
 	// user's cache directory and survives between runs, like Go's build
-	// cache.
+	// cache, pruned to the files written in the last week and to
+	// cacheMaxBytes.
 	cacheDir string
 	// sharedCache is the one wazero compilation cache, on cacheDir, of
 	// every registry the tests open on cacheDir (Config.testCache): a
@@ -99,7 +106,7 @@ func testMain(m *testing.M) (int, error) {
 	cacheDir = filepath.Join(tmp, "cache")
 	if dir, err := os.UserCacheDir(); err == nil {
 		cacheDir = filepath.Join(dir, "keel", "wasmtools-test")
-		pruneCache(cacheDir, 7*24*time.Hour)
+		testcache.PruneFiles(cacheDir, 7*24*time.Hour, cacheMaxBytes)
 	}
 
 	toolsDir = filepath.Join(tmp, "tools")
@@ -127,7 +134,7 @@ func testMain(m *testing.M) (int, error) {
 	if err := os.Mkdir(hostileDir, 0o755); err != nil {
 		return 0, err
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(hostileDir, "hostile.wasm"), "./testdata/hostile")
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(hostileDir, "hostile.wasm"), "./testdata/hostile")
 	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("build testdata/hostile: %v\n%s", err, out)
@@ -138,7 +145,7 @@ func testMain(m *testing.M) (int, error) {
 	if err := os.Mkdir(reactorDir, 0o755); err != nil {
 		return 0, err
 	}
-	build = exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(reactorDir, "hostile.wasm"), "./testdata/hostile")
+	build = exec.Command("go", "build", "-trimpath", "-buildmode=c-shared", "-o", filepath.Join(reactorDir, "hostile.wasm"), "./testdata/hostile")
 	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("build testdata/hostile as a reactor: %v\n%s", err, out)
@@ -665,22 +672,4 @@ func recursionModule() []byte {
 			append(str("_start"), exportFunc, 0))),
 		section(secCode, vec(body(0x10, 0x00, opEnd))),
 	)
-}
-
-// pruneCache removes the files of the shared test compilation cache
-// written more than maxAge ago: entries of test modules that changed
-// since would otherwise pile up for good (gigabytes over weeks). An entry
-// still in use is compiled again once, at the next run; a file removed
-// while another test process has it open stays readable to it.
-func pruneCache(dir string, maxAge time.Duration) {
-	cutoff := time.Now().Add(-maxAge)
-	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return nil
-		}
-		if fi, err := d.Info(); err == nil && fi.ModTime().Before(cutoff) {
-			os.Remove(path)
-		}
-		return nil
-	})
 }
