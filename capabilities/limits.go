@@ -32,14 +32,23 @@ type Limits struct {
 // MaxMemoryMiB is the most a 32-bit WebAssembly memory can address.
 const MaxMemoryMiB = 4 << 10
 
+// field is one of Limits' fields, by its JSON name.
+type field struct {
+	name string
+	v    *int64
+}
+
+// fields returns l's fields in declaration order, for the methods that
+// treat them all alike.
+func (l *Limits) fields() [4]field {
+	return [4]field{{"timeout_ms", &l.TimeoutMS}, {"memory_mib", &l.MemoryMiB}, {"output_bytes", &l.OutputBytes}, {"write_quota_bytes", &l.WriteQuotaBytes}}
+}
+
 // Check reports a negative field, or a memory limit over MaxMemoryMiB.
 func (l Limits) Check() error {
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{{"timeout_ms", l.TimeoutMS}, {"memory_mib", l.MemoryMiB}, {"output_bytes", l.OutputBytes}, {"write_quota_bytes", l.WriteQuotaBytes}} {
-		if f.v < 0 {
-			return fmt.Errorf("limits %s %d is negative", f.name, f.v)
+	for _, f := range l.fields() {
+		if *f.v < 0 {
+			return fmt.Errorf("limits %s %d is negative", f.name, *f.v)
 		}
 	}
 	if l.MemoryMiB > MaxMemoryMiB {
@@ -50,29 +59,23 @@ func (l Limits) Check() error {
 
 // Add returns l with the non-zero fields of more replacing its own.
 func (l Limits) Add(more Limits) Limits {
-	set := func(dst *int64, v int64) {
-		if v != 0 {
-			*dst = v
+	dst := l.fields()
+	for i, f := range more.fields() {
+		if *f.v != 0 {
+			*dst[i].v = *f.v
 		}
 	}
-	set(&l.TimeoutMS, more.TimeoutMS)
-	set(&l.MemoryMiB, more.MemoryMiB)
-	set(&l.OutputBytes, more.OutputBytes)
-	set(&l.WriteQuotaBytes, more.WriteQuotaBytes)
 	return l
 }
 
 // Without returns l with the fields that are non-zero in these cleared.
 func (l Limits) Without(these Limits) Limits {
-	clear := func(dst *int64, v int64) {
-		if v != 0 {
-			*dst = 0
+	dst := l.fields()
+	for i, f := range these.fields() {
+		if *f.v != 0 {
+			*dst[i].v = 0
 		}
 	}
-	clear(&l.TimeoutMS, these.TimeoutMS)
-	clear(&l.MemoryMiB, these.MemoryMiB)
-	clear(&l.OutputBytes, these.OutputBytes)
-	clear(&l.WriteQuotaBytes, these.WriteQuotaBytes)
 	return l
 }
 

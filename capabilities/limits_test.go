@@ -2,6 +2,8 @@ package capabilities
 
 import (
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -59,5 +61,38 @@ func TestLimitsAddWithout(t *testing.T) {
 	g := Grants{Limits: Limits{MemoryMiB: 1}}
 	if g.Empty() {
 		t.Error("Grants with a limit is Empty")
+	}
+	all := Limits{TimeoutMS: 1, MemoryMiB: 2, OutputBytes: 3, WriteQuotaBytes: 4}
+	if got := (Limits{}).Add(all); got != all {
+		t.Errorf("Add of every field = %+v, want %+v", got, all)
+	}
+	if got := all.Without(all); got != (Limits{}) {
+		t.Errorf("Without of every field = %+v, want none", got)
+	}
+}
+
+// TestLimitsFields: Check, Add and Without see every field of Limits,
+// each under its JSON name.
+func TestLimitsFields(t *testing.T) {
+	t.Parallel()
+	var l Limits
+	typ := reflect.TypeOf(l)
+	fields := l.fields()
+	if typ.NumField() != len(fields) {
+		t.Fatalf("Limits has %d fields, fields() lists %d", typ.NumField(), len(fields))
+	}
+	for i, f := range fields {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		if f.name != name {
+			t.Errorf("fields()[%d] = %s, want %s", i, f.name, name)
+		}
+		*f.v = -1
+		if got := reflect.ValueOf(l).Field(i).Int(); got != -1 {
+			t.Errorf("fields()[%d] does not point at %s", i, typ.Field(i).Name)
+		}
+		if err := l.Check(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("Check with %s negative = %v, want an error naming it", name, err)
+		}
+		*f.v = 0
 	}
 }
