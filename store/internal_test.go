@@ -16,30 +16,43 @@ import (
 	"github.com/keel-runtime/keel"
 )
 
-// TestMigrateEventsByNumber: a journal written before migration 008 (events
-// keyed by run ID and sequence number) reads back the same after it, and
-// old runs append where they left off.
-func TestMigrateEventsByNumber(t *testing.T) {
-	ctx := context.Background()
+// migratedTo returns a new database file, and a handle on it, holding
+// the schema of version n: migrations 1 to n applied as Open applies
+// them, for a test to fill as an older keel would have before it opens
+// the file with Open.
+func migratedTo(t *testing.T, n int) (string, *sql.DB) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "keel.db")
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=foreign_keys(1)")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for n := 1; n <= 7; n++ {
-		names, _ := migrations.ReadDir("migrations")
+	names, err := migrations.ReadDir("migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= n; i++ {
 		for _, e := range names {
-			if strings.HasPrefix(e.Name(), fmt.Sprintf("%03d_", n)) {
+			if strings.HasPrefix(e.Name(), fmt.Sprintf("%03d_", i)) {
 				body, _ := migrations.ReadFile("migrations/" + e.Name())
-				if _, err := db.ExecContext(ctx, string(body)); err != nil {
+				if _, err := db.Exec(string(body)); err != nil {
 					t.Fatalf("migration %s: %v", e.Name(), err)
 				}
 			}
 		}
 	}
-	if _, err := db.ExecContext(ctx, "PRAGMA user_version = 7"); err != nil {
+	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", n)); err != nil {
 		t.Fatal(err)
 	}
+	return path, db
+}
+
+// TestMigrateEventsByNumber: a journal written before migration 008 (events
+// keyed by run ID and sequence number) reads back the same after it, and
+// old runs append where they left off.
+func TestMigrateEventsByNumber(t *testing.T) {
+	ctx := context.Background()
+	path, db := migratedTo(t, 7)
 	at := time.Unix(1700000000, 0).UTC()
 	for _, id := range []string{"run_b", "run_a"} {
 		if _, err := db.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, max_steps, created_at, updated_at) VALUES (?, 'g', 'm', 'running', 4, ?, ?)`, id, nanos(at), nanos(at)); err != nil {
@@ -109,25 +122,7 @@ func TestMigrateEventsByNumber(t *testing.T) {
 // digest, and leaves rows never bound (no digest) as they are.
 func TestMigrateGrantsCoverSidecar(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "keel.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=foreign_keys(1)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, _ := migrations.ReadDir("migrations")
-	for n := 1; n <= 10; n++ {
-		for _, e := range names {
-			if strings.HasPrefix(e.Name(), fmt.Sprintf("%03d_", n)) {
-				body, _ := migrations.ReadFile("migrations/" + e.Name())
-				if _, err := db.ExecContext(ctx, string(body)); err != nil {
-					t.Fatalf("migration %s: %v", e.Name(), err)
-				}
-			}
-		}
-	}
-	if _, err := db.ExecContext(ctx, "PRAGMA user_version = 10"); err != nil {
-		t.Fatal(err)
-	}
+	path, db := migratedTo(t, 10)
 	for tool, sum := range map[string]string{"bound": "ab12", "unbound": ""} {
 		if _, err := db.ExecContext(ctx, `INSERT INTO tool_grants (tool, sha256, grants, updated_at) VALUES (?, ?, '{}', 1)`, tool, sum); err != nil {
 			t.Fatal(err)
