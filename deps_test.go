@@ -17,7 +17,7 @@ func TestDependencyDirection(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	// forbidden[pkg] lists module packages (prefixes) pkg must not depend on.
-	all := []string{"capabilities", "intercept", "schema", "store", "models", "wasmtools", "engine", "ipc", "daemon", "cli", "cmd", "examples"}
+	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "ipc", "daemon", "cli", "cmd", "examples"}
 	except := func(allowed ...string) []string {
 		var f []string
 	next:
@@ -37,7 +37,10 @@ func TestDependencyDirection(t *testing.T) {
 		// The interception seam is imported by whoever implements or runs
 		// an interceptor (store's audit trail, wasmtools, engine) and
 		// imports nothing of keel but the root types.
-		"intercept":    except(),
+		"intercept": except(),
+		// The decision point is pure: the root types, the standard library
+		// golang.org/x and fsnotify (checked below), nothing else of keel.
+		"policy":       except(),
 		"schema":       except(),                            // a leaf over the JSON Schema library
 		"store":        except("capabilities", "intercept"), // capabilities is pure data, like the root types
 		"models":       except("models", "schema"),
@@ -59,6 +62,9 @@ func TestDependencyDirection(t *testing.T) {
 		checked++
 		for _, d := range strings.Fields(deps) {
 			if !strings.HasPrefix(d, mod+"/") {
+				if rel == "policy" && d != mod && strings.Contains(strings.SplitN(d, "/", 2)[0], ".") && !strings.HasPrefix(d, "golang.org/x/") && d != "github.com/fsnotify/fsnotify" {
+					t.Errorf("%s imports third-party %s; it must use the standard library, golang.org/x and fsnotify only", pkg, d)
+				}
 				if rel == "" || rel == "capabilities" || rel == "intercept" {
 					if d != mod && strings.Contains(strings.SplitN(d, "/", 2)[0], ".") {
 						t.Errorf("%s imports third-party %s; it must use the standard library only", pkg, d)
