@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/keel-runtime/keel"
@@ -102,6 +101,9 @@ func (e *Engine) contextLength(ctx context.Context, name string) int {
 	return 0
 }
 
+// fitFunc fits the context of a step (see fitContext).
+type fitFunc func(ctx context.Context, run keel.Run, step int, model string, limit int, msgs, tail []models.Message, specs []keel.ToolSpec, budget *models.Budget) ([]models.Message, error)
+
 // fitContext returns msgs fitted to the model's context for step, so
 // that they and tail (the human messages the step reads, which stay
 // verbatim and come after) fit: as they are when they fit, else with
@@ -111,16 +113,6 @@ func (e *Engine) contextLength(ctx context.Context, name string) int {
 // done). It fails with context_too_long when nothing can make the
 // context fit.
 func (e *Engine) fitContext(ctx context.Context, run keel.Run, step int, model string, limit int, msgs, tail []models.Message, specs []keel.ToolSpec, budget *models.Budget) ([]models.Message, error) {
-	if e.replaying {
-		// A replay applies the journal's summaries; it has no model to ask.
-		for _, d := range e.replaySummaries[step] {
-			var err error
-			if msgs, err = e.journalSummary(ctx, run, msgs, d); err != nil {
-				return nil, err
-			}
-		}
-		return msgs, nil
-	}
 	if limit <= 0 {
 		return msgs, nil
 	}
@@ -173,14 +165,14 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 	}
 	sp := e.newSpan(run.ID, keel.SpanSummarize, run.Model, step)
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
-	start := time.Now()
+	start := e.cfg.Now()
 	sum, err := models.Summarize(ctx, e.cfg.Model, models.SummarizeRequest{
 		// A summary of private content is private.
 		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Private: models.ChatRequest{Private: run.Policy.Private, Messages: msgs}.IsPrivate(), Budget: budget},
 		Text: text.String(), ContextLength: limit, MaxTokens: max(128, limit/8), Ratio: e.calib.Ratio(model),
 		Focus: "what was tried, what the tools returned, what is decided and what is left to do for the goal: " + run.Goal,
 	})
-	sp.Duration, sp.Status = time.Since(start), keel.SpanOK
+	sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 	sp.PromptTokens, sp.CompletionTokens = sum.Usage.PromptTokens, sum.Usage.CompletionTokens
 	if err != nil {
 		sp.Status, sp.Error = keel.SpanError, err.Error()
@@ -192,17 +184,24 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 	return sum.Text, nil
 }
 
-// journalSummary applies a journaled summary and journals it again (the
-// replay's own journal).
-func (e *Engine) journalSummary(ctx context.Context, run keel.Run, msgs []models.Message, d keel.ContextSummaryData) ([]models.Message, error) {
-	out, err := applySummary(run, msgs, d)
-	if err != nil {
-		return nil, err
+// recordedSummaries fits a step's context as the journal did: it applies
+// the journal's summaries of the step (summaries, by step, in journal
+// order) and journals them again, without asking the model. It stands
+// for fitContext in a replay.
+func (e *Engine) recordedSummaries(summaries map[int][]keel.ContextSummaryData) fitFunc {
+	return func(ctx context.Context, run keel.Run, step int, _ string, _ int, msgs, _ []models.Message, _ []keel.ToolSpec, _ *models.Budget) ([]models.Message, error) {
+		for _, d := range summaries[step] {
+			out, err := applySummary(run, msgs, d)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := e.appendEvent(ctx, run.ID, keel.EventContextSummary, d, nil); err != nil {
+				return nil, fmt.Errorf("journal: %w", err)
+			}
+			msgs = out
+		}
+		return msgs, nil
 	}
-	if _, err := e.appendEvent(ctx, run.ID, keel.EventContextSummary, d, nil); err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	return out, nil
 }
 
 // summaryCut returns the index of the first message to keep verbatim:

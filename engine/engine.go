@@ -102,8 +102,13 @@ type Config struct {
 	DefaultMaxSteps int
 	// SystemPrompt opens every run's context; default DefaultSystemPrompt.
 	SystemPrompt string
-	// Now is the clock; default time.Now.
+	// Now is the clock: event times, span starts, IDs and durations;
+	// default time.Now.
 	Now func() time.Time
+	// Sleep waits d, or until ctx ends, and then returns ctx's error;
+	// default a timer. The engine waits only before retrying a failed
+	// step (keel.RunPolicy.RetryBackoff). A replay sleeps not at all.
+	Sleep func(ctx context.Context, d time.Duration) error
 	// NewID returns a fresh unique ID; default random hex.
 	NewID func() string
 	// Logger; default discards.
@@ -147,11 +152,9 @@ type Engine struct {
 	subs    map[int]func(keel.Event)
 	nextSub int
 	wg      sync.WaitGroup
-	// replaying marks the in-memory engine of a Replay: it reproduces
-	// retries without waiting, and the journal's context summaries
-	// (replaySummaries, by step, in journal order) without asking the model.
-	replaying       bool
-	replaySummaries map[int][]keel.ContextSummaryData
+	// fit fits a step's context to its model: fitContext, or in a
+	// replay the journal's summaries (see Replay).
+	fit fitFunc
 
 	// calib corrects context-size estimates per model with the prompt
 	// tokens models report (see fitContext).
@@ -179,6 +182,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleep
+	}
 	if cfg.NewID == nil {
 		cfg.NewID = randomID
 	}
@@ -192,7 +198,21 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}}, nil
+	e := &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}}
+	e.fit = e.fitContext
+	return e, nil
+}
+
+// sleep is the default Config.Sleep.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func randomID() string {
@@ -207,7 +227,7 @@ func randomID() string {
 // a run's spans in one B-tree ordered by ID, so a new span is appended
 // at the run's end instead of splitting a page in its middle.
 func (e *Engine) spanID() string {
-	now := time.Now().UnixNano()
+	now := e.cfg.Now().UnixNano()
 	for {
 		last := e.lastSpan.Load()
 		if now <= last {

@@ -70,10 +70,6 @@ func (f *flowRun) appendEvent(ctx context.Context, typ keel.EventType, data any,
 // Like loop, it returns when the run ended, paused or was interrupted,
 // having journaled exactly one event that says so.
 func (e *Engine) flow(ctx context.Context, run keel.Run) {
-	if _, replaying := e.cfg.Store.(*memStore); replaying {
-		e.end(ctx, run.ID, errReplayFlow)
-		return
-	}
 	log := e.log.With("run", run.ID, "kind", run.KindOrAgent())
 	if !run.Policy.Deadline.IsZero() {
 		var cancel context.CancelFunc

@@ -128,7 +128,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			// The steps so far are fitted with the human messages the
 			// step reads counted; those come after any summary, as a
 			// resumed run rebuilds it.
-			if msgs, err = e.fitContext(ctx, run, step, served, ctxLimit, msgs, human, specs, budget); err != nil {
+			if msgs, err = e.fit(ctx, run, step, served, ctxLimit, msgs, human, specs, budget); err != nil {
 				e.end(ctx, run.ID, err)
 				return
 			}
@@ -250,7 +250,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
-	start := time.Now()
+	start := e.cfg.Now()
 	resp, err := e.cfg.Model.Chat(ctx, req, func(d models.Delta) {
 		if d.Content == "" {
 			return
@@ -258,7 +258,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		raw, _ := json.Marshal(keel.ModelDeltaData{Step: step, Content: d.Content, Restart: d.Restart})
 		e.publish(keel.Event{RunID: run.ID, Type: keel.EventModelDelta, Time: e.cfg.Now(), Data: raw})
 	})
-	sp.Duration = time.Since(start)
+	sp.Duration = e.cfg.Now().Sub(start)
 	sp.Status = keel.SpanOK
 	if err != nil {
 		sp.Status, sp.Error = keel.SpanError, err.Error()

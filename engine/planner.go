@@ -137,9 +137,9 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
-	start := time.Now()
+	start := e.cfg.Now()
 	resp, err := e.cfg.Model.Chat(ctx, req, nil)
-	sp.Duration, sp.Status = time.Since(start), keel.SpanOK
+	sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 	c.took += sp.Duration
 	if err != nil {
 		sp.Status, sp.Error = keel.SpanError, err.Error()

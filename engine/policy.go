@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,21 +84,13 @@ func (e *Engine) retryWait(ctx context.Context, run keel.Run, d keel.StepRetryDa
 		what = "tool call " + d.CallID
 	}
 	e.log.Info("retrying", "run", run.ID, "step", d.Step, "what", what, "attempt", d.Attempt, "after", wait, "error", d.Error)
-	if e.replaying {
-		return nil // a replay reproduces the retry, not the wait
-	}
 	sp := e.newSpan(run.ID, keel.SpanRetry, "retry "+what, d.Step)
 	sp.Error = d.Error
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	err := e.cfg.Sleep(ctx, wait)
 	sp.Duration, sp.Status = wait, keel.SpanOK
 	_ = e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp)
-	return ctx.Err()
+	return cmp.Or(err, ctx.Err())
 }
 
 // modelStepWithRetries is modelStep under the run's step timeout and

@@ -20,8 +20,10 @@ var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResu
 
 // Replay runs a finished run again from its journal without calling any
 // model or tool: the engine's own loop runs against the journaled model
-// and tool results, in memory, and the events it produces are returned
-// (numbered from 1). For a run that went straight through they equal the
+// and tool results (a recording standing for the model and the tools),
+// the journal's context summaries, a clock that does not wait and a
+// journal in memory, and the events it produces are returned (numbered
+// from 1). For a run that went straight through they equal the
 // journal's, durations aside (see SameEvents); the events of
 // interruptions, pauses and human decisions are not reproduced, their
 // effect (a result) is.
@@ -86,9 +88,14 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	if err := mem.CreateRun(ctx, run); err != nil {
 		return nil, err
 	}
-	replayer := &Engine{cfg: e.cfg, log: e.log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{},
-		inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}, replaying: true, replaySummaries: summaries}
-	replayer.cfg.Store, replayer.cfg.Model, replayer.cfg.Tools = mem, rec, rec
+	cfg := e.cfg
+	cfg.Store, cfg.Model, cfg.Tools, cfg.Logger = mem, rec, rec, e.log
+	cfg.Sleep = func(context.Context, time.Duration) error { return nil } // the retry, not its wait
+	replayer, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	replayer.fit = replayer.recordedSummaries(summaries)
 	replayer.loop(ctx, run, nil)
 	replayer.flushHeld(ctx, run.ID)
 	return mem.events, nil
