@@ -32,8 +32,7 @@ func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep, share int) (
 		return p, nil
 	}
 	share = max(share, 1)
-	tok, usd := f.spent(ctx)
-	heldTok, heldUSD, err := f.held(ctx)
+	tok, usd, heldTok, heldUSD, err := f.held(ctx)
 	if err != nil {
 		return p, err
 	}
@@ -64,25 +63,42 @@ func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep, share int) (
 	return p, nil
 }
 
-// held is what the running sub-agents may still spend: each one's budget
-// less what it spent.
-func (f *flowRun) held(ctx context.Context) (tokens int64, usd float64, err error) {
+// held is what the parent's model calls and all its sub-agents spent
+// (tok, usd), and what the running sub-agents may still spend: each one's
+// budget less what it spent (heldTok, heldUSD). Each run's spending is
+// read once, for both: a sub-agent that spends meanwhile moves what it
+// spent from held to spent, and never out of both (read twice, it was
+// missing from spent when read before and from held when read after, and
+// a step started beside it with more than the parent had left). A
+// sub-agent's status is read before its spending, so one that ends
+// meanwhile holds no less than it may still spend.
+func (f *flowRun) held(ctx context.Context) (tok int64, usd float64, heldTok int64, heldUSD float64, err error) {
+	tok, usd = f.e.spent(ctx, f.run.ID)
+	running := map[keel.RunID]bool{}
 	for _, d := range f.st.running {
-		child, err := f.e.cfg.Store.GetRun(ctx, d.Run)
-		if errors.Is(err, keel.ErrNotFound) {
-			continue // not created yet: it holds nothing
-		}
-		if err != nil {
-			return 0, 0, err
-		}
-		if child.Status.Terminal() {
-			continue
-		}
-		t, u := f.e.spent(ctx, d.Run)
-		tokens += max(0, child.Policy.BudgetTokens-t)
-		usd += max(0, child.Policy.BudgetUSD-u)
+		running[d.Run] = true
 	}
-	return tokens, usd, nil
+	for _, c := range f.st.children {
+		var child keel.Run
+		if running[c] {
+			child, err = f.e.cfg.Store.GetRun(ctx, c)
+			switch {
+			case errors.Is(err, keel.ErrNotFound):
+				running[c] = false // not created yet: it holds nothing
+			case err != nil:
+				return 0, 0, 0, 0, err
+			case child.Status.Terminal():
+				running[c] = false
+			}
+		}
+		t, u := f.e.spent(ctx, c)
+		tok, usd = tok+t, usd+u
+		if running[c] {
+			heldTok += max(0, child.Policy.BudgetTokens-t)
+			heldUSD += max(0, child.Policy.BudgetUSD-u)
+		}
+	}
+	return tok, usd, heldTok, heldUSD, nil
 }
 
 // spent is what the parent's model calls and all its sub-agents spent.
