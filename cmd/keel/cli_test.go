@@ -29,6 +29,34 @@ func keelCmd(t *testing.T, bin string, env []string, args ...string) (string, in
 	return string(out), 0
 }
 
+// startFollowedRun starts `keel run` of goal in e, which follows the
+// run in the terminal, and waits until the model's first words
+// ("Thinking") reach its output. It returns the process, its output and
+// a channel that receives its exit; the process is killed when the test
+// ends if it still runs.
+func startFollowedRun(t *testing.T, e crashEnv, goal string) (*exec.Cmd, *syncWriter, <-chan error) {
+	t.Helper()
+	cmd := exec.Command(e.bin, "run", "--model", "default", goal)
+	cmd.Env = e.env
+	out := newSyncWriter()
+	cmd.Stdout, cmd.Stderr = out, out
+	thinking := out.when("Thinking")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	select {
+	case <-thinking:
+	case err := <-exited:
+		t.Fatalf("keel run exited (%v) before the model's first words reached the terminal:\n%s", err, out.String())
+	case <-time.After(patience):
+		t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
+	}
+	return cmd, out, exited
+}
+
 // TestCLIExitCodes: each documented exit code (cli/exit.go, docs/cli.md)
 // from a real invocation of the built binary against a real daemon, and
 // the install messages. Ctrl-C (ExitDetached) is TestRunCtrlC's.
@@ -80,24 +108,7 @@ func TestCLIExitCodes(t *testing.T) {
 	}
 
 	// A followed run that is cancelled elsewhere: ExitCancelled.
-	run := exec.Command(e.bin, "run", "--model", "default", "hang until cancelled elsewhere")
-	run.Env = e.env
-	out := newSyncWriter()
-	run.Stdout, run.Stderr = out, out
-	thinking := out.when("Thinking")
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- run.Wait() }()
-	defer run.Process.Kill()
-	select {
-	case <-thinking:
-	case err := <-exited:
-		t.Fatalf("keel run exited (%v) before the model's first words reached the terminal:\n%s", err, out.String())
-	case <-time.After(patience):
-		t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
-	}
+	_, out, exited := startFollowedRun(t, e, "hang until cancelled elsewhere")
 	id := strings.Fields(out.String()[strings.Index(out.String(), "run run_"):])[1]
 	if o, code := keel("cancel", id); code != cli.ExitOK {
 		t.Fatalf("keel cancel %s: exit %d\n%s", id, code, o)

@@ -112,24 +112,7 @@ func TestRunCtrlC(t *testing.T) {
 	p := startKeel(t, e.bin, e.env, e.dir)
 	defer p.stop(t)
 
-	cmd := exec.Command(e.bin, "run", "--model", "default", "hang until cancelled")
-	cmd.Env = e.env
-	out := newSyncWriter()
-	cmd.Stdout, cmd.Stderr = out, out
-	thinking := out.when("Thinking")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case <-thinking:
-	case err := <-exited:
-		t.Fatalf("keel run exited (%v) before the model's first words reached the terminal:\n%s", err, out.String())
-	case <-time.After(patience):
-		cmd.Process.Kill()
-		t.Fatalf("the model's first words never reached the terminal:\n%s", out.String())
-	}
+	cmd, out, exited := startFollowedRun(t, e, "hang until cancelled")
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
