@@ -34,7 +34,20 @@ var shared struct {
 	// holding the bundled tools and tally compiled by bin. newDataDir links
 	// it into each test's data directory.
 	cache string
+	// coverRaw, when coverage is asked for (see coverEnv), is the
+	// GOCOVERDIR every keel process the tests start writes its counters
+	// to.
+	coverRaw string
 }
+
+// coverEnv names a new directory, an absolute path, where the tests
+// merge the coverage of the keel processes they start: with it set, bin
+// is built with -cover for every package of the module, and TestMain
+// writes there, at the end, the merged counters (read them with
+// `go tool covdata percent -i DIR`) and their text profile, profile.txt
+// (for `go tool cover -func`). A process killed with SIGKILL writes no
+// counters. Off by default: the instrumented binary is slower.
+const coverEnv = "KEEL_TEST_COVERDIR"
 
 // patience is how long a test waits for what should happen, such as a
 // restarted daemon compiling tally from cold or a run ending: minutes, so
@@ -60,6 +73,20 @@ func testMain(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
+	coverOut := os.Getenv(coverEnv)
+	if coverOut != "" {
+		if !filepath.IsAbs(coverOut) {
+			return 0, fmt.Errorf("%s=%s: want an absolute path (go test runs in the package directory)", coverEnv, coverOut)
+		}
+		if entries, _ := os.ReadDir(coverOut); len(entries) > 0 {
+			return 0, fmt.Errorf("%s=%s: want a new or empty directory, not one holding another run's counters", coverEnv, coverOut)
+		}
+		shared.coverRaw = filepath.Join(tmp, "cover")
+		if err := os.Mkdir(shared.coverRaw, 0o700); err != nil {
+			return 0, err
+		}
+		os.Setenv("GOCOVERDIR", shared.coverRaw) // every child's environment starts from this one
+	}
 	start := time.Now()
 	if err := buildShared(tmp); err != nil {
 		return 0, err
@@ -72,7 +99,31 @@ func testMain(m *testing.M) (int, error) {
 		fmt.Printf("cmd/keel TestMain: built keel and tally in %s, compiled the tools in %s\n",
 			built.Round(time.Millisecond), (time.Since(start) - built).Round(time.Millisecond))
 	}
-	return m.Run(), nil
+	code := m.Run()
+	if coverOut != "" {
+		if err := mergeCoverage(shared.coverRaw, coverOut); err != nil {
+			return code, err
+		}
+	}
+	return code, nil
+}
+
+// mergeCoverage merges the counters in raw into out and writes their
+// text profile, out/profile.txt.
+func mergeCoverage(raw, out string) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"merge", "-i", raw, "-o", out},
+		{"textfmt", "-i", out, "-o", filepath.Join(out, "profile.txt")},
+	} {
+		cmd := exec.Command("go", append([]string{"tool", "covdata"}, args...)...)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, b)
+		}
+	}
+	return nil
 }
 
 // buildShared builds the keel binary and tally.wasm into tmp, both at once.
@@ -87,6 +138,9 @@ func buildShared(tmp string) error {
 	shared.bin = filepath.Join(tmp, "keel")
 	shared.tally = filepath.Join(tmp, "tally.wasm")
 	keel := exec.Command("go", "build", "-o", shared.bin, ".")
+	if shared.coverRaw != "" {
+		keel = exec.Command("go", "build", "-cover", "-coverpkg=github.com/keel-runtime/keel/...", "-o", shared.bin, ".")
+	}
 	tally := exec.Command("go", "build", "-buildmode=c-shared", "-o", shared.tally, "./testdata/tally")
 	tally.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	var wg sync.WaitGroup
