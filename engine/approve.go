@@ -98,7 +98,7 @@ func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData
 	// Finished first, to commit with the decision: a crash after the
 	// decision must not leave the wait open in the trace.
 	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason}
-	if err := e.cfg.Store.FinishSpanWithNext(context.WithoutCancel(ctx), sp); err != nil {
+	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
 		e.log.Warn("close the approval span", "run", id, "err", err)
 	}
 	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {

@@ -21,26 +21,47 @@ import (
 	"github.com/keel-runtime/keel/models"
 )
 
-// Store is the persistence the engine needs.
+// Store is the persistence the engine needs: a run's journal and its
+// trace, usually one database (store.Store).
 type Store interface {
+	Journal
+	Tracer
+}
+
+// Journal holds runs and their events, the state a run resumes and is
+// replayed from. A write returns once it is durable; errors wrap
+// keel.ErrNotFound (no such run) or keel.ErrConflict (a run that exists
+// already, a status change the lifecycle forbids).
+type Journal interface {
+	// CreateRun stores a new run.
 	CreateRun(ctx context.Context, r keel.Run) error
-	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
-	Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error)
-	// AppendAll journals events (Type, Time, Data) in one transaction,
-	// all or none, upd applying with the last.
-	AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
 	// CreateRunWith stores a new run and its first events (as AppendAll)
 	// in one transaction.
 	CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
-	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
-	StartSpan(ctx context.Context, sp keel.Span) error
-	FinishSpan(ctx context.Context, sp keel.Span) error
-	// FinishSpanWithNext is FinishSpan for a span that records what no
-	// event does (a failed model call's spending): it commits with the
-	// next write of any kind.
-	FinishSpanWithNext(ctx context.Context, sp keel.Span) error
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	// AppendAll journals events (Type, Time, Data) in one transaction,
+	// all or none, upd applying with the last, and returns them numbered.
+	AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
+	// Events returns the run's events after afterSeq, in order.
 	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 	RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error)
+}
+
+// Tracer keeps runs' trace spans. When a span reaches the disk is the
+// Tracer's choice, within one rule: a span that is the only record of
+// something (what a failed model call spent, a person's answer ending a
+// wait) is durable no later than the journal's next write. Spans returns
+// every span started or finished before it is called.
+type Tracer interface {
+	// StartSpan records a running span; starting a span the run already
+	// has (same ID) replaces it.
+	StartSpan(ctx context.Context, sp keel.Span) error
+	// FinishSpan records a span's outcome.
+	FinishSpan(ctx context.Context, sp keel.Span) error
+	// Sync returns once every span started or finished so far is durable.
+	Sync(ctx context.Context) error
+	// Spans returns the run's spans in start order.
 	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
 	// RunsWithOpenSpans returns the runs with a span still running.
 	RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error)

@@ -105,11 +105,11 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 				return keel.Run{}, fmt.Errorf("fork: journal event %d: %w", ev.Seq, err)
 			}
 		}
-		stored, err := e.cfg.Store.Append(ctx, run.ID, ev.Type, ev.Time, data, nil)
+		stored, err := e.cfg.Store.AppendAll(ctx, run.ID, []keel.Event{{Type: ev.Type, Time: ev.Time, Data: data}}, nil)
 		if err != nil {
 			return keel.Run{}, fmt.Errorf("fork: copy event %d: %w", ev.Seq, err)
 		}
-		seqs[ev.Seq] = stored.Seq
+		seqs[ev.Seq] = stored[0].Seq
 	}
 	// The fork now looks like a run the daemon stopped after step
 	// req.Step: it goes on from its journal like a resumed one.

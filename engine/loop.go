@@ -276,14 +276,9 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 			Attempts []models.Attempt `json:"attempts,omitempty"`
 		}{m.Route, m.Variant, m.Attempts})
 	}
-	// A successful call's usage is journaled in its model.result, so its
-	// span may wait to be written; a failed call's span is all that
-	// records what it spent, so it commits with the next write.
-	finish := e.cfg.Store.FinishSpan
-	if err != nil {
-		finish = e.cfg.Store.FinishSpanWithNext
-	}
-	if ferr := finish(context.WithoutCancel(ctx), sp); ferr != nil {
+	// A successful call's usage is journaled in its model.result; a
+	// failed call's span is all that records what it spent (see Tracer).
+	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", ferr)
 	}
 	if err != nil {

@@ -151,8 +151,11 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 		sp.Name = resp.Model
 	}
 	// No event records what a planner call spent: its span does, so it
-	// commits with the next write.
-	if ferr := e.cfg.Store.FinishSpanWithNext(context.WithoutCancel(ctx), sp); ferr != nil {
+	// is made durable before the planner goes on.
+	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
+		return models.ChatResponse{}, fmt.Errorf("journal: %w", ferr)
+	}
+	if ferr := e.cfg.Store.Sync(context.WithoutCancel(ctx)); ferr != nil {
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", ferr)
 	}
 	return resp, err

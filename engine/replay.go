@@ -223,8 +223,10 @@ func (r *recording) Call(ctx context.Context, name string, _ json.RawMessage) (j
 	return res.Output, nil
 }
 
-// memStore is the Store of a replay: the run and its events in memory.
+// memStore is the Store of a replay: the run and its events in memory,
+// and a trace that keeps nothing.
 type memStore struct {
+	discardTracer
 	mu     sync.Mutex
 	run    keel.Run
 	events []keel.Event
@@ -241,14 +243,6 @@ func (m *memStore) GetRun(context.Context, keel.RunID) (keel.Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.run, nil
-}
-
-func (m *memStore) Append(ctx context.Context, id keel.RunID, typ keel.EventType, at time.Time, data json.RawMessage, upd *keel.RunUpdate) (keel.Event, error) {
-	evs, err := m.AppendAll(ctx, id, []keel.Event{{Type: typ, Time: at, Data: data}}, upd)
-	if err != nil {
-		return keel.Event{}, err
-	}
-	return evs[0], nil
 }
 
 func (m *memStore) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
@@ -279,16 +273,18 @@ func (m *memStore) AppendAll(_ context.Context, id keel.RunID, evs []keel.Event,
 func (m *memStore) RunsWithStatus(context.Context, ...keel.RunStatus) ([]keel.Run, error) {
 	return nil, nil
 }
-func (m *memStore) StartSpan(context.Context, keel.Span) error  { return nil }
-func (m *memStore) FinishSpan(context.Context, keel.Span) error { return nil }
-func (m *memStore) FinishSpanWithNext(context.Context, keel.Span) error {
-	return nil
-}
 func (m *memStore) Events(context.Context, keel.RunID, int64) ([]keel.Event, error) {
 	return nil, nil // a replay starts from nothing
 }
-func (m *memStore) Spans(context.Context, keel.RunID) ([]keel.Span, error)  { return nil, nil }
-func (m *memStore) RunsWithOpenSpans(context.Context) ([]keel.RunID, error) { return nil, nil }
 func (m *memStore) RunByIdempotencyKey(context.Context, string) (keel.Run, error) {
 	return keel.Run{}, keel.ErrNotFound
 }
+
+// discardTracer is a Tracer that keeps nothing.
+type discardTracer struct{}
+
+func (discardTracer) StartSpan(context.Context, keel.Span) error              { return nil }
+func (discardTracer) FinishSpan(context.Context, keel.Span) error             { return nil }
+func (discardTracer) Sync(context.Context) error                              { return nil }
+func (discardTracer) Spans(context.Context, keel.RunID) ([]keel.Span, error)  { return nil, nil }
+func (discardTracer) RunsWithOpenSpans(context.Context) ([]keel.RunID, error) { return nil, nil }

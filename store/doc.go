@@ -23,8 +23,9 @@
 // written lazily: they commit with the next write that makes a run wait
 // for a person, right after the next other write that changes a run's
 // status (which does not wait for them), with Sync, or on their own
-// after a short delay, and Spans reads those still waiting too
-// (FinishSpanWithNext: with the next write of any kind); a span finished
+// after a short delay, and Spans reads those still waiting too; a span
+// that is the only record of something (a failed model call's, a
+// person's wait) commits with the next write of any kind; a span finished
 // before its start was committed is written once. The audit records of
 // runs' tool calls commit with the next write of any kind. Reads use a
 // separate pool and see committed data only.

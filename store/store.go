@@ -612,17 +612,28 @@ func insertSpanRows(ctx context.Context, tx *wtx, spans []*keel.Span) error {
 
 // FinishSpan records a span's outcome: duration, status, error, tokens,
 // the model's accounting, digest and prompt hashes, and attributes. It
-// is lazy, like StartSpan.
+// is lazy, like StartSpan, except for a span that is the only record of
+// something (see recordsAlone), which commits with the next write of any
+// kind, as FinishSpanWithNext.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
-	return s.finishSpan(sp, false)
+	return s.finishSpan(sp, recordsAlone(sp))
 }
 
 // FinishSpanWithNext is FinishSpan for a span that is the only record of
-// something (what a failed model call spent): it commits with the next
-// write of any kind, as the journal's events do, instead of waiting for a
-// status change. A crash loses it only with the events after it.
+// something: it commits with the next write of any kind, as the
+// journal's events do, instead of waiting for a status change. A crash
+// loses it only with the events after it.
 func (s *Store) FinishSpanWithNext(ctx context.Context, sp keel.Span) error {
 	return s.finishSpan(sp, true)
+}
+
+// recordsAlone reports whether a finished span is the only record of
+// something the journal does not hold, so that it must not be lost
+// while a later event is kept: what a failed model call spent (a
+// successful call's usage is in its model.result), or a person's answer
+// ending a wait (it commits with the decision journaled after it).
+func recordsAlone(sp keel.Span) bool {
+	return sp.Kind == keel.SpanHuman || (sp.Kind == keel.SpanModelCall && sp.Status == keel.SpanError)
 }
 
 func (s *Store) finishSpan(sp keel.Span, withNext bool) error {

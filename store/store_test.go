@@ -803,3 +803,48 @@ func TestWaitCommitsItsSpans(t *testing.T) {
 		t.Fatalf("when the wait is journaled, another reader sees spans %+v, %v; want the wait, running", spans, err)
 	}
 }
+
+// TestFinishSpanKeepsWhatOnlyASpanRecords: FinishSpan decides when a span
+// commits. A failed model call's span (the only record of what it spent)
+// and a person's wait commit with the next write of any kind, as the
+// journal's events do; other spans keep waiting (here for good: the lazy
+// delay is an hour) for a status change.
+func TestFinishSpanKeepsWhatOnlyASpanRecords(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		kind     keel.SpanKind
+		status   keel.SpanStatus
+		withNext bool
+	}{
+		{keel.SpanModelCall, keel.SpanError, true},
+		{keel.SpanHuman, keel.SpanOK, true},
+		{keel.SpanHuman, keel.SpanError, true},
+		{keel.SpanModelCall, keel.SpanOK, false},
+		{keel.SpanToolCall, keel.SpanError, false},
+		{keel.SpanRetry, keel.SpanOK, false},
+	} {
+		t.Run(string(tt.kind)+"/"+string(tt.status), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s, other := openLazy(t)
+			sp := keel.Span{ID: "s1", RunID: "a", Kind: tt.kind, Start: time.Now()}
+			if err := s.StartSpan(ctx, sp); err != nil {
+				t.Fatal(err)
+			}
+			sp.Status, sp.PromptTokens = tt.status, 7
+			if err := s.FinishSpan(ctx, sp); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Append(ctx, "a", keel.EventHumanMessage, time.Now(), nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			spans, err := other.Spans(ctx, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(spans) == 1; got != tt.withNext {
+				t.Errorf("after the next append, another reader sees %d spans; committed with it = %v, want %v", len(spans), got, tt.withNext)
+			}
+		})
+	}
+}
