@@ -495,8 +495,19 @@ func parseIPPart(s string) (uint64, bool) {
 	case len(s) > 1 && s[0] == '0':
 		base, s = 8, s[1:]
 	}
-	v, err := strconv.ParseUint(s, base, 32)
-	return v, err == nil
+	// By hand: strconv's error for a name ("dev") would allocate on
+	// every decision about a URL.
+	var v uint64
+	for i := 0; i < len(s); i++ {
+		d := unhex(s[i])
+		if d < 0 || d >= base {
+			return 0, false
+		}
+		if v = v*uint64(base) + uint64(d); v > 1<<32-1 {
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // URLPattern is a compiled URL pattern: scheme://host[:port][/path].
