@@ -220,7 +220,8 @@ func (d Decision) String() string {
 }
 
 // Setting is one setting of a layer file (cloud, clear.LABEL,
-// default.KIND, egress_after_labels) and where it is.
+// default.KIND, egress_after_labels) and where it is. Like a *Rule, a
+// *Setting is shared: read it, never modify it.
 type Setting struct {
 	Key   string
 	Layer Layer

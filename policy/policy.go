@@ -12,7 +12,9 @@ import (
 )
 
 // Rule is one rule of a layer file. Its exported fields say where it
-// is; the conditions are private and fixed once compiled. A rule
+// is; the conditions are private and fixed once compiled. A *Rule is
+// shared by its policy and every decision it makes: read it, never
+// modify it. A rule
 // matches an action when every condition it has holds; a condition with
 // a list holds when one of the list does.
 type Rule struct {
