@@ -254,7 +254,9 @@ func (p *Policy) merge(d *doc) {
 		}
 	}
 	for k, s := range d.defaults {
-		if s != nil {
+		// Two files of one layer (a run's rules and --require-approval):
+		// the stricter default.
+		if cur := p.defaults[d.Layer][k]; s != nil && (cur.at == nil || s.v > cur.v) {
 			p.defaults[d.Layer][k] = *s
 		}
 	}

@@ -108,6 +108,13 @@ func TestLayerDefaults(t *testing.T) {
 			t.Errorf("egress %s %s = %s, want %s", tt.tool, tt.dest, d, tt.want)
 		}
 	}
+	// Two files of one layer: the stricter default, whichever comes last.
+	for _, order := range [][2]string{{"deny", "allow"}, {"allow", "deny"}} {
+		p = compile(t, file(LayerRun, `{"default": {"tool": "`+order[0]+`"}}`), file(LayerRun, `{"default": {"tool": "`+order[1]+`"}}`))
+		if d := p.Decide(fetch); d.Outcome != Deny {
+			t.Errorf("run-layer defaults %s then %s: Decide = %s, want deny", order[0], order[1], d)
+		}
+	}
 	// A user's allow rule cannot pass the managed default.
 	p = compile(t, file(LayerManaged, `{"default": {"egress": "deny"}}`),
 		file(LayerUser, `{"rules": [{"action": "egress", "decision": "allow"}]}`))
