@@ -121,7 +121,6 @@ func dataDir(cmd *cobra.Command) string {
 	return dir
 }
 
-// connect dials the daemon of the command's data dir.
 // withClient connects to the daemon, runs f with the client and closes it.
 func withClient(cmd *cobra.Command, f func(c *client.Client) error) error {
 	c, err := connect(cmd)
@@ -130,6 +129,20 @@ func withClient(cmd *cobra.Command, f func(c *client.Client) error) error {
 	}
 	defer c.Close()
 	return f(c)
+}
+
+// call is a command that makes one request: it connects to the daemon,
+// calls m with p and, if that succeeds, has show print the result, then
+// closes the connection. An error of the call or of show is the
+// command's.
+func call[P, R any](cmd *cobra.Command, m client.Method[P, R], p P, show func(r R) error) error {
+	return withClient(cmd, func(c *client.Client) error {
+		r, err := client.Do(cmd.Context(), c, m, p)
+		if err != nil {
+			return err
+		}
+		return show(r)
+	})
 }
 
 // jsonFlag returns the value of a flag that must hold JSON, or nil when
@@ -144,6 +157,8 @@ func jsonFlag(name, value string) (json.RawMessage, error) {
 	return json.RawMessage(value), nil
 }
 
+// connect dials the daemon of the command's data dir and introduces the
+// CLI (initialize).
 func connect(cmd *cobra.Command) (*client.Client, error) {
 	c, err := client.DialDataDir(cmd.Context(), dataDir(cmd))
 	if err != nil {

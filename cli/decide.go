@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -28,11 +27,7 @@ func decideCmd() *cobra.Command {
 			if p.Output, err = jsonFlag("output", output); err != nil {
 				return err
 			}
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := c.Decide(cmd.Context(), p)
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.RunDecide, p, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s recorded for call %s; the run goes on (follow it with keel show %s)\n", r.ID, p.Decision, p.CallID, r.ID)
 				return nil
 			})
@@ -44,18 +39,14 @@ func decideCmd() *cobra.Command {
 }
 
 // runControlCmd is keel pause, keel resume and keel cancel: one run, one
-// request, the run's new state printed.
-func runControlCmd(use, short, done string, call func(c *client.Client, ctx context.Context, id keel.RunID) (keel.Run, error)) *cobra.Command {
+// request m, the run's new state printed.
+func runControlCmd(use, short, done string, m client.Method[protocol.RunRef, keel.Run]) *cobra.Command {
 	return &cobra.Command{
 		Use:   use + " RUN",
 		Short: short,
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := call(c, cmd.Context(), keel.RunID(args[0]))
-				if err != nil {
-					return err
-				}
+			return call(cmd, m, protocol.RunRef{RunID: keel.RunID(args[0])}, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: %s (now %s)\n", r.ID, done, r.Status)
 				return nil
 			})
@@ -65,15 +56,15 @@ func runControlCmd(use, short, done string, call func(c *client.Client, ctx cont
 
 func pauseCmd() *cobra.Command {
 	return runControlCmd("pause", "Pause a running run at its next step boundary (a call in flight finishes first)", "pause requested",
-		(*client.Client).PauseRun)
+		client.RunPause)
 }
 
 func resumeCmd() *cobra.Command {
-	return runControlCmd("resume", "Let a paused run go on from where it stopped", "resumed", (*client.Client).ResumeRun)
+	return runControlCmd("resume", "Let a paused run go on from where it stopped", "resumed", client.RunResume)
 }
 
 func cancelCmd() *cobra.Command {
-	return runControlCmd("cancel", "Cancel a run: in-flight model streams and tool calls stop", "cancelled", (*client.Client).CancelRun)
+	return runControlCmd("cancel", "Cancel a run: in-flight model streams and tool calls stop", "cancelled", client.RunCancel)
 }
 
 func replayCmd() *cobra.Command {
@@ -83,11 +74,7 @@ func replayCmd() *cobra.Command {
 		Short: "Run a finished run again from its journal, calling no model and no tool, and check the events match",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				res, err := c.ReplayRun(cmd.Context(), keel.RunID(args[0]))
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.RunReplay, protocol.RunRef{RunID: keel.RunID(args[0])}, func(res protocol.RunReplayResult) error {
 				if asJSON {
 					return writeJSON(cmd, res)
 				}
@@ -167,11 +154,8 @@ func sayCmd() *cobra.Command {
 		Short: "Tell a run something: the model reads it before its next step (to correct its direction)",
 		Args:  usageArgs(cobra.MinimumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := c.SayToRun(cmd.Context(), keel.RunID(args[0]), strings.Join(args[1:], " "))
-				if err != nil {
-					return err
-				}
+			p := protocol.RunSayParams{RunID: keel.RunID(args[0]), Message: strings.Join(args[1:], " ")}
+			return call(cmd, client.RunSay, p, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: message recorded; the model reads it before its next step (now %s)\n", r.ID, r.Status)
 				return nil
 			})

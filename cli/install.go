@@ -199,7 +199,7 @@ func installCmd() *cobra.Command {
 				var info protocol.ToolInfo
 				pr := newProgress(errw, isTerminal(errw), false)
 				if err := pr.during("validating and compiling "+filepath.Base(file), func() (err error) {
-					info, err = c.InspectTool(ctx, file)
+					info, err = client.Do(ctx, c, client.ToolsInspect, protocol.ToolsInspectParams{Path: file})
 					return err
 				}); err != nil {
 					return err
@@ -222,7 +222,7 @@ func installCmd() *cobra.Command {
 				if private {
 					g = markPrivate(g)
 				}
-				installed, err := c.InstallTool(context.WithoutCancel(ctx), protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace, KeepGrants: keep})
+				installed, err := client.Do(context.WithoutCancel(ctx), c, client.ToolsInstall, protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace, KeepGrants: keep})
 				if err != nil {
 					return err
 				}
@@ -255,10 +255,7 @@ func removeCmd() *cobra.Command {
 		Short: "Uninstall a tool and forget its grants",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				if err := c.RemoveTool(cmd.Context(), args[0]); err != nil {
-					return err
-				}
+			return call(cmd, client.ToolsRemove, protocol.ToolRef{Name: args[0]}, func(client.None) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", args[0])
 				return nil
 			})
@@ -291,19 +288,7 @@ func grantCmd() *cobra.Command {
 				}
 				g = markPrivate(g)
 			}
-			return withClient(cmd, func(c *client.Client) error {
-				info, err := c.GrantTool(cmd.Context(), protocol.ToolsGrantParams{Name: args[0], Grants: g, Confirm: confirm})
-				if err != nil {
-					return err
-				}
-				if info.Grants.Empty() {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
-					return nil
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
-				describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
-				return nil
-			})
+			return call(cmd, client.ToolsGrant, protocol.ToolsGrantParams{Name: args[0], Grants: g, Confirm: confirm}, printGrants(cmd))
 		},
 	}
 	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
@@ -326,21 +311,24 @@ func revokeCmd() *cobra.Command {
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
-			return withClient(cmd, func(c *client.Client) error {
-				info, err := c.RevokeTool(cmd.Context(), protocol.ToolsRevokeParams{Name: args[0], Grants: g, All: all})
-				if err != nil {
-					return err
-				}
-				if info.Grants.Empty() {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s now has no grants\n", info.Name)
-					return nil
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s now has:\n", info.Name)
-				describeGrants(cmd.OutOrStdout(), "  ", info.Grants)
-				return nil
-			})
+			return call(cmd, client.ToolsRevoke, protocol.ToolsRevokeParams{Name: args[0], Grants: g, All: all}, printGrants(cmd))
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "revoke every grant")
 	return cmd
+}
+
+// printGrants prints the grants a tool has after keel tools grant or
+// revoke.
+func printGrants(cmd *cobra.Command) func(protocol.ToolInfo) error {
+	return func(info protocol.ToolInfo) error {
+		out := cmd.OutOrStdout()
+		if info.Grants.Empty() {
+			fmt.Fprintf(out, "%s now has no grants\n", info.Name)
+			return nil
+		}
+		fmt.Fprintf(out, "%s now has:\n", info.Name)
+		describeGrants(out, "  ", info.Grants)
+		return nil
+	}
 }

@@ -29,11 +29,7 @@ func modelsListCmd() *cobra.Command {
 Exits 1 when a provider cannot be reached, after saying what to do about it.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				res, err := c.ListModels(cmd.Context())
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.ModelsList, client.None{}, func(res protocol.ModelsListResult) error {
 				healthy, errw := true, cmd.ErrOrStderr()
 				for _, p := range res.Providers {
 					switch {

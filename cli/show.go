@@ -30,11 +30,7 @@ func runsCmd() *cobra.Command {
 			for _, st := range status {
 				p.Status = append(p.Status, keel.RunStatus(st))
 			}
-			return withClient(cmd, func(c *client.Client) error {
-				page, err := c.ListRunsPage(cmd.Context(), p)
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.RunList, p, func(page protocol.RunListResult) error {
 				runs := page.Runs
 				if asJSON {
 					return writeJSON(cmd, runs)

@@ -20,11 +20,7 @@ func takeOverCmd() *cobra.Command {
 		Short: "Take control of a run: it stops at its next step boundary until you hand it back (keel handback)",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := c.TakeOverRun(cmd.Context(), keel.RunID(args[0]), note)
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.RunTakeOver, protocol.RunControlParams{RunID: keel.RunID(args[0]), Note: note}, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: taken over (now %s); run its tools with `keel tools call --run %s NAME JSON`, then `keel handback %s`\n", r.ID, r.Status, r.ID, r.ID)
 				return nil
 			})
@@ -40,11 +36,8 @@ func handBackCmd() *cobra.Command {
 		Short: "Hand a taken-over run back: it goes on, and the model reads what you did and MESSAGE first",
 		Args:  usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := c.HandBackRun(cmd.Context(), keel.RunID(args[0]), strings.Join(args[1:], " "))
-				if err != nil {
-					return err
-				}
+			p := protocol.RunControlParams{RunID: keel.RunID(args[0]), Note: strings.Join(args[1:], " ")}
+			return call(cmd, client.RunHandBack, p, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: handed back (now %s)\n", r.ID, r.Status)
 				return nil
 			})
@@ -60,11 +53,7 @@ func forkCmd() *cobra.Command {
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.RunID = keel.RunID(args[0])
-			return withClient(cmd, func(c *client.Client) error {
-				r, err := c.ForkRun(cmd.Context(), p)
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.RunFork, p, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s forked from %s at step %d (model %s); follow it with `keel show %s`\n", r.ID, p.RunID, p.Step, r.Model, r.ID)
 				return nil
 			})
@@ -79,11 +68,7 @@ func forkCmd() *cobra.Command {
 // runToolFor runs a tool on behalf of a taken-over run: `keel tool call
 // --run RUN NAME JSON`.
 func runToolFor(cmd *cobra.Command, run, name string, input json.RawMessage) error {
-	return withClient(cmd, func(c *client.Client) error {
-		res, err := c.RunToolFor(cmd.Context(), protocol.RunToolParams{RunID: keel.RunID(run), Name: name, Arguments: input})
-		if err != nil {
-			return err
-		}
+	return call(cmd, client.RunTool, protocol.RunToolParams{RunID: keel.RunID(run), Name: name, Arguments: input}, func(res protocol.RunToolResult) error {
 		if res.Error != nil {
 			return &exitError{code: ExitFailure, err: fmt.Errorf("tool %s failed (recorded in run %s; the model reads it when you hand the run back): %s", name, run, res.Error.Error())}
 		}

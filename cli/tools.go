@@ -22,11 +22,7 @@ func toolsCmd() *cobra.Command {
 		Short: "List installed tools with their schemas and grants",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				res, err := c.ToolsList(cmd.Context())
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.ToolsList, client.None{}, func(res protocol.ToolsListResult) error {
 				tools := res.Tools
 				if res.Compiling != nil {
 					note := "the list is partial"
@@ -96,11 +92,8 @@ func auditCmd() *cobra.Command {
 		Short: "Show the audit trail of tool calls: tool, version, hash, caller, arguments hash, grants, outcome, duration",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withClient(cmd, func(c *client.Client) error {
-				recs, err := c.ToolAudit(cmd.Context(), tool, limit)
-				if err != nil {
-					return err
-				}
+			return call(cmd, client.ToolsAudit, protocol.ToolsAuditParams{Tool: tool, Limit: limit}, func(res protocol.ToolsAuditResult) error {
+				recs := res.Records
 				if asJSON {
 					return writeJSON(cmd, recs)
 				}

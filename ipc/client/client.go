@@ -189,12 +189,12 @@ func shellQuote(s string) string {
 // subscribed: when its buffer (1024 events) is full the client stops
 // reading, responses included, and the daemon eventually drops a client
 // that does not keep up.
+func (c *Client) Events() <-chan keel.Event { return c.events }
+
 // ToolsChanged signals when the daemon reports that the installed tools
 // or their grants changed (several changes may arrive as one signal);
 // call ListTools to see the new state.
 func (c *Client) ToolsChanged() <-chan struct{} { return c.toolsChanged }
-
-func (c *Client) Events() <-chan keel.Event { return c.events }
 
 // Err returns why the connection ended, or nil while it is open.
 func (c *Client) Err() error {
@@ -452,135 +452,84 @@ func closeCause(err error, closedByUs bool) error {
 	return fmt.Errorf("keel: connection lost (%v): %w", err, ErrClosed)
 }
 
+// The methods below are shorthands for Do with the common calls; Do
+// calls any method, these included.
+
 // Initialize tells the daemon who is calling and returns what it serves.
 func (c *Client) Initialize(ctx context.Context, p protocol.InitializeParams) (protocol.InitializeResult, error) {
-	var r protocol.InitializeResult
-	err := c.Call(ctx, protocol.MethodInitialize, p, &r)
-	return r, err
+	return Do(ctx, c, Initialize, p)
 }
 
 // StartRun starts a run.
 func (c *Client) StartRun(ctx context.Context, p protocol.RunStartParams) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunStart, p, &r)
-	return r, err
+	return Do(ctx, c, RunStart, p)
 }
 
 // CancelRun asks a run to stop and returns its state.
 func (c *Client) CancelRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunCancel, protocol.RunRef{RunID: id}, &r)
-	return r, err
+	return Do(ctx, c, RunCancel, protocol.RunRef{RunID: id})
 }
 
 // ListRuns returns up to limit runs, newest first; limit 0 means the
 // daemon's default (50).
 func (c *Client) ListRuns(ctx context.Context, limit int) ([]keel.Run, error) {
-	r, err := c.ListRunsPage(ctx, protocol.RunListParams{Limit: limit})
+	r, err := Do(ctx, c, RunList, protocol.RunListParams{Limit: limit})
 	return r.Runs, err
-}
-
-// ListRunsPage returns one page of runs, newest first, as p selects
-// (states, limit, the cursor of the page before), and the next page's
-// cursor.
-func (c *Client) ListRunsPage(ctx context.Context, p protocol.RunListParams) (protocol.RunListResult, error) {
-	var r protocol.RunListResult
-	err := c.Call(ctx, protocol.MethodRunList, p, &r)
-	return r, err
-}
-
-// InspectTool validates a .wasm file (absolute path) without installing it.
-func (c *Client) InspectTool(ctx context.Context, path string) (protocol.ToolInfo, error) {
-	var r protocol.ToolInfo
-	err := c.Call(ctx, protocol.MethodToolsInspect, protocol.ToolsInspectParams{Path: path}, &r)
-	return r, err
-}
-
-// InstallTool installs a .wasm file with the grants given.
-func (c *Client) InstallTool(ctx context.Context, p protocol.ToolsInstallParams) (protocol.ToolInfo, error) {
-	var r protocol.ToolInfo
-	err := c.Call(ctx, protocol.MethodToolsInstall, p, &r)
-	return r, err
-}
-
-// RemoveTool uninstalls a tool and forgets its grants.
-func (c *Client) RemoveTool(ctx context.Context, name string) error {
-	return c.Call(ctx, protocol.MethodToolsRemove, protocol.ToolRef{Name: name}, nil)
 }
 
 // GrantTool adds grants to an installed tool.
 func (c *Client) GrantTool(ctx context.Context, p protocol.ToolsGrantParams) (protocol.ToolInfo, error) {
-	var r protocol.ToolInfo
-	err := c.Call(ctx, protocol.MethodToolsGrant, p, &r)
-	return r, err
-}
-
-// RevokeTool removes some or all grants of a tool.
-func (c *Client) RevokeTool(ctx context.Context, p protocol.ToolsRevokeParams) (protocol.ToolInfo, error) {
-	var r protocol.ToolInfo
-	err := c.Call(ctx, protocol.MethodToolsRevoke, p, &r)
-	return r, err
+	return Do(ctx, c, ToolsGrant, p)
 }
 
 // ToolAudit returns up to limit tool-call audit records, newest first;
 // tool, when not empty, keeps only that tool's calls.
 func (c *Client) ToolAudit(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
-	var r protocol.ToolsAuditResult
-	err := c.Call(ctx, protocol.MethodToolsAudit, protocol.ToolsAuditParams{Tool: tool, Limit: limit}, &r)
+	r, err := Do(ctx, c, ToolsAudit, protocol.ToolsAuditParams{Tool: tool, Limit: limit})
 	return r.Records, err
 }
 
 // GetRun returns a run with its events and spans.
 func (c *Client) GetRun(ctx context.Context, id keel.RunID) (protocol.RunDetail, error) {
-	var r protocol.RunDetail
-	err := c.Call(ctx, protocol.MethodRunGet, protocol.RunRef{RunID: id}, &r)
-	return r, err
+	return Do(ctx, c, RunGet, protocol.RunRef{RunID: id})
 }
 
 // Subscribe asks for the events of run id with Seq > afterSeq, then its
 // live ones, on Events. To resume after a reconnect, pass the last Seq
 // received.
 func (c *Client) Subscribe(ctx context.Context, id keel.RunID, afterSeq int64) (protocol.SubscribeResult, error) {
-	var r protocol.SubscribeResult
-	err := c.Call(ctx, protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: id, AfterSeq: afterSeq}, &r)
-	return r, err
+	return Do(ctx, c, RunSubscribe, protocol.SubscribeParams{RunID: id, AfterSeq: afterSeq})
 }
 
 // Unsubscribe stops the events of run id. Events already sent may still
 // arrive on Events.
 func (c *Client) Unsubscribe(ctx context.Context, id keel.RunID) error {
-	return c.Call(ctx, protocol.MethodRunUnsubscribe, protocol.RunRef{RunID: id}, nil)
+	_, err := Do(ctx, c, RunUnsubscribe, protocol.RunRef{RunID: id})
+	return err
 }
 
-// ListTools returns the installed tools.
 // ToolsList returns the installed tools and, while the daemon is still
 // compiling the tools it found at start, its progress.
 func (c *Client) ToolsList(ctx context.Context) (protocol.ToolsListResult, error) {
-	var r protocol.ToolsListResult
-	err := c.Call(ctx, protocol.MethodToolsList, nil, &r)
-	return r, err
+	return Do(ctx, c, ToolsList, None{})
 }
 
+// ListTools returns the installed tools.
 func (c *Client) ListTools(ctx context.Context) ([]protocol.ToolInfo, error) {
-	var r protocol.ToolsListResult
-	err := c.Call(ctx, protocol.MethodToolsList, nil, &r)
+	r, err := c.ToolsList(ctx)
 	return r.Tools, err
 }
 
 // CallTool runs a tool directly, without a model. A tool failure is a
 // *protocol.Error whose Data is the keel.ToolError.
 func (c *Client) CallTool(ctx context.Context, name string, input json.RawMessage) (protocol.ToolsCallResult, error) {
-	var r protocol.ToolsCallResult
-	err := c.Call(ctx, protocol.MethodToolsCall, protocol.ToolsCallParams{Name: name, Input: input}, &r)
-	return r, err
+	return Do(ctx, c, ToolsCall, protocol.ToolsCallParams{Name: name, Input: input})
 }
 
 // ListModels returns the models of every model provider the daemon has,
 // and whether each provider answered.
 func (c *Client) ListModels(ctx context.Context) (protocol.ModelsListResult, error) {
-	var r protocol.ModelsListResult
-	err := c.Call(ctx, protocol.MethodModelsList, nil, &r)
-	return r, err
+	return Do(ctx, c, ModelsList, None{})
 }
 
 // PullModel asks the daemon to download the model name and returns once
@@ -592,114 +541,37 @@ func (c *Client) ListModels(ctx context.Context) (protocol.ModelsListResult, err
 // first, PullModel returns ctx's error and the pull goes on until the
 // connection closes: close the client to cancel it.
 func (c *Client) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) (protocol.ModelsPullResult, error) {
-	var r protocol.ModelsPullResult
-	var each func(json.RawMessage)
-	if progress != nil {
-		each = func(raw json.RawMessage) {
-			var pr protocol.ModelsPullProgress
-			if json.Unmarshal(raw, &pr) == nil {
-				progress(pr)
-			}
-		}
-	}
-	err := c.call(ctx, protocol.MethodModelsPull, protocol.ModelsPullParams{Name: name}, &r, each)
-	return r, err
+	return DoStream(ctx, c, ModelsPull, protocol.ModelsPullParams{Name: name}, progress)
 }
 
 // Chat asks the daemon's model layer for one reply (models.chat). With
 // onDelta set the reply streams: onDelta is called on the caller's
 // goroutine with each fragment, in order, before Chat returns.
 func (c *Client) Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error) {
-	var r protocol.ModelsChatResult
-	var each func(json.RawMessage)
 	if onDelta != nil {
 		p.Stream = true
-		each = func(raw json.RawMessage) {
-			var d protocol.ChatDelta
-			if json.Unmarshal(raw, &d) == nil {
-				onDelta(d)
-			}
-		}
 	}
-	err := c.call(ctx, protocol.MethodModelsChat, p, &r, each)
-	return r, err
-}
-
-// PauseRun asks a running run to pause at its next step boundary.
-func (c *Client) PauseRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunPause, protocol.RunRef{RunID: id}, &r)
-	return r, err
+	return DoStream(ctx, c, ModelsChat, p, onDelta)
 }
 
 // SayToRun gives a run a person's message (run.say).
 func (c *Client) SayToRun(ctx context.Context, id keel.RunID, message string) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunSay, protocol.RunSayParams{RunID: id, Message: message}, &r)
-	return r, err
+	return Do(ctx, c, RunSay, protocol.RunSayParams{RunID: id, Message: message})
 }
 
 // ApproveRun answers a run's approval request (run.approve).
 func (c *Client) ApproveRun(ctx context.Context, p protocol.RunApproveParams) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunApprove, p, &r)
-	return r, err
-}
-
-// ReplayRun replays a finished run from its journal (run.replay).
-func (c *Client) ReplayRun(ctx context.Context, id keel.RunID) (protocol.RunReplayResult, error) {
-	var r protocol.RunReplayResult
-	err := c.Call(ctx, protocol.MethodRunReplay, protocol.RunRef{RunID: id}, &r)
-	return r, err
-}
-
-// ResumeRun lets a paused run go on.
-func (c *Client) ResumeRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunResume, protocol.RunRef{RunID: id}, &r)
-	return r, err
+	return Do(ctx, c, RunApprove, p)
 }
 
 // Decide answers a run waiting on a tool call whose outcome is unknown
 // (run.decide): retry it, skip it, or mark it done with output.
 func (c *Client) Decide(ctx context.Context, p protocol.RunDecideParams) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunDecide, p, &r)
-	return r, err
+	return Do(ctx, c, RunDecide, p)
 }
 
 // Describe returns what the daemon's environment declares: model
 // providers, tools and their grants, network stance.
 func (c *Client) Describe(ctx context.Context) (protocol.EnvDescribeResult, error) {
-	var r protocol.EnvDescribeResult
-	err := c.Call(ctx, protocol.MethodEnvDescribe, nil, &r)
-	return r, err
-}
-
-// TakeOverRun takes control of a run (run.takeover).
-func (c *Client) TakeOverRun(ctx context.Context, id keel.RunID, note string) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunTakeOver, protocol.RunControlParams{RunID: id, Note: note}, &r)
-	return r, err
-}
-
-// HandBackRun returns control of a taken-over run (run.handback).
-func (c *Client) HandBackRun(ctx context.Context, id keel.RunID, note string) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunHandBack, protocol.RunControlParams{RunID: id, Note: note}, &r)
-	return r, err
-}
-
-// RunToolFor runs a tool on behalf of a taken-over run (run.tool).
-func (c *Client) RunToolFor(ctx context.Context, p protocol.RunToolParams) (protocol.RunToolResult, error) {
-	var r protocol.RunToolResult
-	err := c.Call(ctx, protocol.MethodRunTool, p, &r)
-	return r, err
-}
-
-// ForkRun starts a run forked from another (run.fork).
-func (c *Client) ForkRun(ctx context.Context, p protocol.RunForkParams) (keel.Run, error) {
-	var r keel.Run
-	err := c.Call(ctx, protocol.MethodRunFork, p, &r)
-	return r, err
+	return Do(ctx, c, EnvDescribe, None{})
 }
