@@ -20,10 +20,11 @@
 // rebuilt from the journal), plan.go (validation and schema), planner.go
 // (the planner's model step) and budget.go (what each sub-agent may spend).
 //
-// The engine consumes small interfaces defined here (Store, Model, Tools)
-// and takes its clock, its sleeper and its ID source from Config so runs
-// are reproducible. A replay (replay.go) is the same loop run against
-// recorded ones: the journal's model and tool results and context
-// summaries, a sleeper that does not wait, and a journal in memory.
+// The engine consumes small interfaces defined here (a Journal and a
+// Tracer, together its Store; Model; Tools) and takes its clock, its
+// sleeper and its ID source from Config so runs are reproducible. A
+// replay (replay.go) is the same loop run against recorded ones: the
+// journal's model and tool results and context summaries, a sleeper that
+// does not wait, and a journal in memory.
 // Each run has one goroutine, started by Start and joined by Close.
 package engine
