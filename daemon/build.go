@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
@@ -60,7 +61,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	// The engine asks the model layer, which routes to Ollama and to the
 	// providers of models.json, enforcing policy, limits and budgets.
-	router, providers, err := newRouter(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
+	router, providers, err := modelsfile.Load(filepath.Join(cfg.DataDir, ModelsConfigFile), provider, st, log)
 	if err != nil {
 		return l, err
 	}
@@ -78,11 +79,11 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	grants := &grantTable{m: stored}
 	notifier := &toolsNotifier{}
-	toolsConf, err := readToolsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
+	limits, err := wasmtools.ReadLimitsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
 	if err != nil {
 		return l, fmt.Errorf("tool limits: %w", err)
 	}
-	reg, err := wasmtools.Open(ctx, toolsConf.applyToolLimits(wasmtools.Config{
+	reg, err := wasmtools.Open(ctx, wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
 		GrantsFor: grants.get,
@@ -96,7 +97,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		Background: true,
 		OnChange:   notifier.notify,
 		Logger:     log.With("component", "wasmtools"),
-	}))
+	}.WithDefaultLimits(limits))
 	if err != nil {
 		return l, fmt.Errorf("load tools: %w", err)
 	}

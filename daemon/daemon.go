@@ -24,6 +24,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/wasmtools"
 	"golang.org/x/sync/errgroup"
 )
@@ -89,6 +90,14 @@ type Config struct {
 	// Ready, when set, is called once the daemon accepts connections.
 	Ready func(protocol.DaemonInfo)
 }
+
+// The configuration files of the data directory: the model layer's
+// (docs/models.md) and the default limits of tool calls (docs/tools.md).
+// Both are optional.
+const (
+	ModelsConfigFile = modelsfile.Name
+	ToolsConfigFile  = wasmtools.LimitsFile
+)
 
 // ErrAlreadyRunning is returned when another daemon holds the data dir.
 var ErrAlreadyRunning = errors.New("another keel daemon is already running on this data directory")

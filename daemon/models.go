@@ -13,12 +13,13 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
 )
 
-// localProvider is the name newRouter gives the local provider, Ollama
-// (or a test's provider).
-const localProvider = "ollama"
+// localProvider is the name modelsfile.Load gives the local provider,
+// Ollama (or a test's provider).
+const localProvider = modelsfile.LocalName
 
 // providerTimeout bounds asking a provider for its models, so that a
 // provider that hangs does not hold up env.describe or models.list.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path"
@@ -262,12 +261,12 @@ func (m *toolManager) InstallTool(ctx context.Context, p protocol.ToolsInstallPa
 	if _, err := m.info(ctx, name); err == nil && !p.Replace {
 		return protocol.ToolInfo{}, fmt.Errorf("a tool named %s is already installed; replace it with --replace (the replace parameter of tools.install): %w", name, keel.ErrConflict)
 	}
-	g, err := checkGrants(t.Requests, p.Grants)
+	g, err := wasmtools.CheckGrants(t.Requests, p.Grants)
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
 	if old, ok := m.grants.row(name); ok && p.KeepGrants {
-		g = carryGrants(t.Requests, old.Grants).Add(g)
+		g = wasmtools.CarryGrants(t.Requests, old.Grants).Add(g)
 	}
 	row := store.ToolGrant{SHA256: t.GrantDigest, Grants: g}
 	if err := m.st.SetToolGrants(ctx, name, row, time.Now()); err != nil {
@@ -323,7 +322,7 @@ func (m *toolManager) GrantTool(ctx context.Context, p protocol.ToolsGrantParams
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
-	add, err := checkGrants(info.Requests, p.Grants)
+	add, err := wasmtools.CheckGrants(info.Requests, p.Grants)
 	if err != nil {
 		return protocol.ToolInfo{}, err
 	}
@@ -334,7 +333,7 @@ func (m *toolManager) GrantTool(ctx context.Context, p protocol.ToolsGrantParams
 	case p.Confirm != "" && info.PendingGrants == nil:
 		return protocol.ToolInfo{}, fmt.Errorf("tool %s has no grants pending confirmation: %w", p.Name, keel.ErrInvalid)
 	case p.Confirm != "":
-		next = carryGrants(info.Requests, info.PendingGrants.Grants)
+		next = wasmtools.CarryGrants(info.Requests, info.PendingGrants.Grants)
 	case info.PendingGrants != nil:
 		return protocol.ToolInfo{}, fmt.Errorf("tool %s was replaced (grant digest %s, granted as %s): confirm its earlier grants with `keel tools grant %s --confirm %s`, or revoke them with `keel tools revoke %s --all`: %w",
 			p.Name, info.GrantDigest, info.PendingGrants.SHA256, p.Name, info.GrantDigest, p.Name, keel.ErrConflict)
@@ -372,108 +371,6 @@ func (m *toolManager) store(ctx context.Context, name string, row store.ToolGran
 		return protocol.ToolInfo{}, err
 	}
 	return m.info(ctx, name)
-}
-
-// carryGrants returns those of g, given to an earlier module, that a
-// module requesting req still requests: read-only where the request now
-// is.
-func carryGrants(req, g capabilities.Grants) capabilities.Grants {
-	var out capabilities.Grants
-	for _, f := range g.FS {
-		i := slices.IndexFunc(req.FS, func(r capabilities.FSGrant) bool { return path.Clean("/"+r.GuestPath) == f.GuestPath })
-		if i < 0 {
-			continue
-		}
-		f.ReadOnly = f.ReadOnly || req.FS[i].ReadOnly
-		out.FS = append(out.FS, f)
-	}
-	for _, n := range g.Network {
-		if slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {
-			out.Network = append(out.Network, n)
-		}
-	}
-	for _, e := range g.Env {
-		if slices.Contains(req.Env, e) {
-			out.Env = append(out.Env, e)
-		}
-	}
-	out.Limits = carryLimits(req.Limits, g.Limits)
-	return out
-}
-
-// checkGrants returns g normalized if it grants only what req requests:
-// a filesystem grant names a requested guest path and an existing host
-// directory, and is read-only where the request is; network and
-// environment grants name requested entries exactly; a limit grant names
-// a limit the manifest asks for. Anything else is refused, naming the
-// offending entry.
-func checkGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
-	var out capabilities.Grants
-	for _, f := range g.FS {
-		guest := path.Clean("/" + f.GuestPath)
-		i := slices.IndexFunc(req.FS, func(r capabilities.FSGrant) bool { return path.Clean("/"+r.GuestPath) == guest })
-		if i < 0 {
-			return out, fmt.Errorf("grant fs:%s: the tool does not request it: %w", guest, keel.ErrInvalid)
-		}
-		if !filepath.IsAbs(f.HostPath) {
-			return out, fmt.Errorf("grant fs:%s: host path %q must be absolute: %w", guest, f.HostPath, keel.ErrInvalid)
-		}
-		switch fi, err := os.Stat(f.HostPath); {
-		case errors.Is(err, fs.ErrNotExist):
-			return out, fmt.Errorf("grant fs:%s: host directory %s does not exist; create it first (mkdir -p %s): %w", guest, f.HostPath, f.HostPath, keel.ErrInvalid)
-		case err != nil:
-			return out, fmt.Errorf("grant fs:%s: host directory %s: %w: %w", guest, f.HostPath, err, keel.ErrInvalid)
-		case !fi.IsDir():
-			return out, fmt.Errorf("grant fs:%s: host path %s is not a directory: %w", guest, f.HostPath, keel.ErrInvalid)
-		}
-		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly, Private: f.Private})
-	}
-	for _, n := range g.Network {
-		if !slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {
-			return out, fmt.Errorf("grant net:%s: the tool does not request it: %w", n, keel.ErrInvalid)
-		}
-		out.Network = append(out.Network, n)
-	}
-	for _, e := range g.Env {
-		if !slices.Contains(req.Env, e) {
-			return out, fmt.Errorf("grant env:%s: the tool does not request it: %w", e, keel.ErrInvalid)
-		}
-		out.Env = append(out.Env, e)
-	}
-	if err := g.Limits.Check(); err != nil {
-		return out, fmt.Errorf("grant: %w: %w", err, keel.ErrInvalid)
-	}
-	for _, f := range []struct {
-		kind      string
-		req, gave int64
-	}{
-		{"timeout", req.Limits.TimeoutMS, g.Limits.TimeoutMS},
-		{"memory", req.Limits.MemoryMiB, g.Limits.MemoryMiB},
-		{"output", req.Limits.OutputBytes, g.Limits.OutputBytes},
-		{"write_quota", req.Limits.WriteQuotaBytes, g.Limits.WriteQuotaBytes},
-	} {
-		if f.gave != 0 && f.req == 0 {
-			return out, fmt.Errorf("grant limit:%s: the tool's manifest does not ask for a %s limit: %w", f.kind, f.kind, keel.ErrInvalid)
-		}
-	}
-	out.Limits = g.Limits
-	return out, nil
-}
-
-// carryLimits returns the limits of g that req asks for.
-func carryLimits(req, g capabilities.Limits) capabilities.Limits {
-	keep := func(r, v int64) int64 {
-		if r == 0 {
-			return 0
-		}
-		return v
-	}
-	return capabilities.Limits{
-		TimeoutMS:       keep(req.TimeoutMS, g.TimeoutMS),
-		MemoryMiB:       keep(req.MemoryMiB, g.MemoryMiB),
-		OutputBytes:     keep(req.OutputBytes, g.OutputBytes),
-		WriteQuotaBytes: keep(req.WriteQuotaBytes, g.WriteQuotaBytes),
-	}
 }
 
 // copyFile copies src to dst atomically (temp file, fsync, rename), so a

@@ -1,4 +1,6 @@
-package daemon
+// Package jsonfile reads the JSON configuration files of the data
+// directory (models.json, tools.json) strictly.
+package jsonfile
 
 import (
 	"bytes"
@@ -10,10 +12,10 @@ import (
 	"os"
 )
 
-// readConfigFile decodes the JSON object in path into a T. A missing
-// file is the zero T; unknown fields and anything after the object are
-// errors naming the file and the doc that describes it.
-func readConfigFile[T any](path, doc string) (T, error) {
+// Read decodes the JSON object in path into a T. A missing file is the
+// zero T; unknown fields and anything after the object are errors naming
+// the file and doc, the document that describes it.
+func Read[T any](path, doc string) (T, error) {
 	var v T
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

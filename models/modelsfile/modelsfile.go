@@ -1,4 +1,8 @@
-package daemon
+// Package modelsfile reads the model layer's configuration file,
+// models.json (docs/models.md), and builds the model layer from it: the
+// local provider, the OpenAI-compatible providers it declares, and the
+// router over them with its routes, limits and budgets.
+package modelsfile
 
 import (
 	"encoding/json"
@@ -6,16 +10,20 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/keel-runtime/keel/internal/jsonfile"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/openai"
 )
 
-// ModelsConfigFile is the name of the model layer's configuration in the
-// data directory. Without it keel uses the local Ollama only, with the
+// Name is the name of the model layer's configuration in the data
+// directory. Without it keel uses the local Ollama only, with the
 // router's default limits, and no cloud. docs/models.md documents it.
-const ModelsConfigFile = "models.json"
+const Name = "models.json"
 
-// modelsFile is the JSON of ModelsConfigFile.
+// LocalName is the name Load gives the local provider.
+const LocalName = "ollama"
+
+// modelsFile is the JSON of a models.json.
 type modelsFile struct {
 	// AllowCloud is the master switch for cloud providers.
 	AllowCloud bool `json:"allow_cloud"`
@@ -84,19 +92,21 @@ func (l limitsJSON) apply(pc models.ProviderConfig) models.ProviderConfig {
 
 // readModelsFile reads path; a missing file is the empty configuration.
 func readModelsFile(path string) (modelsFile, error) {
-	return readConfigFile[modelsFile](path, "docs/models.md")
+	return jsonfile.Read[modelsFile](path, "docs/models.md")
 }
 
-// newRouter builds the model layer: local is the Ollama provider (or a
-// test's provider) under the name "ollama", plus the OpenAI-compatible
-// providers of the models configuration at path. It also returns those
-// providers by name.
-func newRouter(path string, local models.Provider, ledger models.Ledger, log *slog.Logger) (*models.Router, map[string]models.ProviderConfig, error) {
+// Load builds the model layer: local is the Ollama provider (or a test's
+// provider) under the name LocalName, plus the OpenAI-compatible
+// providers of the models configuration at path (a missing file
+// declares none). It also returns every provider by name. A file that
+// does not parse, or declares a provider it cannot make, is an error
+// naming the file.
+func Load(path string, local models.Provider, ledger models.Ledger, log *slog.Logger) (*models.Router, map[string]models.ProviderConfig, error) {
 	f, err := readModelsFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("models configuration: %w", err)
 	}
-	providers := map[string]models.ProviderConfig{localProvider: f.Ollama.apply(models.ProviderConfig{Provider: local})}
+	providers := map[string]models.ProviderConfig{LocalName: f.Ollama.apply(models.ProviderConfig{Provider: local})}
 	for name, pj := range f.Providers {
 		if _, dup := providers[name]; dup {
 			return nil, nil, fmt.Errorf("models configuration %s: provider name %q is taken by the local Ollama", path, name)

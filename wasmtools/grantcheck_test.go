@@ -1,4 +1,4 @@
-package daemon
+package wasmtools_test
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/wasmtools"
 )
 
 // TestCheckGrantsHostDirectory checks what a filesystem grant says of its
@@ -32,15 +33,15 @@ func TestCheckGrantsHostDirectory(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace", HostPath: tc.host}}}
-			out, err := checkGrants(req, g)
+			out, err := wasmtools.CheckGrants(req, g)
 			if tc.want == "" {
 				if err != nil || len(out.FS) != 1 || out.FS[0].HostPath != tc.host {
-					t.Fatalf("checkGrants(%s) = %+v, %v; want it granted", tc.host, out, err)
+					t.Fatalf("wasmtools.CheckGrants(%s) = %+v, %v; want it granted", tc.host, out, err)
 				}
 				return
 			}
 			if !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("checkGrants(%s) error = %v, want keel.ErrInvalid saying %q", tc.host, err, tc.want)
+				t.Fatalf("wasmtools.CheckGrants(%s) error = %v, want keel.ErrInvalid saying %q", tc.host, err, tc.want)
 			}
 		})
 	}
@@ -51,14 +52,14 @@ func TestCheckGrantsHostDirectory(t *testing.T) {
 func TestCheckGrantsLimits(t *testing.T) {
 	t.Parallel()
 	req := capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 512}}
-	out, err := checkGrants(req, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}})
+	out, err := wasmtools.CheckGrants(req, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}})
 	if err != nil || out.Limits.MemoryMiB != 1024 {
-		t.Fatalf("checkGrants(memory) = %+v, %v; want 1024 MiB granted", out, err)
+		t.Fatalf("wasmtools.CheckGrants(memory) = %+v, %v; want 1024 MiB granted", out, err)
 	}
-	if _, err := checkGrants(req, capabilities.Grants{Limits: capabilities.Limits{TimeoutMS: 60000}}); !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), "limit:timeout") {
-		t.Fatalf("checkGrants(timeout) error = %v, want keel.ErrInvalid naming limit:timeout", err)
+	if _, err := wasmtools.CheckGrants(req, capabilities.Grants{Limits: capabilities.Limits{TimeoutMS: 60000}}); !errors.Is(err, keel.ErrInvalid) || !strings.Contains(err.Error(), "limit:timeout") {
+		t.Fatalf("wasmtools.CheckGrants(timeout) error = %v, want keel.ErrInvalid naming limit:timeout", err)
 	}
-	if got := carryGrants(capabilities.Grants{}, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}}); got.Limits != (capabilities.Limits{}) {
+	if got := wasmtools.CarryGrants(capabilities.Grants{}, capabilities.Grants{Limits: capabilities.Limits{MemoryMiB: 1024}}); got.Limits != (capabilities.Limits{}) {
 		t.Fatalf("carryGrants to a module that asks for no limit = %+v, want none", got.Limits)
 	}
 }
