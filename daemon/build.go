@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
@@ -97,6 +98,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		Background: true,
 		OnChange:   notifier.notify,
 		Logger:     log.With("component", "wasmtools"),
+		// The audit trail sees every call first (see intercept).
+		Interceptors: intercept.Tools{st.AuditTrail(log.With("component", "audit"))},
 	}.WithDefaultLimits(limits))
 	if err != nil {
 		return l, fmt.Errorf("load tools: %w", err)
@@ -114,7 +117,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	})
 	l.closers = append(l.closers, l.closeTools)
 
-	tools := &auditedTools{reg: reg, st: st, log: log.With("component", "audit")}
+	tools := &engineTools{reg: reg, log: log.With("component", "engine")}
 	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return l, err
@@ -126,7 +129,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	l.eng = eng
 
-	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, calls: tools, grants: grants, dir: toolsDir}
+	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, grants: grants, dir: toolsDir}
 	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
 	l.env = &environment{cfg: cfg, models: ms, tools: mgr}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: mgr, Admin: mgr, Audit: st,

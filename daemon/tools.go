@@ -173,7 +173,6 @@ type toolManager struct {
 	*toolsNotifier // SubscribeTools: clients hear of tool changes
 	reg            *wasmtools.Registry
 	st             *store.Store
-	calls          *auditedTools
 	grants         *grantTable
 	dir            string
 }
@@ -189,9 +188,10 @@ func (m *toolManager) ListTools(ctx context.Context) ([]protocol.ToolInfo, error
 	return out, nil
 }
 
-// CallTool serves tools.call, audited.
+// CallTool serves tools.call: a direct call, no run (the registry's
+// interceptors audit it).
 func (m *toolManager) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	return m.calls.Call(ctx, name, input)
+	return m.reg.Call(ctx, keel.ToolInvocation{Name: name, Args: input})
 }
 
 // ToolsProgress reports the compilation of the tools found at start.

@@ -127,7 +127,8 @@ func (dumpTools) Specs(context.Context) []keel.ToolSpec {
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"},"tag":{"type":"string"}},"required":["n","tag"]}`)}}
 }
 
-func (dumpTools) Call(_ context.Context, _ string, input json.RawMessage) (json.RawMessage, error) {
+func (dumpTools) Call(_ context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	input := inv.Args
 	var in struct {
 		N   int    `json:"n"`
 		Tag string `json:"tag"`
@@ -293,7 +294,7 @@ func TestContextKeepsNewestResult(t *testing.T) {
 					r3 = m.Content
 				}
 			}
-			full, _ := dumpTools{}.Call(ctx, "dump", json.RawMessage(fmt.Sprintf(`{"n":%d,"tag":"R3"}`, tt.big)))
+			full, _ := dumpTools{}.Call(ctx, keel.ToolInvocation{Name: "dump", Args: json.RawMessage(fmt.Sprintf(`{"n":%d,"tag":"R3"}`, tt.big))})
 			switch {
 			case !strings.Contains(text, "SUMMARY-"):
 				t.Errorf("step 4 reads no summary of the older steps:\n%.400s", text)

@@ -106,7 +106,7 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 	}
 	call := keel.ToolCall{ID: "human_" + e.cfg.NewID(), Name: name, Arguments: args}
 	d := keel.HumanToolData{Call: call, Private: e.readsPrivate(name)}
-	out, err := e.cfg.Tools.Call(WithCaller(ctx, Caller{RunID: id, Step: max(step, 1), CallID: call.ID}), name, args)
+	out, err := e.cfg.Tools.Call(ctx, keel.ToolInvocation{Run: id, Step: max(step, 1), CallID: call.ID, Name: name, Args: args})
 	if err != nil {
 		var te *keel.ToolError
 		if !errors.As(err, &te) {

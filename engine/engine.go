@@ -72,8 +72,9 @@ type Model interface {
 	Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error)
 }
 
-// Tools runs tools. Call validates input against the tool's schema and
-// returns a *keel.ToolError on failure.
+// Tools runs tools. Call runs the call inv names, for the run step (or
+// the person) inv says, validating its input against the tool's schema,
+// and returns a *keel.ToolError on failure.
 //
 // Specs may wait for tools that are still loading, until ctx ends; it
 // then returns the tools loaded so far. A Tools that can wait also
@@ -82,7 +83,7 @@ type Model interface {
 // otherwise leaves the run queued for its loop to start.
 type Tools interface {
 	Specs(ctx context.Context) []keel.ToolSpec
-	Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error)
 }
 
 // SideEffecter is implemented by Tools that can say one tool's

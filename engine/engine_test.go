@@ -43,12 +43,13 @@ func (t *echoTools) Specs(context.Context) []keel.ToolSpec {
 	}
 }
 
-func (t *echoTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+func (t *echoTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	name, input := inv.Name, inv.Args
 	t.mu.Lock()
 	t.calls++
 	t.mu.Unlock()
-	if c, ok := engine.CallerFrom(ctx); !ok || c.RunID == "" || c.Step < 1 || c.CallID == "" {
-		return nil, fmt.Errorf("tool called without its caller in the context: %+v", c)
+	if inv.Run == "" || inv.Step < 1 || inv.CallID == "" {
+		return nil, fmt.Errorf("tool called without saying who calls: %+v", inv)
 	}
 	switch name {
 	case "echo":
@@ -532,16 +533,15 @@ type onDisk struct {
 	seen [][]keel.EventType // at each call: the journal's types
 }
 
-func (o *onDisk) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	c, _ := engine.CallerFrom(ctx)
-	evs, err := o.st.Events(ctx, c.RunID, 0)
+func (o *onDisk) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	evs, err := o.st.Events(ctx, inv.Run, 0)
 	if err != nil {
 		return nil, err
 	}
 	o.mu.Lock()
 	o.seen = append(o.seen, types(evs))
 	o.mu.Unlock()
-	return o.echoTools.Call(ctx, name, input)
+	return o.echoTools.Call(ctx, inv)
 }
 
 // TestResultsAreOnDiskBeforeUse: the engine holds a model result to

@@ -55,7 +55,8 @@ func (t *flowTools) count(name string) int {
 	return t.calls[name]
 }
 
-func (t *flowTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+func (t *flowTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	name, input := inv.Name, inv.Args
 	t.mu.Lock()
 	t.calls[name]++
 	t.mu.Unlock()

@@ -359,7 +359,7 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		}
 		sctx, cancel := stepContext(ctx, run)
 		start := time.Now()
-		out, err := e.cfg.Tools.Call(WithCaller(sctx, Caller{RunID: run.ID, Step: step, CallID: call.ID}), call.Name, call.Arguments)
+		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments})
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
 		sp.Duration, sp.Status = time.Since(start), keel.SpanOK

@@ -189,8 +189,6 @@ func (r *recording) Specs(context.Context) []keel.ToolSpec {
 	return specs
 }
 
-// Call answers with the journaled result of the call the engine names in
-// ctx (its Caller).
 // ReadsPrivate reports what the journal says: whether a result of the
 // tool name was private (see PrivateReader).
 func (r *recording) ReadsPrivate(name string) bool {
@@ -204,19 +202,19 @@ func (r *recording) ReadsPrivate(name string) bool {
 	return false
 }
 
-func (r *recording) Call(ctx context.Context, name string, _ json.RawMessage) (json.RawMessage, error) {
-	c, _ := CallerFrom(ctx)
+// Call answers with the journaled result of the call inv names.
+func (r *recording) Call(_ context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
 	r.mu.Lock()
-	res, ok := r.results[c.CallID]
-	if f := r.toolFailures[c.CallID]; len(f) > 0 {
-		r.toolFailures[c.CallID] = f[1:]
+	res, ok := r.results[inv.CallID]
+	if f := r.toolFailures[inv.CallID]; len(f) > 0 {
+		r.toolFailures[inv.CallID] = f[1:]
 		r.mu.Unlock()
 		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: f[0]}
 	}
 	r.mu.Unlock()
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("the journal has no result for call %s of %s", c.CallID, name)
+		return nil, fmt.Errorf("the journal has no result for call %s of %s", inv.CallID, inv.Name)
 	case res.Error != nil:
 		return nil, res.Error
 	}

@@ -137,11 +137,11 @@ func TestTraceIsATree(t *testing.T) {
 // quickTools is echoTools whose "slow" tool returns at once.
 type quickTools struct{ echoTools }
 
-func (q *quickTools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	if name == "slow" {
+func (q *quickTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	if inv.Name == "slow" {
 		return json.RawMessage(`{"slow":"done"}`), nil
 	}
-	return q.echoTools.Call(ctx, name, input)
+	return q.echoTools.Call(ctx, inv)
 }
 
 // TestTraceTreeSurvivesAResume: a run stopped during a tool call and

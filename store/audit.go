@@ -2,12 +2,16 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/intercept"
 )
 
 // RecordToolCall appends one record to the tool audit trail and returns
@@ -32,13 +36,11 @@ func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, er
 	return id, nil
 }
 
-// QueueToolCall appends one record to the tool audit trail with the next
-// write of any kind (or within a short delay if none comes). The engine
-// journals a run's tool result right after the call, so a run's call and
-// its audit record reach the disk in the same transaction, without an
-// fsync of their own. An error committing it goes to
-// Options.OnLazyError.
-func (s *Store) QueueToolCall(a keel.ToolAudit) error {
+// queueToolCall appends one record to the tool audit trail with the
+// next write of any kind, in that write's transaction (or within
+// lazyDelay if none comes), without an fsync of its own. An error
+// committing it goes to Options.OnLazyError.
+func (s *Store) queueToolCall(a keel.ToolAudit) error {
 	ins, err := auditInsert(a)
 	if err != nil {
 		return err
@@ -50,6 +52,63 @@ func (s *Store) QueueToolCall(a keel.ToolAudit) error {
 		return nil
 	})
 	return nil
+}
+
+// AuditTrail is the tool interceptor that records every call, from a run
+// or direct, allowed or denied, in the store's audit trail (ToolCalls):
+// the tool's version, digest and grants, who called it, a digest of its
+// arguments, the outcome and the duration. Put it first in the chain, so
+// it records the decision of every interceptor after it.
+//
+// Durability: a direct call's record is on disk before the call returns
+// to its caller. A run's call's record commits in the transaction of the
+// store's next write of any kind (or on its own within lazyDelay if none
+// comes), without an fsync of its own. AfterTool runs before the call
+// returns, and the engine journals a call's result with a write of this
+// store after it returns, so a journaled result always has its audit
+// record on disk: the record commits in the same transaction as the
+// result, or in an earlier one. A crash before that loses the record
+// with the result (the run's resume then decides the call again), never
+// one without the other. A record that cannot be written is logged, not
+// hidden: the call happened.
+//
+// An AuditTrail is safe for concurrent use; it denies nothing.
+type AuditTrail struct {
+	s   *Store
+	log *slog.Logger
+}
+
+// AuditTrail returns the audit interceptor writing to s; log (nil:
+// discard) receives the records it could not write.
+func (s *Store) AuditTrail(log *slog.Logger) *AuditTrail {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &AuditTrail{s: s, log: log}
+}
+
+// BeforeTool allows every call.
+func (*AuditTrail) BeforeTool(context.Context, keel.ToolInvocation) intercept.Decision {
+	return intercept.Decision{}
+}
+
+// AfterTool records the call (see AuditTrail).
+func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ intercept.Decision, o intercept.ToolOutcome) {
+	sum := sha256.Sum256(inv.Args)
+	rec := keel.ToolAudit{Time: o.Start.UTC(), Tool: inv.Name, Version: o.Build.Version, SHA256: o.Build.SHA256, Grants: o.Build.Grants,
+		RunID: inv.Run, Step: inv.Step, CallID: inv.CallID, ArgsSHA256: hex.EncodeToString(sum[:]), Outcome: "ok", Duration: o.Duration}
+	if o.Err != nil {
+		rec.Outcome, rec.Error = string(o.Err.Code), o.Err.Error()
+	}
+	var err error
+	if inv.Run != "" {
+		err = a.s.queueToolCall(rec)
+	} else {
+		_, err = a.s.RecordToolCall(context.WithoutCancel(ctx), rec)
+	}
+	if err != nil {
+		a.log.Error("record tool audit", "tool", inv.Name, "run", inv.Run, "err", err)
+	}
 }
 
 // auditInsert returns the statement that inserts a.

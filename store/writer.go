@@ -154,7 +154,7 @@ type writer struct {
 	// FinishSpanWithNext).
 	carryNext bool
 	// next holds writes that commit with the next write of any kind, or
-	// within lazyDelay (see QueueToolCall); unlike carryNext, they do
+	// within lazyDelay (see AuditTrail); unlike carryNext, they do
 	// not bring the lazy writes along.
 	next []op
 	// carrying counts the requests that took lazy or next writes out of

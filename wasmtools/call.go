@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -47,32 +48,61 @@ import (
 //     is not a result object.
 //   - tool_error: the tool reported its own error, or its output broke
 //     its output schema.
-func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+//
+// Config.Interceptors see the call before and after it runs (package
+// intercept): a call one of them denies does not run and fails with
+// permission_denied. inv.Run, Step and CallID say who calls (zero for a
+// direct call); the registry itself reads only Name and Args.
+func (r *Registry) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	if len(r.cfg.Interceptors) == 0 {
+		out, _, terr := r.call(ctx, inv.Name, inv.Args)
+		if terr != nil {
+			return nil, terr
+		}
+		return out, nil
+	}
+	o := r.cfg.Interceptors.Call(ctx, inv, func(ctx context.Context) intercept.ToolOutcome {
+		out, t, terr := r.call(ctx, inv.Name, inv.Args)
+		o := intercept.ToolOutcome{Output: out, Err: terr}
+		if t != nil {
+			o.Build = intercept.ToolBuild{Version: t.info.Spec.Version, SHA256: t.info.SHA256, Grants: grantStrings(t.info.Grants)}
+		}
+		return o
+	})
+	if o.Err != nil {
+		return nil, o.Err
+	}
+	return o.Output, nil
+}
+
+// call runs the named tool on input (see Call); t is the tool that ran,
+// nil when there is none by that name.
+func (r *Registry) call(ctx context.Context, name string, input json.RawMessage) (_ json.RawMessage, t *tool, _ *keel.ToolError) {
 	t, err := r.lookup(ctx, name)
 	if err != nil {
-		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s is still being compiled: %v", name, err)}
+		return nil, nil, &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s is still being compiled: %v", name, err)}
 	}
 	if t == nil {
-		return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}
+		return nil, nil, &keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}
 	}
 	if t.missing != "" {
-		return nil, &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s needs %s, which is not granted", name, t.missing)}
+		return nil, t, &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s needs %s, which is not granted", name, t.missing)}
 	}
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}") // models send no arguments for tools without parameters
 	}
 	if v, err := t.input.Validate(input); err != nil {
-		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Message: fmt.Sprintf("input is not valid JSON: %v", err)}
+		return nil, t, &keel.ToolError{Code: keel.ToolInvalidInput, Message: fmt.Sprintf("input is not valid JSON: %v", err)}
 	} else if v != nil {
-		return nil, &keel.ToolError{Code: keel.ToolInvalidInput, Path: v.Pointer, Message: v.Message}
+		return nil, t, &keel.ToolError{Code: keel.ToolInvalidInput, Path: v.Pointer, Message: v.Message}
 	}
 	if !r.begin() {
-		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: "the tool runtime is closed"}
+		return nil, t, &keel.ToolError{Code: keel.ToolTimeout, Message: "the tool runtime is closed"}
 	}
 	defer r.calls.Done()
 	compiled, terr := r.acquire(ctx, t)
 	if terr != nil {
-		return nil, terr
+		return nil, t, terr
 	}
 	defer r.unuse(t) // after the instance is back in the pool
 	if r.cfg.testHookCall != nil {
@@ -131,9 +161,9 @@ func (r *Registry) Call(ctx context.Context, name string, input json.RawMessage)
 		r.log.Warn("wasmtools: call failed", append(attrs, "error", terr, "cause", o.err, "stderr", string(o.stderr))...)
 	}
 	if terr != nil {
-		return nil, terr
+		return nil, t, terr
 	}
-	return out, nil
+	return out, t, nil
 }
 
 func (r *Registry) begin() bool {

@@ -107,7 +107,7 @@ func TestCompilerChildFillsTheCache(t *testing.T) {
 		t.Error("fixed is loaded after a child compiled it; want it unloaded until its first call")
 	}
 	before := cacheFiles(t, cache)
-	out, err := r.Call(context.Background(), "fixed", nil)
+	out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed"})
 	if err != nil || string(out) != `{"greeting":"hi"}` {
 		t.Fatalf("Call(fixed) = %s, %v; want the greeting", out, err)
 	}
@@ -126,7 +126,7 @@ func TestCompilerChildFillsTheCache(t *testing.T) {
 	if got := children.Load(); got != 2 {
 		t.Errorf("a second Open on the same cache started %d more compile children, want none", got-2)
 	}
-	if out, err := r.Call(context.Background(), "fixed", nil); err != nil || string(out) != `{"greeting":"hi"}` {
+	if out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed"}); err != nil || string(out) != `{"greeting":"hi"}` {
 		t.Fatalf("Call(fixed) after a restart = %s, %v; want the greeting", out, err)
 	}
 }
@@ -179,7 +179,7 @@ func TestCompilerChildFailures(t *testing.T) {
 			if !errors.Is(err, tc.want) || !errors.As(err, &ce) || ce.Tool != "victim" || !errors.Is(err, keel.ErrUnusableTool) {
 				t.Errorf("Inspect(victim) = %v, want a CompileError for victim wrapping %v, an unusable tool", err, tc.want)
 			}
-			if out, err := r.Call(context.Background(), "fixed", nil); err != nil || string(out) != `{"greeting":"hi"}` {
+			if out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed"}); err != nil || string(out) != `{"greeting":"hi"}` {
 				t.Errorf("Call(fixed) after the failed compile = %s, %v; want the greeting", out, err)
 			}
 		})

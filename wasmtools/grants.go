@@ -144,3 +144,27 @@ func FileDigests(file string) (sum, grantDigest string, err error) {
 	}
 	return sum, GrantDigest(sum, side), nil
 }
+
+// grantStrings renders grants as the audit trail and interceptors see
+// them (intercept.ToolBuild): "fs:/workspace=ro", "fs:/notes=rw+private",
+// "net:https://example.com:443", "env:NAME".
+func grantStrings(g capabilities.Grants) []string {
+	var out []string
+	for _, f := range g.FS {
+		mode := "rw"
+		if f.ReadOnly {
+			mode = "ro"
+		}
+		if f.Private {
+			mode += "+private"
+		}
+		out = append(out, "fs:"+f.GuestPath+"="+mode)
+	}
+	for _, n := range g.Network {
+		out = append(out, "net:"+n)
+	}
+	for _, e := range g.Env {
+		out = append(out, "env:"+e)
+	}
+	return out
+}

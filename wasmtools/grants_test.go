@@ -150,7 +150,7 @@ func TestCallDuringLoadWaitsForItsToolOnly(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := r.Call(ctx, "wordcount", json.RawMessage(`{"text":"not waiting for the others"}`))
+	out, err := r.Call(ctx, keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(`{"text":"not waiting for the others"}`)})
 	if err != nil {
 		t.Fatalf("wordcount while the other tools are held: %v", err)
 	}

@@ -370,7 +370,7 @@ func (l *lockedBuffer) String() string {
 // call calls a tool and decodes its output into a generic value.
 func call(t *testing.T, r *Registry, name, input string) (any, *keel.ToolError) {
 	t.Helper()
-	out, err := r.Call(context.Background(), name, json.RawMessage(input))
+	out, err := r.Call(context.Background(), keel.ToolInvocation{Name: name, Args: json.RawMessage(input)})
 	if err != nil {
 		var te *keel.ToolError
 		if !errors.As(err, &te) {

@@ -19,7 +19,7 @@ import (
 func counter(t *testing.T, r *Registry, tool string) int {
 	t.Helper()
 	var got struct{ Calls int }
-	out, err := r.Call(context.Background(), tool, json.RawMessage(`{"mode":"counter"}`))
+	out, err := r.Call(context.Background(), keel.ToolInvocation{Name: tool, Args: json.RawMessage(`{"mode":"counter"}`)})
 	if err != nil {
 		t.Fatalf("Call(%s, counter): %v", tool, err)
 	}
@@ -43,7 +43,7 @@ func TestReactorWarmCalls(t *testing.T) {
 	r := openRegistry(t, Config{Dir: bundledDir["wordcount"], MaxIdleInstances: 2})
 	for i := range 200 {
 		text := strings.Repeat("a b\n", i)
-		out, err := r.Call(context.Background(), "wordcount", json.RawMessage(fmt.Sprintf(`{"text":%q}`, text)))
+		out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(fmt.Sprintf(`{"text":%q}`, text))})
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -140,7 +140,7 @@ func TestReactorConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for j := range calls {
 				text := strings.Repeat("w ", i*calls+j)
-				out, err := r.Call(context.Background(), "wordcount", json.RawMessage(fmt.Sprintf(`{"text":%q}`, text)))
+				out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(fmt.Sprintf(`{"text":%q}`, text))})
 				if err != nil {
 					t.Errorf("Call: %v", err)
 					return
@@ -170,12 +170,12 @@ func BenchmarkCallWarm(b *testing.B) {
 	}
 	defer r.Close(context.Background())
 	input := json.RawMessage(`{"text":"the quick brown fox\njumps over the lazy dog\n"}`)
-	if _, err := r.Call(context.Background(), "wordcount", input); err != nil {
+	if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: input}); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.Call(context.Background(), "wordcount", input); err != nil {
+		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: input}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -201,13 +201,13 @@ func BenchmarkCallHost(b *testing.B) {
 	}
 	defer r.Close(context.Background())
 	input := json.RawMessage(`{"text":"the quick brown fox\njumps over the lazy dog\n"}`)
-	out, err := r.Call(context.Background(), "canned", input)
+	out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "canned", Args: input})
 	if err != nil || string(out) != `{"words":9,"lines":2,"chars":44}` {
 		b.Fatalf("canned = %s, %v", out, err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.Call(context.Background(), "canned", input); err != nil {
+		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "canned", Args: input}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -223,7 +223,7 @@ func TestPoolReleasesIdle(t *testing.T) {
 	p := r.set.Load().tools["wordcount"].pool
 	call := func() {
 		t.Helper()
-		if _, err := r.Call(context.Background(), "wordcount", json.RawMessage(`{"text":"a b"}`)); err != nil {
+		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(`{"text":"a b"}`)}); err != nil {
 			t.Fatalf("wordcount: %v", err)
 		}
 	}

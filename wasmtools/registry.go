@@ -17,6 +17,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
@@ -131,6 +132,10 @@ type Config struct {
 	Compiler *Compiler
 	// Logger receives load problems and call outcomes. Default discards.
 	Logger *slog.Logger
+	// Interceptors see every call before and after it runs, in the order
+	// package intercept defines; one may deny a call. Nil: none. They run
+	// on the caller's goroutine and must be safe for concurrent calls.
+	Interceptors intercept.Tools
 
 	// testHookChild, set by tests, runs before each compile child starts.
 	testHookChild func(name string)

@@ -450,7 +450,7 @@ func TestConcurrentCalls(t *testing.T) {
 		wg.Go(func() {
 			for j := range 3 {
 				text := strings.Repeat("w ", i+j)
-				out, err := r.Call(context.Background(), "wordcount", json.RawMessage(fmt.Sprintf(`{"text":%q}`, text)))
+				out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(fmt.Sprintf(`{"text":%q}`, text))})
 				if err != nil {
 					t.Errorf("Call: %v", err)
 					return
@@ -471,7 +471,7 @@ func TestCallContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := r.Call(ctx, "hostile", json.RawMessage(`{"mode":"loop"}`))
+	_, err := r.Call(ctx, keel.ToolInvocation{Name: "hostile", Args: json.RawMessage(`{"mode":"loop"}`)})
 	if te, ok := err.(*keel.ToolError); !ok || te.Code != keel.ToolTimeout || !strings.Contains(te.Message, "caller's deadline") {
 		t.Fatalf("Call with a 500ms context = %v, want a timeout at the caller's deadline", err)
 	}
@@ -490,7 +490,7 @@ func TestClose(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.Call(context.Background(), "spin", json.RawMessage(`{}`))
+		_, err := r.Call(context.Background(), keel.ToolInvocation{Name: "spin", Args: json.RawMessage(`{}`)})
 		done <- err
 	}()
 	<-inFlight
@@ -505,7 +505,7 @@ func TestClose(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close returned but the call in flight did not")
 	}
-	if _, err := r.Call(context.Background(), "spin", json.RawMessage(`{}`)); err == nil {
+	if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "spin", Args: json.RawMessage(`{}`)}); err == nil {
 		t.Error("Call after Close succeeded")
 	}
 	if err := r.Close(context.Background()); err != nil {

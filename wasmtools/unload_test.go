@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/keel-runtime/keel"
 )
 
 // unloadedHook returns a Config hook reporting each unload on a channel.
@@ -72,7 +74,7 @@ func TestToolUnloadsWhenIdle(t *testing.T) {
 				if changed, err := r.Reload(context.Background()); err != nil || changed || r.set.Load().tools[tt.tool] != tl {
 					t.Errorf("Reload while unloaded = %v, %v; want the tool kept, unchanged", changed, err)
 				}
-				out, err := r.Call(context.Background(), tt.tool, json.RawMessage(tt.input))
+				out, err := r.Call(context.Background(), keel.ToolInvocation{Name: tt.tool, Args: json.RawMessage(tt.input)})
 				if err != nil || !strings.Contains(string(out), tt.want) {
 					t.Fatalf("round %d: Call(%s) after an unload = %s, %v; want %s", round, tt.tool, out, err, tt.want)
 				}
@@ -104,7 +106,7 @@ func TestToolNotUnloaded(t *testing.T) {
 				t.Fatalf("Open: %v", err)
 			}
 			defer r.Close(context.Background())
-			if _, err := r.Call(context.Background(), "fixed", nil); err != nil {
+			if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed"}); err != nil {
 				t.Fatalf("Call(fixed): %v", err)
 			}
 			tl := r.set.Load().tools["fixed"]
@@ -132,7 +134,7 @@ func TestUnloadConcurrentCalls(t *testing.T) {
 		wg.Go(func() {
 			for j := range calls {
 				n := i*calls + j
-				out, err := r.Call(context.Background(), "wordcount", json.RawMessage(fmt.Sprintf(`{"text":%q}`, strings.Repeat("w ", n))))
+				out, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(fmt.Sprintf(`{"text":%q}`, strings.Repeat("w ", n)))})
 				if err != nil {
 					t.Errorf("Call(wordcount) %d: %v", n, err)
 					return
@@ -174,7 +176,7 @@ func BenchmarkCallAfterUnload(b *testing.B) {
 		b.StopTimer()
 		wait()
 		b.StartTimer()
-		if _, err := r.Call(context.Background(), "wordcount", input); err != nil {
+		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "wordcount", Args: input}); err != nil {
 			b.Fatal(err)
 		}
 	}

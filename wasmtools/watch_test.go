@@ -139,7 +139,7 @@ func TestReloadWhileCalling(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := r.Call(context.Background(), "fixed", []byte(`{}`)); err != nil {
+				if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed", Args: []byte(`{}`)}); err != nil {
 					t.Errorf("Call during reload = %v", err)
 					return
 				}
@@ -207,7 +207,7 @@ func TestRegistryConcurrentChurn(t *testing.T) {
 					return
 				default:
 				}
-				_, err := r.Call(context.Background(), "fixed", []byte(`{}`))
+				_, err := r.Call(context.Background(), keel.ToolInvocation{Name: "fixed", Args: []byte(`{}`)})
 				var te *keel.ToolError
 				if err != nil && (!errors.As(err, &te) || te.Code != keel.ToolNotFound) {
 					t.Errorf("Call during churn = %v", err)

@@ -34,14 +34,14 @@ var toolSpecs = []keel.ToolSpec{
 
 func (tools) Specs(context.Context) []keel.ToolSpec { return slices.Clone(toolSpecs) }
 
-func (tools) Call(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	switch name {
+func (tools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	switch inv.Name {
 	case "echo":
-		return input, nil
+		return inv.Args, nil
 	case "write":
 		return json.RawMessage(`{"written":true}`), nil
 	}
-	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + name}
+	return nil, &keel.ToolError{Code: keel.ToolNotFound, Message: "no tool " + inv.Name}
 }
 
 // chain is the benchmark's model: a deterministic graph of n steps. Each

@@ -106,7 +106,7 @@ func run(n int) error {
 	direct := make([]time.Duration, n)
 	for i := range direct {
 		t := time.Now()
-		if _, err := reg.Call(ctx, "wordcount", in); err != nil {
+		if _, err := reg.Call(ctx, keel.ToolInvocation{Name: "wordcount", Args: in}); err != nil {
 			return err
 		}
 		direct[i] = time.Since(t)

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
@@ -118,7 +119,7 @@ func run(n, ncold int) error {
 
 	call := func(r *wasmtools.Registry) func() error {
 		return func() error {
-			_, err := r.Call(ctx, "wordcount", json.RawMessage(input))
+			_, err := r.Call(ctx, keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(input)})
 			return err
 		}
 	}

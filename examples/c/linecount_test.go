@@ -94,7 +94,7 @@ func TestLinecount(t *testing.T) {
 	// Twice, so the second call runs on the pooled instance the first
 	// left: keel_alloc's buffer is reused.
 	for range 2 {
-		out, err := r.Call(ctx, "linecount", json.RawMessage(`{"path":"story.txt"}`))
+		out, err := r.Call(ctx, keel.ToolInvocation{Name: "linecount", Args: json.RawMessage(`{"path":"story.txt"}`)})
 		if err != nil {
 			t.Fatalf("Call: %v", err)
 		}
@@ -118,7 +118,7 @@ func TestLinecount(t *testing.T) {
 		{`{"path":"/etc/passwd"}`, keel.ToolInvalidInput, ""},
 		{`{"path":"st\u0061ry.txt"}`, keel.ToolFailed, "invalid_input: path"},
 	} {
-		_, err := r.Call(ctx, "linecount", json.RawMessage(tc.input))
+		_, err := r.Call(ctx, keel.ToolInvocation{Name: "linecount", Args: json.RawMessage(tc.input)})
 		te, ok := errors.AsType[*keel.ToolError](err)
 		if !ok || te.Code != tc.code || !strings.Contains(te.Message, tc.msg) {
 			t.Errorf("Call(%s) = %v, want %s containing %q", tc.input, err, tc.code, tc.msg)
@@ -131,7 +131,7 @@ func TestLinecount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bare.Close(ctx)
-	_, err = bare.Call(ctx, "linecount", json.RawMessage(`{"path":"story.txt"}`))
+	_, err = bare.Call(ctx, keel.ToolInvocation{Name: "linecount", Args: json.RawMessage(`{"path":"story.txt"}`)})
 	if te, ok := errors.AsType[*keel.ToolError](err); !ok || te.Code != keel.ToolPermissionDenied {
 		t.Fatalf("Call without a grant = %v, want permission_denied", err)
 	}

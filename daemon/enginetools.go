@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/wasmtools"
+)
+
+// engineTools is the engine's Tools: the registry, whose interceptors
+// (the audit trail first) see every call, from a run or direct.
+type engineTools struct {
+	reg *wasmtools.Registry
+	log *slog.Logger
+}
+
+// Specs returns the tools a run may use. While the tools found at start
+// are still compiling, a run is offered every tool the index lists (a
+// call then waits for its tool); if the index does not know them all,
+// the run waits for the load (at most a few minutes, or until ctx ends),
+// so it is offered every tool.
+func (a *engineTools) Specs(ctx context.Context) []keel.ToolSpec {
+	if !a.reg.Listed() {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := a.reg.WaitReady(ctx); err != nil {
+			a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)
+		}
+	}
+	return a.reg.Specs()
+}
+
+// SideEffects returns a loaded tool's side-effect class for the engine
+// (approvals, and whether a call may run twice). A tool whose manifest
+// requests the network is external, whatever it declares: what it sends
+// (a URL, a body) carries data out of the machine.
+func (a *engineTools) SideEffects(name string) (keel.SideEffect, bool) {
+	se, ok := a.reg.SideEffects(name)
+	if ok && a.reg.RequestsNetwork(name) {
+		return keel.SideEffectExternal, true
+	}
+	return se, ok
+}
+
+// ReadsPrivate reports whether the tool name has a directory the user
+// marked private: its output makes a run private (engine.PrivateReader).
+func (a *engineTools) ReadsPrivate(name string) bool {
+	return a.reg.GrantedPrivate(name)
+}
+
+// Loading reports whether Specs would wait for tools still compiling.
+func (a *engineTools) Loading() bool { return !a.reg.Listed() }
+
+func (a *engineTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	return a.reg.Call(ctx, inv)
+}
