@@ -166,7 +166,7 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 	sp := e.newSpan(run.ID, keel.SpanSummarize, run.Model, step)
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	start := e.cfg.Now()
-	sum, err := models.Summarize(ctx, e.cfg.Model, models.SummarizeRequest{
+	sum, err := models.Summarize(ctx, e.model(run, step), models.SummarizeRequest{
 		// A summary of private content is private.
 		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Private: models.ChatRequest{Private: run.Policy.Private, Messages: msgs}.IsPrivate(), Budget: budget},
 		Text: text.String(), ContextLength: limit, MaxTokens: max(128, limit/8), Ratio: e.calib.Ratio(model),

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -142,6 +143,13 @@ type Config struct {
 	// plan after a step failed; default DefaultMaxReplans (2), negative
 	// for none.
 	MaxReplans int
+	// ModelInterceptors see every model call a run makes (a step's, the
+	// planner's, a summary's) before and after it, in the order package
+	// intercept defines, with the run and step that call; one may deny a
+	// call, which then fails without reaching the model. Nil: none. A
+	// replay, which calls no model, runs none. They run on the run's
+	// goroutine and must be safe for concurrent calls.
+	ModelInterceptors intercept.Models
 }
 
 // DefaultSystemPrompt is the system message of a run unless configured.

@@ -251,7 +251,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
 	start := e.cfg.Now()
-	resp, err := e.cfg.Model.Chat(ctx, req, func(d models.Delta) {
+	resp, err := e.model(run, step).Chat(ctx, req, func(d models.Delta) {
 		if d.Content == "" {
 			return
 		}

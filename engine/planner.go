@@ -138,7 +138,7 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
 	start := e.cfg.Now()
-	resp, err := e.cfg.Model.Chat(ctx, req, nil)
+	resp, err := e.model(run, c.step).Chat(ctx, req, nil)
 	sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 	c.took += sp.Duration
 	if err != nil {

@@ -90,6 +90,8 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	}
 	cfg := e.cfg
 	cfg.Store, cfg.Model, cfg.Tools, cfg.Logger = mem, rec, rec, e.log
+	// A replay calls no model: its interceptors have nothing to see.
+	cfg.ModelInterceptors = nil
 	cfg.Sleep = func(context.Context, time.Duration) error { return nil } // the retry, not its wait
 	replayer, err := New(cfg)
 	if err != nil {
