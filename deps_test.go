@@ -86,6 +86,19 @@ func TestDependencyDirection(t *testing.T) {
 	if checked < 8 {
 		t.Fatalf("checked only %d packages; the rules no longer match the layout", checked)
 	}
+	// The composition root builds every layer: it imports each of them
+	// (and so is the one place that knows them all).
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, deps, _ := strings.Cut(line, "|")
+		if pkg != mod+"/daemon" {
+			continue
+		}
+		for _, layer := range []string{"store", "models", "wasmtools", "engine", "ipc"} {
+			if !strings.Contains(" "+deps+" ", " "+mod+"/"+layer+" ") {
+				t.Errorf("the composition root daemon does not import %s: every layer is built there", layer)
+			}
+		}
+	}
 	// Only cmd/ may import the composition root.
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		pkg, deps, _ := strings.Cut(line, "|")

@@ -116,10 +116,7 @@ type ToolDecl struct {
 // name. Grants belong to a module and its manifest (the grant digest: the
 // SHA-256 of its file, covering its sidecar manifest if any): a tool of
 // another digest gets none of them until the user confirms.
-type PendingGrants struct {
-	SHA256 string `json:"sha256"` // the grant digest they were given to
-	Grants Grants `json:"grants"`
-}
+type PendingGrants = BoundGrants
 
 // Environment is what a runtime declares about itself: its model
 // providers, tools, grants and network stance. A client reads it to learn

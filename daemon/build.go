@@ -71,15 +71,11 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if err := installExamples(ctx, st, toolsDir, cfg.Workspace); err != nil {
 		return l, fmt.Errorf("install example tools: %w", err)
 	}
-	stored, err := st.ToolGrants(ctx)
+	grants, err := wasmtools.LoadGrants(ctx, st, toolsDir, log.With("component", "grants"))
 	if err != nil {
-		return l, fmt.Errorf("load tool grants: %w", err)
+		return l, err
 	}
-	if err := bindLegacyGrants(ctx, st, toolsDir, stored, log.With("component", "grants")); err != nil {
-		return l, fmt.Errorf("bind tool grants to their modules: %w", err)
-	}
-	grants := &grantTable{m: stored}
-	notifier := &toolsNotifier{}
+	changes := &wasmtools.Changes{}
 	limits, err := wasmtools.ReadLimitsFile(filepath.Join(cfg.DataDir, ToolsConfigFile))
 	if err != nil {
 		return l, fmt.Errorf("tool limits: %w", err)
@@ -87,7 +83,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	reg, err := wasmtools.Open(ctx, wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
-		GrantsFor: grants.get,
+		GrantsFor: grants.Get,
 		// Network grants never reach the local machine unless asked for.
 		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
 		WriteQuotaBytes:     cfg.ToolsWriteQuotaBytes,
@@ -96,7 +92,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		Compiler:            cfg.ToolsCompiler,
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
-		OnChange:   notifier.notify,
+		OnChange:   changes.Notify,
 		Logger:     log.With("component", "wasmtools"),
 		// The audit trail sees every call first (see intercept).
 		Interceptors: intercept.Tools{st.AuditTrail(log.With("component", "audit"))},
@@ -129,10 +125,10 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	l.eng = eng
 
-	mgr := &toolManager{toolsNotifier: notifier, reg: reg, st: st, grants: grants, dir: toolsDir}
+	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
-	l.env = &environment{cfg: cfg, models: ms, tools: mgr}
-	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: mgr, Admin: mgr, Audit: st,
+	l.env = &environment{cfg: cfg, models: ms, reg: reg, admin: admin}
+	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env}
 	return l, nil
 }

@@ -13,7 +13,8 @@ type environment struct {
 	cfg    Config
 	url    string
 	models *modelService
-	tools  *toolManager
+	reg    *wasmtools.Registry
+	admin  *wasmtools.Admin
 }
 
 // Describe declares this environment: every model provider (the local
@@ -49,12 +50,12 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 		}
 		env.Providers = append(env.Providers, pd)
 	}
-	for _, t := range e.tools.reg.Tools() {
+	for _, t := range e.reg.Tools() {
 		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
 			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, GrantDigest: t.GrantDigest, Grants: t.Grants,
-			PendingGrants: e.tools.grants.withPending(toolInfo(t)).PendingGrants})
+			PendingGrants: e.admin.Info(t).PendingGrants})
 	}
-	if loaded, total, ready := e.tools.reg.Progress(); !ready {
+	if loaded, total, ready := e.reg.Progress(); !ready {
 		env.ToolsCompiling = total - loaded
 	}
 	return env, nil

@@ -10,17 +10,13 @@ import (
 )
 
 // ToolGrant is what the user granted a tool, and the module it was
-// granted to.
-type ToolGrant struct {
-	// SHA256 is the grant digest (wasmtools.GrantDigest) of the tool the
-	// grants were given to: the hex SHA-256 of its .wasm file, covering
-	// its sidecar manifest when it had one. "" for grants stored before
-	// grants were bound to a module; "wasm:" and the .wasm file's digest
-	// for grants stored before the digest covered the sidecar (migration
-	// 011), until the daemon binds them.
-	SHA256 string
-	Grants capabilities.Grants
-}
+// granted to. Its SHA256 is the grant digest (wasmtools.GrantDigest) of
+// the tool the grants were given to: the hex SHA-256 of its .wasm file,
+// covering its sidecar manifest when it had one. "" for grants stored
+// before grants were bound to a module; "wasm:" and the .wasm file's
+// digest for grants stored before the digest covered the sidecar
+// (migration 011), until the daemon binds them.
+type ToolGrant = capabilities.BoundGrants
 
 // ToolGrants returns the stored grants of every tool that has a row.
 func (s *Store) ToolGrants(ctx context.Context) (map[string]ToolGrant, error) {

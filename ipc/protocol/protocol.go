@@ -175,29 +175,8 @@ type SubscribeResult struct {
 	Status keel.RunStatus `json:"status"`
 }
 
-// ToolInfo is a tool as tools.list shows it: what its manifest requests
-// and what the user granted.
-type ToolInfo struct {
-	keel.ToolSpec
-	Requests capabilities.Grants `json:"requests"`
-	Grants   capabilities.Grants `json:"grants"`
-	SHA256   string              `json:"sha256,omitempty"` // of the .wasm file
-	// GrantDigest is what the tool's grants are bound to: SHA256 when it
-	// has no sidecar manifest, else a digest over SHA256 and the
-	// sidecar's bytes, so a new sidecar beside the same module is another
-	// tool for grants.
-	GrantDigest string `json:"grant_digest,omitempty"`
-	// Compiling is set, while the daemon compiles the tools it found at
-	// start, for a tool listed from what the last start recorded of its
-	// unchanged file: a call of it waits until it has compiled.
-	Compiling bool `json:"compiling,omitempty"`
-	// PendingGrants is set when the user granted this tool's name
-	// something while it was another module or manifest (another
-	// GrantDigest): grants belong to a module and its manifest, so this
-	// one has none of them until the user confirms them (tools.grant with
-	// confirm set to GrantDigest).
-	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
-}
+// ToolInfo is a tool as tools.list shows it.
+type ToolInfo = capabilities.ToolInfo
 
 // PendingGrants are grants given to an earlier module of a tool's name.
 type PendingGrants = capabilities.PendingGrants
@@ -207,39 +186,19 @@ type ToolsInspectParams struct {
 	Path string `json:"path"` // absolute path of NAME.wasm on the daemon's machine
 }
 
-// ToolsInstallParams installs a .wasm file and grants it what the user
-// chose (a subset of what it requests; nothing is granted by default).
-type ToolsInstallParams struct {
-	Path    string              `json:"path"`
-	Grants  capabilities.Grants `json:"grants"`
-	Replace bool                `json:"replace,omitempty"` // replace an installed tool of the same name
-	// KeepGrants, with Replace, carries the replaced tool's grants to the
-	// new module (those it still requests), besides Grants. Without it
-	// the new module gets Grants only: grants belong to a module.
-	KeepGrants bool `json:"keep_grants,omitempty"`
-}
+// ToolsInstallParams installs a .wasm file.
+type ToolsInstallParams = capabilities.InstallRequest
 
 // ToolRef names an installed tool.
 type ToolRef struct {
 	Name string `json:"name"`
 }
 
-// ToolsGrantParams adds grants to an installed tool, bound to its
-// installed module. Confirm, set to the installed tool's GrantDigest, also
-// carries its pending grants (ToolInfo.PendingGrants) to it; Grants may
-// then be empty.
-type ToolsGrantParams struct {
-	Name    string              `json:"name"`
-	Grants  capabilities.Grants `json:"grants"`
-	Confirm string              `json:"confirm,omitempty"`
-}
+// ToolsGrantParams adds grants to an installed tool.
+type ToolsGrantParams = capabilities.GrantRequest
 
-// ToolsRevokeParams removes grants from a tool: those listed, or all.
-type ToolsRevokeParams struct {
-	Name   string              `json:"name"`
-	Grants capabilities.Grants `json:"grants"`
-	All    bool                `json:"all,omitempty"`
-}
+// ToolsRevokeParams removes grants from a tool.
+type ToolsRevokeParams = capabilities.RevokeRequest
 
 // ToolsListResult is the result of tools.list.
 type ToolsListResult struct {
