@@ -26,8 +26,10 @@
 // after a short delay, and Spans reads those still waiting too; a span
 // that is the only record of something (a failed model call's, a
 // person's wait) commits with the next write of any kind; a span finished
-// before its start was committed is written once. The audit records of
-// runs' tool calls commit with the next write of any kind. Reads use a
+// before its start was committed is written once. The audit trail is a
+// tool interceptor (AuditTrail): a direct call's record is on disk when
+// the call returns, a run's call's commits with the next write of any
+// kind, at the latest the run's journal of the call's result. Reads use a
 // separate pool and see committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;

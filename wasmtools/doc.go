@@ -3,7 +3,10 @@
 // wazero; it sees its own memory, the clocks, randomness and whatever its
 // grants give it, and nothing else. [Open] loads a directory of tools
 // into a [Registry]; [Registry.Call] runs one call, on a pooled instance
-// of a reactor tool or a fresh instance of a command. Package toolkit is the author's side of the convention below,
+// of a reactor tool or a fresh instance of a command, between the hooks
+// of [Config.Interceptors] (package intercept: the audit trail, then
+// policy and telemetry), which see who calls (a keel.ToolInvocation) and
+// how the call ended. Package toolkit is the author's side of the convention below,
 // and package builtin carries the example tools.
 //
 // # Tool convention
