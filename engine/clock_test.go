@@ -34,9 +34,22 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
+// tickTools has one tool, which takes 2 s of clock.
+type tickTools struct{ clock *fakeClock }
+
+func (t tickTools) Specs(context.Context) []keel.ToolSpec {
+	return []keel.ToolSpec{{Name: "tick", InputSchema: json.RawMessage(`{"type":"object"}`), SideEffects: keel.SideEffectReadOnly}}
+}
+
+func (t tickTools) Call(context.Context, keel.ToolInvocation) (json.RawMessage, error) {
+	t.clock.advance(2 * time.Second)
+	return json.RawMessage(`{}`), nil
+}
+
 // TestInjectedClockAndSleep: the engine reads time only from Config.Now
 // and waits only through Config.Sleep. A model call that takes 3 s of the
-// injected clock lasts 3 s in its span and its model.result, a retry's
+// injected clock lasts 3 s in its span and its model.result, a tool call
+// that takes 2 s lasts 2 s in its span and its tool.result, a retry's
 // wait is asked of Sleep and lasts what it asked, and span IDs carry the
 // injected clock's time.
 func TestInjectedClockAndSleep(t *testing.T) {
@@ -45,14 +58,17 @@ func TestInjectedClockAndSleep(t *testing.T) {
 	var calls int
 	p := scripted.New(nil, scripted.Repeat(scripted.AnswerFunc(func(models.ChatRequest) (models.ChatResponse, error) {
 		clock.advance(3 * time.Second)
-		if calls++; calls == 1 {
+		switch calls++; calls {
+		case 1:
 			return models.ChatResponse{}, &models.Error{Kind: models.KindOverloaded, Msg: "busy"}
+		case 2:
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{Name: "tick", Arguments: json.RawMessage(`{}`)}}}}, nil
 		}
 		return models.ChatResponse{Message: models.Message{Content: "fine"}}, nil
 	})))
 	var sleeps []time.Duration
 	st := openStore(t)
-	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}, Now: clock.Now,
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tickTools{clock}, Now: clock.Now,
 		Sleep: func(_ context.Context, d time.Duration) error {
 			sleeps = append(sleeps, d) // the run's goroutine only
 			clock.advance(d)
@@ -77,7 +93,7 @@ func TestInjectedClockAndSleep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[keel.SpanKind]time.Duration{keel.SpanModelCall: 3 * time.Second, keel.SpanRetry: 30 * time.Second}
+	want := map[keel.SpanKind]time.Duration{keel.SpanModelCall: 3 * time.Second, keel.SpanToolCall: 2 * time.Second, keel.SpanRetry: 30 * time.Second}
 	seen := map[keel.SpanKind]int{}
 	for _, sp := range spans {
 		d, ok := want[sp.Kind]
@@ -92,19 +108,28 @@ func TestInjectedClockAndSleep(t *testing.T) {
 			t.Errorf("%s span ID %s carries the time %s, want one of the injected clock (%s to %s)", sp.Kind, sp.ID, at, t0, clock.Now())
 		}
 	}
-	if seen[keel.SpanModelCall] != 2 || seen[keel.SpanRetry] != 1 {
-		t.Errorf("spans by kind = %v, want 2 model calls and 1 retry", seen)
+	if seen[keel.SpanModelCall] != 3 || seen[keel.SpanToolCall] != 1 || seen[keel.SpanRetry] != 1 {
+		t.Errorf("spans by kind = %v, want 3 model calls, 1 tool call and 1 retry", seen)
 	}
-	results := eventsOf(t, st, run.ID, keel.EventModelResult)
+	for _, ev := range eventsOf(t, st, run.ID, keel.EventModelResult) {
+		var d keel.ModelResultData
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.DurationMS != 3000 {
+			t.Errorf("model.result of step %d lasted %d ms, want 3000", d.Step, d.DurationMS)
+		}
+	}
+	results := eventsOf(t, st, run.ID, keel.EventToolResult)
 	if len(results) != 1 {
-		t.Fatalf("%d model.result events, want 1", len(results))
+		t.Fatalf("%d tool.result events, want 1", len(results))
 	}
-	var d keel.ModelResultData
+	var d keel.ToolResultData
 	if err := json.Unmarshal(results[0].Data, &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.DurationMS != 3000 {
-		t.Errorf("model.result duration = %d ms, want 3000", d.DurationMS)
+	if d.DurationMS != 2000 {
+		t.Errorf("tool.result lasted %d ms, want 2000", d.DurationMS)
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/models"
@@ -358,11 +357,11 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}
 		sctx, cancel := stepContext(ctx, run)
-		start := time.Now()
+		start := e.cfg.Now()
 		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments})
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
-		sp.Duration, sp.Status = time.Since(start), keel.SpanOK
+		sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: e.readsPrivate(call.Name)}
 		if err != nil {
 			sp.Status, sp.Error = keel.SpanError, err.Error()
