@@ -113,8 +113,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	})
 	l.closers = append(l.closers, l.closeTools)
 
-	tools := &engineTools{reg: reg, log: log.With("component", "engine")}
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: tools, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return l, err
 	}

@@ -2,5 +2,7 @@
 // backend implements, the capability and model descriptors callers select
 // by, and the errors callers branch on. Backends live in sub-packages
 // (models/ollama); models/scripted is a deterministic fake for tests and
-// models/modelstest is the conformance suite every provider passes.
+// models/modelstest is the conformance suite every provider passes;
+// models/modelsfile builds the layer (providers and router) from a
+// models.json.
 package models

@@ -167,4 +167,13 @@
 // child: the load fails with a [*CompileError] ([ErrCompileCrashed],
 // [ErrCompileOutOfMemory], [ErrCompileTimeout]) and the other tools are
 // served on. See compiler.go.
+//
+// # Serving the rest of keel
+//
+// [Admin] installs, grants, revokes, lists and calls tools, and serves
+// the protocol's tool methods directly (ipc.Tools, ipc.ToolAdmin); it
+// keeps grants through [GrantStore], which the store implements, and
+// checks them against what a manifest requests ([CheckGrants]).
+// [Registry.RunTools] is the registry as the engine runs it. Every call,
+// from either, enters at [Registry.Call], where the interceptors see it.
 package wasmtools

@@ -1,4 +1,4 @@
-package daemon
+package wasmtools
 
 import (
 	"context"
@@ -7,22 +7,26 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/wasmtools"
 )
 
-// engineTools is the engine's Tools: the registry, whose interceptors
-// (the audit trail first) see every call, from a run or direct.
-type engineTools struct {
-	reg *wasmtools.Registry
+// RunTools is the registry as the engine runs it (engine.Tools, with
+// its optional SideEffecter, PrivateReader and Loading): calls go through
+// the registry's interceptors (the audit trail first), as every call
+// does. Safe for concurrent use.
+type RunTools struct {
+	reg *Registry
 	log *slog.Logger
 }
+
+// RunTools returns the registry as the engine runs it.
+func (r *Registry) RunTools() RunTools { return RunTools{reg: r, log: r.log} }
 
 // Specs returns the tools a run may use. While the tools found at start
 // are still compiling, a run is offered every tool the index lists (a
 // call then waits for its tool); if the index does not know them all,
 // the run waits for the load (at most a few minutes, or until ctx ends),
 // so it is offered every tool.
-func (a *engineTools) Specs(ctx context.Context) []keel.ToolSpec {
+func (a RunTools) Specs(ctx context.Context) []keel.ToolSpec {
 	if !a.reg.Listed() {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
@@ -37,7 +41,7 @@ func (a *engineTools) Specs(ctx context.Context) []keel.ToolSpec {
 // (approvals, and whether a call may run twice). A tool whose manifest
 // requests the network is external, whatever it declares: what it sends
 // (a URL, a body) carries data out of the machine.
-func (a *engineTools) SideEffects(name string) (keel.SideEffect, bool) {
+func (a RunTools) SideEffects(name string) (keel.SideEffect, bool) {
 	se, ok := a.reg.SideEffects(name)
 	if ok && a.reg.RequestsNetwork(name) {
 		return keel.SideEffectExternal, true
@@ -47,13 +51,14 @@ func (a *engineTools) SideEffects(name string) (keel.SideEffect, bool) {
 
 // ReadsPrivate reports whether the tool name has a directory the user
 // marked private: its output makes a run private (engine.PrivateReader).
-func (a *engineTools) ReadsPrivate(name string) bool {
+func (a RunTools) ReadsPrivate(name string) bool {
 	return a.reg.GrantedPrivate(name)
 }
 
 // Loading reports whether Specs would wait for tools still compiling.
-func (a *engineTools) Loading() bool { return !a.reg.Listed() }
+func (a RunTools) Loading() bool { return !a.reg.Listed() }
 
-func (a *engineTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+// Call runs the tool inv names (Registry.Call).
+func (a RunTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
 	return a.reg.Call(ctx, inv)
 }
