@@ -45,7 +45,7 @@ func TestDependencyDirection(t *testing.T) {
 		"store":        except("capabilities", "intercept"), // capabilities is pure data, like the root types
 		"models":       except("models", "schema"),
 		"wasmtools":    except("capabilities", "intercept", "schema", "wasmtools"),
-		"engine":       append(except("intercept", "models", "schema", "engine"), "models/ollama", "models/scripted"),
+		"engine":       append(except("intercept", "models", "policy", "schema", "engine"), "models/ollama", "models/scripted"),
 		"ipc/protocol": except("capabilities"),
 		"ipc/client":   except("capabilities", "ipc"),
 		"ipc":          except("capabilities", "ipc"),

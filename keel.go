@@ -310,6 +310,24 @@ type ApprovalRequestData struct {
 	ArgsSHA256  string     `json:"args_sha256"`
 	SideEffects SideEffect `json:"side_effects"`
 	SpanID      string     `json:"span_id"`
+	// Policy is the policy's decision (ask) that made the call wait.
+	Policy *PolicyDecision `json:"policy,omitempty"`
+}
+
+// PolicyDecision is what the policy decided about an action, as the
+// journal and the trace record it, so that a resume and a replay use the
+// decision in force at the time instead of deciding again. Absent when
+// no policy had anything to say (no rule or setting applied).
+type PolicyDecision struct {
+	// Outcome is allow, ask or deny.
+	Outcome string `json:"outcome"`
+	// Explanation says which rule or setting decided, with its layer and
+	// file:line:col.
+	Explanation string `json:"explanation"`
+	// Version numbers the policies the daemon has put in force (from 1;
+	// 0 when there are no policy files); Digest identifies the files.
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
 }
 
 // ApprovalData is the payload of EventApproval.
@@ -410,6 +428,9 @@ type ModelResultData struct {
 type ToolCallData struct {
 	Step int      `json:"step"`
 	Call ToolCall `json:"call"`
+	// Policy is the policy's decision that let the call run, when a
+	// policy had something to say.
+	Policy *PolicyDecision `json:"policy,omitempty"`
 }
 
 // ToolResultData is the payload of EventToolResult.
@@ -423,6 +444,9 @@ type ToolResultData struct {
 	// Private is set when the tool had a directory marked private: its
 	// output may hold private data, so the run is private from here on.
 	Private bool `json:"private,omitempty"`
+	// Policy is the policy's decision (deny) when the policy refused the
+	// call: the tool did not run and Error is policy_denied.
+	Policy *PolicyDecision `json:"policy,omitempty"`
 }
 
 // RunEndData is the payload of the terminal and interrupted events.
@@ -476,6 +500,9 @@ const (
 	ToolSkipped ToolErrorCode = "skipped"
 	// ToolDenied: a person denied the call; the message holds the reason.
 	ToolDenied ToolErrorCode = "denied"
+	// ToolPolicyDenied: the policy denied the call before it ran; the
+	// message holds the explanation (rule, layer, file:line).
+	ToolPolicyDenied ToolErrorCode = "policy_denied"
 )
 
 // ToolError is a classified tool failure. Its message is written for both

@@ -6,9 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // argsHash is the hex sha256 of a call's arguments as journaled: what an
@@ -18,43 +18,67 @@ func argsHash(args json.RawMessage) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// needsApproval reports whether a call of tool name must be approved by a
-// person first (Config.RequireApproval names its side-effect class).
-func (e *Engine) needsApproval(ctx context.Context, name string) (keel.SideEffect, bool) {
-	class, ok := e.sideEffects(ctx, name)
-	return class, ok && slices.Contains(e.cfg.RequireApproval, class)
-}
-
-// gate applies approvals to a call about to run. It returns the call to
-// run (its arguments edited if the person edited them), or a result to
-// journal instead (denied), or wait true after asking for an approval,
-// which leaves the run waiting.
-func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.ToolCall, decided map[string]keel.ApprovalData) (keel.ToolCall, *keel.ToolResultData, bool, error) {
-	effects, need := e.needsApproval(ctx, call.Name)
-	if !need {
-		return call, nil, false, nil
+// gate decides a call about to run: the policy's decision (see
+// decideTool), unless the journal j already holds the decision the call
+// was made under (a call that asked for approval, or whose intent was
+// journaled), which then stands. It returns the call to run (its
+// arguments edited if the person edited them) with the decision to
+// record, or a result to journal instead (denied by the policy or by a
+// person), or wait true after asking for an approval, which leaves the
+// run waiting. j is nil in a run's live loop.
+func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.ToolCall, j *journal) (keel.ToolCall, *keel.ToolResultData, *keel.PolicyDecision, bool, error) {
+	var outcome policy.Outcome
+	var pd *keel.PolicyDecision
+	decided := map[string]keel.ApprovalData(nil)
+	var asked keel.ApprovalRequestData
+	wasAsked := false
+	if j != nil {
+		asked, wasAsked = j.asked[call.ID]
+	}
+	switch {
+	case wasAsked:
+		outcome, pd, decided = policy.Ask, asked.Policy, j.approvals
+	case j != nil && j.intent[call.ID]:
+		outcome, pd = policy.Allow, j.policy[call.ID]
+	default:
+		outcome, pd = e.decideTool(ctx, call)
+		if j != nil {
+			decided = j.approvals
+		}
+		if e.replay != nil {
+			decided = e.replay.approvals
+		}
+	}
+	switch outcome {
+	case policy.Deny:
+		res, err := e.policyDenied(ctx, run, step, call, pd)
+		return call, res, nil, false, err
+	case policy.Allow:
+		return call, nil, pd, false, nil
 	}
 	if d, ok := decided[call.ID]; ok {
 		if !d.Approved {
 			return call, &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
-				Error: &keel.ToolError{Code: keel.ToolDenied, Message: "a person denied this call" + noteSuffix(d.Reason)}}, false, nil
+				Error: &keel.ToolError{Code: keel.ToolDenied, Message: "a person denied this call" + noteSuffix(d.Reason)}}, nil, false, nil
 		}
 		if len(d.Arguments) > 0 {
 			call.Arguments = d.Arguments
 		}
-		return call, nil, false, nil
+		return call, nil, pd, false, nil
 	}
+	effects, _ := e.sideEffects(ctx, call.Name)
 	sp := e.newSpan(run.ID, keel.SpanHuman, "approve "+call.Name, step)
+	sp.Attrs = policyAttrs(pd)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
-		return call, nil, false, fmt.Errorf("journal: %w", err)
+		return call, nil, nil, false, fmt.Errorf("journal: %w", err)
 	}
 	why := fmt.Sprintf("tool %s (%s) needs a person's approval", call.Name, effects)
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventApprovalAsked,
-		keel.ApprovalRequestData{Call: call, ArgsSHA256: argsHash(call.Arguments), SideEffects: effects, SpanID: sp.ID},
+		keel.ApprovalRequestData{Call: call, ArgsSHA256: argsHash(call.Arguments), SideEffects: effects, SpanID: sp.ID, Policy: pd},
 		&keel.RunUpdate{Status: keel.RunWaiting, Error: why}); err != nil {
-		return call, nil, false, fmt.Errorf("journal: %w", err)
+		return call, nil, nil, false, fmt.Errorf("journal: %w", err)
 	}
-	return call, nil, true, nil
+	return call, nil, nil, true, nil
 }
 
 // Approve answers a run waiting for approval of callID. argsSHA256 must

@@ -19,6 +19,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // Store is the persistence the engine needs: a run's journal and its
@@ -118,8 +119,19 @@ type Config struct {
 	DefaultModel string
 	// RequireApproval lists the side-effect classes whose tool calls wait
 	// for a person's approval before they run; empty (the default) means
-	// runs advance by themselves.
+	// runs advance by themselves. It is shorthand for run-layer rules
+	// (policy.RequireApproval) added to Policy; an unknown class fails
+	// New with keel.ErrInvalid.
 	RequireApproval []keel.SideEffect
+	// Policy, if set, is consulted before every tool call of a run:
+	// allow runs it, ask waits for a person's approval bound to the
+	// exact arguments, deny fails it as a policy_denied tool error the
+	// model sees, without running the tool. A decision a rule or setting
+	// made is journaled with the call (tool.call, approval.requested or
+	// tool.result) and put on its span, so that a resume and a replay
+	// use the decision in force at the time. Nil: only RequireApproval
+	// decides.
+	Policy Policy
 	// DefaultMaxSteps bounds model calls per run; default 8.
 	DefaultMaxSteps int
 	// SystemPrompt opens every run's context; default DefaultSystemPrompt.
@@ -191,6 +203,14 @@ type Engine struct {
 
 	lastSpan atomic.Int64 // the time in the last span ID (see spanID)
 
+	// runLayer is RequireApproval as a run-layer policy file, nil when
+	// empty; emptyPolicy what it adds to when there is no Policy.
+	runLayer    *policy.LayerFile
+	emptyPolicy *policy.Policy
+	pol         policyCache
+	// replay, in a replay, holds the journal's decisions (see decideTool).
+	replay *recorded
+
 	// deciding serializes the answers to a run's waits (Decide, Approve)
 	// so that exactly one is journaled per wait.
 	deciding runLocks
@@ -229,6 +249,17 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}}
 	e.fit = e.fitContext
+	if len(cfg.RequireApproval) > 0 {
+		f, err := policy.RequireApproval(cfg.RequireApproval...)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if _, err := policy.Compile(policy.Options{}, f); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.emptyPolicy, _ = policy.Compile(policy.Options{}) // no files: cannot fail
+		e.runLayer = &f
+	}
 	return e, nil
 }
 

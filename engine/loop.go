@@ -166,13 +166,20 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			if e.paused(ctx, run.ID) {
 				return // the step's calls without a result run on resume
 			}
-			if _, _, wait, err := e.gate(ctx, run, step, call, nil); err != nil || wait {
+			call, denied, pd, wait, err := e.gate(ctx, run, step, call, nil)
+			if err != nil || wait {
 				if err != nil {
 					e.end(ctx, run.ID, err)
 				}
 				return // waiting for approval; the call runs on resume
 			}
-			res, err := e.toolStep(ctx, run, step, call, false)
+			res := keel.ToolResultData{}
+			if denied != nil {
+				res = *denied
+				_, err = e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil)
+			} else {
+				res, err = e.toolStep(ctx, run, step, call, false, pd)
+			}
 			if err != nil {
 				e.end(ctx, run.ID, err)
 				return
@@ -193,7 +200,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 // otherwise the run waits for a human (wait true), or applies the human's
 // skip or done. It returns the tool message for the model.
 func (e *Engine) finishCall(ctx context.Context, run keel.Run, j journal, call keel.ToolCall) (models.Message, bool, error) {
-	call, denied, wait, err := e.gate(ctx, run, j.step, call, j.approvals)
+	call, denied, pd, wait, err := e.gate(ctx, run, j.step, call, &j)
 	switch {
 	case err != nil || wait:
 		return models.Message{}, wait, err
@@ -226,7 +233,7 @@ func (e *Engine) finishCall(ctx context.Context, run keel.Run, j journal, call k
 		return models.Message{}, true, nil
 	default:
 		// Never started, safe to repeat, or a human said retry.
-		r, err := e.toolStep(ctx, run, j.step, call, j.intent[call.ID] && !decided)
+		r, err := e.toolStep(ctx, run, j.step, call, j.intent[call.ID] && !decided, pd)
 		return toolMessage(run, r), false, err
 	}
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventToolResult, res, nil); err != nil {
@@ -310,9 +317,10 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 // is, for a call repeated on resume), then the call as a span, then the
 // result. The intent of a read-only or idempotent tool is held instead
 // and journaled with the result, in one commit. A tool failure is not a run failure: the classified error goes
-// back to the model, which may correct itself. It returns the journaled
-// result.
-func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall, intentJournaled bool) (keel.ToolResultData, error) {
+// back to the model, which may correct itself. pd is the policy's
+// decision that let the call run, recorded with its intent and on its
+// span. It returns the journaled result.
+func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel.ToolCall, intentJournaled bool, pd *keel.PolicyDecision) (keel.ToolResultData, error) {
 	if !mayUse(run, call.Name) {
 		// Nothing runs, so no intent: the refusal is the result.
 		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
@@ -327,15 +335,15 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		// (see hold); any other is on disk before the tool starts.
 		var err error
 		if e.rerunnable(ctx, call.Name) {
-			err = e.hold(run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call})
+			err = e.hold(run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call, Policy: pd})
 		} else {
-			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call}, nil)
+			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call, Policy: pd}, nil)
 		}
 		if err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}
 	}
-	res, err := e.callTool(ctx, run, step, call)
+	res, err := e.callTool(ctx, run, step, call, pd)
 	if err != nil {
 		return keel.ToolResultData{}, err
 	}
@@ -350,9 +358,10 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 // a crash as the run's policy allows. It returns the result to journal,
 // or an error when the run was stopped meanwhile (no result is recorded:
 // the call did not complete).
-func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall) (keel.ToolResultData, error) {
+func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision) (keel.ToolResultData, error) {
 	for attempt := 1; ; attempt++ {
 		sp := e.newSpan(run.ID, keel.SpanToolCall, call.Name, step)
+		sp.Attrs = policyAttrs(pd)
 		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}

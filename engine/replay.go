@@ -47,8 +47,33 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 		rec.specs = append(rec.specs, s) // side effects decide retries
 	}
 	summaries := map[int][]keel.ContextSummaryData{}
+	// A replay does not decide again: it uses the decisions journaled.
+	dec := &recorded{policy: map[string]*keel.PolicyDecision{}, asked: map[string]bool{}, approvals: map[string]keel.ApprovalData{}}
 	for _, ev := range evs {
 		switch ev.Type {
+		case keel.EventToolCall:
+			var d keel.ToolCallData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			if d.Policy != nil {
+				dec.policy[d.Call.ID] = d.Policy
+			}
+		case keel.EventApprovalAsked:
+			var d keel.ApprovalRequestData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			dec.asked[d.Call.ID] = true
+			if d.Policy != nil {
+				dec.policy[d.Call.ID] = d.Policy
+			}
+		case keel.EventApproval:
+			var d keel.ApprovalData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			dec.approvals[d.CallID] = d
 		case keel.EventRunStarted:
 			if err := json.Unmarshal(ev.Data, &rec.started); err != nil {
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
@@ -65,6 +90,9 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			rec.results[d.CallID] = d
+			if d.Policy != nil {
+				dec.policy[d.CallID] = d.Policy
+			}
 		case keel.EventContextSummary:
 			var d keel.ContextSummaryData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -92,12 +120,14 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	cfg.Store, cfg.Model, cfg.Tools, cfg.Logger = mem, rec, rec, e.log
 	// A replay calls no model: its interceptors have nothing to see.
 	cfg.ModelInterceptors = nil
+	cfg.Policy, cfg.RequireApproval = nil, nil
 	cfg.Sleep = func(context.Context, time.Duration) error { return nil } // the retry, not its wait
 	replayer, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	replayer.fit = replayer.recordedSummaries(summaries)
+	replayer.replay = dec
 	replayer.loop(ctx, run, nil)
 	replayer.flushHeld(ctx, run.ID)
 	return mem.events, nil

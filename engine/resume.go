@@ -22,9 +22,10 @@ type journal struct {
 	fresh     bool // run.started is not journaled yet
 	lastSeq   int64
 	msgs      []models.Message
-	step      int             // the last journaled model step
-	pending   []keel.ToolCall // calls of that step without a result, in order
-	intent    map[string]bool // calls whose tool.call intent is journaled
+	step      int                             // the last journaled model step
+	pending   []keel.ToolCall                 // calls of that step without a result, in order
+	intent    map[string]bool                 // calls whose tool.call intent is journaled
+	policy    map[string]*keel.PolicyDecision // the decision journaled with each intent, if any
 	decision  map[string]keel.HumanDecisionData
 	asked     map[string]keel.ApprovalRequestData // approvals requested, by call
 	askedAt   map[string]time.Time
@@ -47,6 +48,7 @@ func (e *Engine) newJournal(run keel.Run) journal {
 		fresh:     true,
 		msgs:      initialMessages(e.cfg.SystemPrompt, run),
 		intent:    map[string]bool{},
+		policy:    map[string]*keel.PolicyDecision{},
 		decision:  map[string]keel.HumanDecisionData{},
 		asked:     map[string]keel.ApprovalRequestData{},
 		askedAt:   map[string]time.Time{},
@@ -92,6 +94,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.intent[d.Call.ID] = true
+			if d.Policy != nil {
+				j.policy[d.Call.ID] = d.Policy
+			}
 			delete(j.decision, d.Call.ID) // a retry decided before it is used up
 		case keel.EventToolResult:
 			var d keel.ToolResultData

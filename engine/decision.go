@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
+)
+
+// Policy is the policy the engine consults before every tool call of a
+// run: the one in force now, with its version (*policy.Watcher is one).
+// Current must be safe for concurrent use and cheap: it is called once
+// per tool call.
+type Policy interface {
+	Current() policy.Snapshot
+}
+
+// policyCache holds the effective policy: the policy in force with the
+// run layer (Config.RequireApproval) added, compiled again only when the
+// policy in force changes.
+type policyCache struct {
+	mu   sync.Mutex
+	base *policy.Policy // the Snapshot's policy eff was compiled from
+	eff  *policy.Policy
+}
+
+// recorded is what a replay decides from: the decisions the journal
+// holds, by call, instead of the policy in force now.
+type recorded struct {
+	policy    map[string]*keel.PolicyDecision
+	asked     map[string]bool
+	approvals map[string]keel.ApprovalData
+}
+
+// effective returns the policy a tool call is decided by and its
+// version, or nil when there is none (no Config.Policy and no
+// Config.RequireApproval): every call is then allowed and nothing is
+// recorded.
+func (e *Engine) effective() (*policy.Policy, uint64) {
+	var snap policy.Snapshot
+	if e.cfg.Policy != nil {
+		snap = e.cfg.Policy.Current()
+	}
+	if snap.Policy == nil && e.runLayer == nil {
+		return nil, 0
+	}
+	e.pol.mu.Lock()
+	defer e.pol.mu.Unlock()
+	if e.pol.eff != nil && e.pol.base == snap.Policy {
+		return e.pol.eff, snap.Version
+	}
+	eff := snap.Policy
+	if e.runLayer != nil {
+		base := snap.Policy
+		if base == nil {
+			base = e.emptyPolicy
+		}
+		p, err := base.WithRun(*e.runLayer)
+		if err != nil {
+			// The run layer compiled alone at New; keep the last good
+			// effective policy rather than drop --require-approval.
+			e.log.Warn("policy: add the run layer", "err", err)
+			if e.pol.eff != nil {
+				return e.pol.eff, snap.Version
+			}
+			p = base
+		}
+		eff = p
+	}
+	e.pol.base, e.pol.eff = snap.Policy, eff
+	return eff, snap.Version
+}
+
+// decideTool asks the policy about a call: allow, ask or deny, and the
+// decision to record, nil when no rule or setting had anything to say
+// (the built-in allow), so that a user without policy files journals
+// what they always did. A replay decides nothing: it reads the journal.
+func (e *Engine) decideTool(ctx context.Context, call keel.ToolCall) (policy.Outcome, *keel.PolicyDecision) {
+	if e.replay != nil {
+		pd := e.replay.policy[call.ID]
+		switch {
+		case pd != nil && pd.Outcome == policy.Deny.String():
+			return policy.Deny, pd
+		case pd != nil && pd.Outcome == policy.Ask.String(), e.replay.asked[call.ID]:
+			return policy.Ask, pd
+		}
+		return policy.Allow, pd
+	}
+	p, version := e.effective()
+	if p == nil {
+		return policy.Allow, nil
+	}
+	class, _ := e.sideEffects(ctx, call.Name)
+	d := p.Decide(&policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments})
+	if d.Rule() == nil && d.Setting() == nil && d.Outcome == policy.Allow {
+		return policy.Allow, nil
+	}
+	return d.Outcome, &keel.PolicyDecision{Outcome: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}
+}
+
+// policyDenied records a call the policy denied as a span of its own
+// (status error, the decision in its attributes) and returns the result
+// to journal: a policy_denied tool error the model sees. The tool does
+// not run.
+func (e *Engine) policyDenied(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision) (*keel.ToolResultData, error) {
+	msg := fmt.Sprintf("the policy denied the call of %s: %s", call.Name, pd.Explanation)
+	sp := e.newSpan(run.ID, keel.SpanToolCall, call.Name, step)
+	sp.Status, sp.Error, sp.Attrs = keel.SpanError, msg, policyAttrs(pd)
+	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	return &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, Policy: pd,
+		Error: &keel.ToolError{Code: keel.ToolPolicyDenied, Message: msg}}, nil
+}
+
+// policyAttrs are a span's attributes holding a decision; nil for none.
+func policyAttrs(pd *keel.PolicyDecision) json.RawMessage {
+	if pd == nil {
+		return nil
+	}
+	b, _ := json.Marshal(struct {
+		Policy *keel.PolicyDecision `json:"policy"`
+	}{pd})
+	return b
+}
