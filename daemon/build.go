@@ -10,6 +10,7 @@ import (
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/store"
@@ -125,8 +126,9 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.eng = eng
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
-	ms := &modelService{provider: provider, providers: providers, router: router, endpoint: endpoint, file: filepath.Join(cfg.DataDir, ModelsConfigFile)}
-	l.env = &environment{cfg: cfg, models: ms, reg: reg, admin: admin}
+	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
+		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
+	l.env = &environment{cfg: cfg, models: ms, router: router, providers: providers, reg: reg, admin: admin}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env}
 	return l, nil

@@ -5,16 +5,20 @@ import (
 
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
 // environment serves env.describe: what the daemon was built with.
 type environment struct {
-	cfg    Config
-	url    string
-	models *modelService
-	reg    *wasmtools.Registry
-	admin  *wasmtools.Admin
+	cfg       Config
+	url       string
+	models    *models.Service
+	router    *models.Router
+	providers map[string]models.ProviderConfig
+	reg       *wasmtools.Registry
+	admin     *wasmtools.Admin
 }
 
 // Describe declares this environment: every model provider (the local
@@ -24,7 +28,7 @@ type environment struct {
 func (e *environment) Describe(ctx context.Context) (capabilities.Environment, error) {
 	env := capabilities.Environment{Runtime: "keel", Version: Version, Protocol: protocol.Version,
 		DataDir: e.cfg.DataDir, URL: e.url, DefaultModel: e.cfg.DefaultModel, Network: "loopback",
-		AllowCloud: e.models.router.AllowCloud(), RequireApproval: []string{}, ToolLimits: toolLimits(e.cfg)}
+		AllowCloud: e.router.AllowCloud(), RequireApproval: []string{}, ToolLimits: toolLimits(e.cfg)}
 	if e.cfg.AllowNonLoopback {
 		env.Network = "any"
 	}
@@ -37,11 +41,11 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 	}
 	for _, p := range res.Providers {
 		pd := capabilities.ProviderDecl{Name: p.Name, Kind: "local", Endpoint: p.Endpoint, Reachable: p.Reachable, Error: p.Error, Hint: p.Hint}
-		if e.models.providers[p.Name].Cloud {
+		if e.providers[p.Name].Cloud {
 			pd.Kind = "cloud"
 		}
-		if p.Name == localProvider {
-			pd.Name = e.models.provider.Name() // "ollama", unless a test's provider
+		if p.Name == modelsfile.LocalName {
+			pd.Name = e.providers[p.Name].Provider.Name() // "ollama", unless a test's provider
 		}
 		for _, m := range res.Models {
 			if m.Provider == p.Name {

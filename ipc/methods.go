@@ -355,13 +355,13 @@ func handleModelsPull(ctx context.Context, c *conn, p protocol.ModelsPullParams)
 		return nil, paramError("name", "must not be empty")
 	}
 	id := requestID(ctx)
-	progress := func(protocol.ModelsPullProgress) {}
+	progress := func(keel.PullProgress) {}
 	if id != nil {
-		progress = func(pr protocol.ModelsPullProgress) {
-			pr.ID = id
+		progress = func(pr keel.PullProgress) {
 			// Fails only when the connection has ended, which cancels
 			// ctx and so the pull.
-			_ = c.notify(ctx, protocol.NotifyModelsPullProgress, pr)
+			_ = c.notify(ctx, protocol.NotifyModelsPullProgress, protocol.ModelsPullProgress{ID: id,
+				Status: pr.Status, Digest: pr.Digest, Completed: pr.Completed, Total: pr.Total})
 		}
 	}
 	if err := c.s.svc.Models.PullModel(ctx, p.Name, progress); err != nil {
@@ -387,7 +387,9 @@ func handleModelsChat(ctx context.Context, c *conn, p protocol.ModelsChatParams)
 		// and so the call.
 		_ = c.notify(ctx, protocol.NotifyModelsChatDelta, d)
 	}}
-	res, err := c.s.svc.Chat.Chat(ctx, p, co.add)
+	res, err := c.s.svc.Chat.Chat(ctx, p, func(d keel.ChatDelta) {
+		co.add(protocol.ChatDelta{Content: d.Content, Restart: d.Restart})
+	})
 	co.flush() // every delta goes out before the response
 	return res, err
 }

@@ -138,21 +138,21 @@ type Models interface {
 	// each provider's status. A provider that cannot be reached is
 	// reported in the result (Reachable false, with Error and Hint), not
 	// as an error.
-	ListModels(ctx context.Context) (protocol.ModelsListResult, error)
+	ListModels(ctx context.Context) (keel.ModelList, error)
 	// PullModel downloads the model name and returns once it is
 	// complete. It calls progress from the calling goroutine, in order,
 	// with each progress report (the server sets their ID); progress may
 	// block while the client's queue is full. Cancelling ctx cancels the
 	// pull. A name the provider refuses or does not know wraps
 	// keel.ErrInvalid; an unreachable provider keel.ErrModelUnavailable.
-	PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
+	PullModel(ctx context.Context, name string, progress func(keel.PullProgress)) error
 }
 
 // Chat is one call of the model layer.
 type Chat interface {
 	// Chat calls onDelta (nil unless the request asked to stream) from
 	// the calling goroutine, in order.
-	Chat(ctx context.Context, p protocol.ModelsChatParams, onDelta func(protocol.ChatDelta)) (protocol.ModelsChatResult, error)
+	Chat(ctx context.Context, req keel.ChatRequest, onDelta func(keel.ChatDelta)) (keel.ChatReply, error)
 }
 
 // Environment describes this environment.

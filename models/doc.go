@@ -4,5 +4,7 @@
 // (models/ollama); models/scripted is a deterministic fake for tests and
 // models/modelstest is the conformance suite every provider passes;
 // models/modelsfile builds the layer (providers and router) from a
-// models.json.
+// models.json. Service serves the model methods of the protocol
+// (models.list, models.pull, models.chat) over the root package's request
+// types, so the protocol server calls it without a translation layer.
 package models

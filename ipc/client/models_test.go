@@ -31,12 +31,12 @@ func (b modelsBackend) ListModels(context.Context) (protocol.ModelsListResult, e
 	}, nil
 }
 
-func (b modelsBackend) PullModel(_ context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+func (b modelsBackend) PullModel(_ context.Context, name string, progress func(keel.PullProgress)) error {
 	if name == "nope" {
 		return fmt.Errorf("no model nope in the registry: %w", keel.ErrInvalid)
 	}
 	for i := range b.steps {
-		progress(protocol.ModelsPullProgress{Status: "pulling " + name, Completed: int64(i + 1), Total: int64(b.steps)})
+		progress(keel.PullProgress{Status: "pulling " + name, Completed: int64(i + 1), Total: int64(b.steps)})
 	}
 	return nil
 }

@@ -42,7 +42,8 @@ type Backend struct {
 	OnEvents func(before bool)
 	// OnCallTool, if set, implements CallTool.
 	OnCallTool func(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
-	// OnPullModel, if set, implements PullModel; by default a pull
+	// OnPullModel, if set, implements PullModel (the ID of what it
+	// reports is ignored: the server sets it); by default a pull
 	// succeeds at once.
 	OnPullModel func(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error
 }
@@ -347,7 +348,7 @@ func (f *Backend) ListModels(context.Context) (protocol.ModelsListResult, error)
 	}, nil
 }
 
-func (f *Backend) PullModel(ctx context.Context, name string, progress func(protocol.ModelsPullProgress)) error {
+func (f *Backend) PullModel(ctx context.Context, name string, progress func(keel.PullProgress)) error {
 	f.mu.Lock()
 	pull := f.OnPullModel
 	f.notify()
@@ -358,7 +359,9 @@ func (f *Backend) PullModel(ctx context.Context, name string, progress func(prot
 		f.mu.Unlock()
 	}()
 	if pull != nil {
-		return pull(ctx, name, progress)
+		return pull(ctx, name, func(p protocol.ModelsPullProgress) {
+			progress(keel.PullProgress{Status: p.Status, Digest: p.Digest, Completed: p.Completed, Total: p.Total})
+		})
 	}
 	return f.failWith("PullModel")
 }

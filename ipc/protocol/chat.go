@@ -19,36 +19,10 @@ const (
 )
 
 // ChatMessage is one message of a models.chat conversation.
-type ChatMessage struct {
-	Role       string          `json:"role"` // system, user, assistant, tool
-	Content    string          `json:"content"`
-	ToolCalls  []keel.ToolCall `json:"tool_calls,omitempty"`
-	ToolCallID string          `json:"tool_call_id,omitempty"`
-	// Images are base64 (in JSON) PNG or JPEG bytes for vision models.
-	Images [][]byte `json:"images,omitempty"`
-	// Private content never leaves the machine.
-	Private bool `json:"private,omitempty"`
-}
+type ChatMessage = keel.ChatMessage
 
 // ModelsChatParams asks for one reply.
-type ModelsChatParams struct {
-	// Model names the model ("keel-tiny", "ollama/keel-tiny") or a route;
-	// empty means the route "default".
-	Model    string          `json:"model,omitempty"`
-	Messages []ChatMessage   `json:"messages"`
-	Tools    []keel.ToolSpec `json:"tools,omitempty"`
-	// Format, when set, is a JSON Schema the reply must satisfy; replies
-	// that break it are repaired (asked again) at most Repairs times.
-	Format      json.RawMessage `json:"format,omitempty"`
-	Repairs     int             `json:"repairs,omitempty"`
-	MaxTokens   int             `json:"max_tokens,omitempty"`
-	Temperature *float64        `json:"temperature,omitempty"`
-	Seed        *int            `json:"seed,omitempty"`
-	AllowCloud  bool            `json:"allow_cloud,omitempty"`
-	Private     bool            `json:"private,omitempty"`
-	// Stream asks for models.chat.delta notifications.
-	Stream bool `json:"stream,omitempty"`
-}
+type ModelsChatParams = keel.ChatRequest
 
 // ChatDelta is the params of a models.chat.delta notification.
 type ChatDelta struct {
@@ -59,22 +33,7 @@ type ChatDelta struct {
 }
 
 // ModelsChatResult is the reply of models.chat with its accounting.
-type ModelsChatResult struct {
-	Model            string      `json:"model"`
-	Provider         string      `json:"provider"`
-	Message          ChatMessage `json:"message"`
-	FinishReason     string      `json:"finish_reason,omitempty"`
-	PromptTokens     int         `json:"prompt_tokens"`
-	CompletionTokens int         `json:"completion_tokens"`
-	CostUSD          float64     `json:"cost_usd,omitempty"`
-	TTFTMS           float64     `json:"ttft_ms,omitempty"`
-	LatencyMS        float64     `json:"latency_ms"`
-	Retries          int         `json:"retries,omitempty"`
-	Route            string      `json:"route,omitempty"`
-	Variant          string      `json:"variant,omitempty"`
-	// Attempts is how many replies a structured call took (repairs + 1).
-	Attempts int `json:"attempts,omitempty"`
-}
+type ModelsChatResult = keel.ChatReply
 
 // Millis expresses d in milliseconds for the wire.
 func Millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -242,32 +242,15 @@ type ToolsAuditResult struct {
 type EnvDescribeResult = capabilities.Environment
 
 // ModelInfo is one model as models.list shows it.
-type ModelInfo struct {
-	Name         string   `json:"name"`
-	Provider     string   `json:"provider"`
-	Capabilities []string `json:"capabilities"` // such as "completion", "tools", "structured"
-	// ContextLength is the context window in tokens; 0 when unknown.
-	ContextLength int    `json:"context_length"`
-	Size          int64  `json:"size,omitempty"` // bytes on disk, for a local model
-	Family        string `json:"family,omitempty"`
-}
+type ModelInfo = keel.ModelInfo
 
 // ProviderStatus says whether a model provider answered models.list.
-type ProviderStatus struct {
-	Name      string `json:"name"`
-	Endpoint  string `json:"endpoint,omitempty"`
-	Reachable bool   `json:"reachable"`
-	Error     string `json:"error,omitempty"`
-	Hint      string `json:"hint,omitempty"` // what to do: when unreachable, or when it has no models
-}
+type ProviderStatus = keel.ProviderStatus
 
 // ModelsListResult is the result of models.list: the models of every
 // configured provider, and each provider's status. A provider that does
 // not answer contributes no models.
-type ModelsListResult struct {
-	Models    []ModelInfo      `json:"models"`
-	Providers []ProviderStatus `json:"providers"`
-}
+type ModelsListResult = keel.ModelList
 
 // ModelsPullParams names the model models.pull downloads, as its
 // provider spells it (for Ollama, such as "qwen2.5:0.5b").

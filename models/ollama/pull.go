@@ -10,19 +10,14 @@ import (
 	"github.com/ollama/ollama/api"
 	"github.com/ollama/ollama/types/model"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/models"
 )
 
-// PullProgress is one progress report of a pull, as Ollama streams it.
-// Status is Ollama's own text: "pulling manifest", then "pulling
-// 8eeb52dfb3bb" for each layer (with Digest, Completed and Total set),
-// "verifying sha256 digest", "writing manifest" and finally "success".
-type PullProgress struct {
-	Status    string
-	Digest    string // the layer being downloaded; "" when none is
-	Completed int64  // bytes of that layer downloaded so far
-	Total     int64  // bytes of that layer; 0 when no download is under way
-}
+// PullProgress is one progress report of a pull, as Ollama streams it
+// (see keel.PullProgress for what Status says); an alias, so that the
+// provider satisfies models.Puller.
+type PullProgress = keel.PullProgress
 
 // Texts of the errors Ollama v0.17.4 streams when it cannot get a model's
 // manifest from the registry (server/images.go, PullModel). The
