@@ -1,27 +1,20 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/internal/atomicfile"
 	"github.com/keel-runtime/keel/ipc"
-	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
@@ -40,7 +33,7 @@ const DefaultAddr = "127.0.0.1:7433"
 // directory, DefaultAddr, loopback only, Ollama from OLLAMA_HOST.
 type Config struct {
 	// DataDir holds the database, tools, token and daemon.json; default
-	// client.DefaultDataDir().
+	// datadir.Default().
 	DataDir string
 	// Addr is the listen address; default DefaultAddr. Port 0 picks a
 	// free port.
@@ -100,7 +93,7 @@ const (
 )
 
 // ErrAlreadyRunning is returned when another daemon holds the data dir.
-var ErrAlreadyRunning = errors.New("another keel daemon is already running on this data directory")
+var ErrAlreadyRunning = datadir.ErrAlreadyRunning
 
 // Daemon is keel's runtime on one data directory. New takes the data
 // directory, the caller binds a listener, Serve builds the layers and
@@ -147,7 +140,7 @@ func New(cfg Config) (*Daemon, error) {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	if cfg.DataDir == "" {
-		cfg.DataDir = client.DefaultDataDir()
+		cfg.DataDir = datadir.Default()
 	}
 	var err error
 	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
@@ -180,11 +173,11 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	unlock, err := lockDataDir(cfg.DataDir)
+	unlock, err := datadir.Lock(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
-	token, tokenFile, err := ensureToken(cfg.DataDir)
+	token, tokenFile, err := datadir.EnsureToken(cfg.DataDir)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -248,7 +241,6 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	defer unwatch()
 	srvCtx, stopSrv := context.WithCancel(context.Background())
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	infoPath := filepath.Join(cfg.DataDir, protocol.DaemonFile)
 
 	// The engine: interrupted runs go on from their journals once their
 	// tools can run (until then the daemon already serves); on stop it
@@ -264,7 +256,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		<-stopping.Done()
 		log.Info("keel daemon stopping")
-		os.Remove(infoPath)
+		datadir.RemoveInfo(cfg.DataDir)
 		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		return l.eng.Close(closeCtx)
@@ -290,9 +282,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return nil
 	})
 
-	if err := writeFileAtomic(infoPath, mustJSON(info), 0o600); err != nil {
+	if err := datadir.WriteInfo(cfg.DataDir, info); err != nil {
 		stop()
-		return errors.Join(fmt.Errorf("write %s: %w", infoPath, err), g.Wait())
+		return errors.Join(err, g.Wait())
 	}
 	_, total, _ := l.reg.Progress()
 	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tool_files", total)
@@ -319,67 +311,4 @@ func checkLoopback(addr string, allow bool) error {
 		return nil
 	}
 	return fmt.Errorf("refusing to listen on %s: it is not a loopback address, so other machines could reach keel; use 127.0.0.1, or pass --allow-non-loopback if you really mean it", addr)
-}
-
-func lockDataDir(dir string) (unlock func(), err error) {
-	path := filepath.Join(dir, "daemon.lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			msg := ""
-			if info, rerr := client.ReadDaemonInfo(dir); rerr == nil {
-				msg = fmt.Sprintf(" (pid %d, %s)", info.PID, info.URL)
-			}
-			return nil, fmt.Errorf("%w%s; stop it first, or use another --data-dir", ErrAlreadyRunning, msg)
-		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
-}
-
-// ensureToken returns the client token, creating it (mode 0600) on first
-// start. A token file readable by others is tightened, not trusted blindly.
-func ensureToken(dir string) (token, path string, err error) {
-	path = filepath.Join(dir, "token")
-	b, err := os.ReadFile(path)
-	if err == nil {
-		token = strings.TrimSpace(string(b))
-		if len(token) < 32 {
-			return "", "", fmt.Errorf("token file %s is too short; delete it and restart to make a new one", path)
-		}
-		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
-			if err := os.Chmod(path, 0o600); err != nil {
-				return "", "", fmt.Errorf("token file %s is readable by others and cannot be fixed: %w", path, err)
-			}
-		}
-		return token, path, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return "", "", fmt.Errorf("read token: %w", err)
-	}
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", "", err
-	}
-	token = hex.EncodeToString(raw[:])
-	if err := writeFileAtomic(path, []byte(token+"\n"), 0o600); err != nil {
-		return "", "", fmt.Errorf("write token: %w", err)
-	}
-	return token, path, nil
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.Write(path, bytes.NewReader(data), mode)
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		panic(err)
-	}
-	return append(b, '\n')
 }

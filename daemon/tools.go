@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/internal/atomicfile"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
@@ -35,5 +37,5 @@ func installExamples(ctx context.Context, st *store.Store, toolsDir, workspace s
 	if err := st.SetToolGrants(ctx, "readfile", store.ToolGrant{SHA256: sum, Grants: ro}, time.Now()); err != nil {
 		return err
 	}
-	return writeFileAtomic(marker, []byte("the bundled example tools were installed here once\n"), 0o600)
+	return atomicfile.Write(marker, strings.NewReader("the bundled example tools were installed here once\n"), 0o600)
 }

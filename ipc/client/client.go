@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -119,18 +120,11 @@ func DialDataDir(ctx context.Context, dataDir string) (*Client, error) {
 	if info.Protocol != "" && info.Protocol != protocol.Version {
 		return nil, fmt.Errorf("keel: the daemon speaks protocol %s, this client %s", info.Protocol, protocol.Version)
 	}
-	tokenFile := info.TokenFile
-	if tokenFile == "" {
-		return nil, fmt.Errorf("keel: %s names no token_file", infoPath)
-	}
-	if !filepath.IsAbs(tokenFile) {
-		tokenFile = filepath.Join(dataDir, tokenFile)
-	}
-	tok, err := os.ReadFile(tokenFile)
+	tok, err := datadir.ReadToken(dataDir, info)
 	if err != nil {
-		return nil, fmt.Errorf("keel: read daemon token: %w", err)
+		return nil, err
 	}
-	c, err := Dial(ctx, info.URL, strings.TrimSpace(string(tok)))
+	c, err := Dial(ctx, info.URL, tok)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, fmt.Errorf("%w (nothing listens at %s, named by %s); %s", ErrDaemonNotRunning, info.URL, infoPath, start)
@@ -142,21 +136,7 @@ func DialDataDir(ctx context.Context, dataDir string) (*Client, error) {
 
 // ReadDaemonInfo reads dataDir/daemon.json. A missing file gives an
 // error wrapping os.ErrNotExist.
-func ReadDaemonInfo(dataDir string) (protocol.DaemonInfo, error) {
-	path := filepath.Join(dataDir, protocol.DaemonFile)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return protocol.DaemonInfo{}, fmt.Errorf("keel: read daemon info: %w", err)
-	}
-	var info protocol.DaemonInfo
-	if err := json.Unmarshal(data, &info); err != nil {
-		return protocol.DaemonInfo{}, fmt.Errorf("keel: parse %s: %w", path, err)
-	}
-	if info.URL == "" {
-		return protocol.DaemonInfo{}, fmt.Errorf("keel: %s has no url", path)
-	}
-	return info, nil
-}
+func ReadDaemonInfo(dataDir string) (protocol.DaemonInfo, error) { return datadir.ReadInfo(dataDir) }
 
 // processAlive reports whether a process with pid exists. Where that
 // cannot be checked it reports true, and dialling tells.

@@ -8,6 +8,7 @@
 // notifications; Client's methods (StartRun, GetRun, ...) are shorthands
 // for the common calls. Call takes a method by name with untyped params.
 //
-// It depends only on keel's root vocabulary and the wire types of
-// ipc/protocol; docs/protocol.md describes what goes over the wire.
+// It depends only on keel's root vocabulary, the wire types of
+// ipc/protocol and the data directory's layout (ipc/datadir);
+// docs/protocol.md describes what goes over the wire.
 package client
