@@ -114,7 +114,12 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	})
 	l.closers = append(l.closers, l.closeTools)
 
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	pol, err := openPolicy(cfg, log.With("component", "policy"))
+	if err != nil {
+		return l, err
+	}
+	l.closers = append(l.closers, func() { pol.Close() })
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
 	if err != nil {
 		return l, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
+	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/wasmtools"
 	"golang.org/x/sync/errgroup"
 )
@@ -73,6 +74,14 @@ type Config struct {
 	// RequireApproval lists side-effect classes (keel.SideEffect values)
 	// whose tool calls wait for a person's approval; empty: none.
 	RequireApproval []keel.SideEffect
+	// ManagedPolicyFile is the managed layer's policy file; default
+	// policy.DefaultManagedPath() (docs/policy.md). The user layer's is
+	// policy.json in DataDir.
+	ManagedPolicyFile string
+	// OnPolicy, when set, is called after each reload of the policy
+	// files, on the watcher's goroutine: with the policy now in force,
+	// or with the error that keeps the last good one in force.
+	OnPolicy func(policy.Event)
 	// CacheDir holds compiled tools (wazero's compilation cache), so a
 	// restart does not recompile; default DataDir/cache/wazero.
 	CacheDir string
@@ -154,6 +163,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.Workspace == "" {
 		cfg.Workspace = filepath.Join(cfg.DataDir, "workspace")
+	}
+	if cfg.ManagedPolicyFile == "" {
+		cfg.ManagedPolicyFile = policy.DefaultManagedPath()
 	}
 	if err := checkLoopback(cfg.Addr, cfg.AllowNonLoopback); err != nil {
 		return nil, err

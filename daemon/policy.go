@@ -1,0 +1,40 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/keel-runtime/keel/policy"
+)
+
+// openPolicy loads the policy files (the managed layer's, Config.
+// ManagedPolicyFile, and the user layer's, policy.json in the data
+// directory) and watches them: an edit applies from the next decision;
+// a file that stops loading keeps the last good policy in force and is
+// logged with its file and line. A missing file is no file. Files that
+// do not load at start fail it: there is no last good policy to keep.
+func openPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
+	home, _ := os.UserHomeDir()
+	w, err := policy.NewWatcher(policy.WatcherConfig{
+		Paths:   policy.Paths{Managed: cfg.ManagedPolicyFile, User: policy.UserPath(cfg.DataDir)},
+		Options: policy.DefaultOptions(home),
+		OnEvent: func(ev policy.Event) {
+			if ev.Err != nil {
+				log.Error("the policy files do not load; the last good policy stays in force", "version", ev.Version, "err", ev.Err)
+			} else {
+				log.Info("policy reloaded", "version", ev.Version, "digest", ev.Policy.Digest())
+			}
+			if cfg.OnPolicy != nil {
+				cfg.OnPolicy(ev)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	for _, warn := range w.Current().Policy.Warnings() {
+		log.Warn("policy", "warning", warn.String())
+	}
+	return w, nil
+}

@@ -1,0 +1,149 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/policy"
+)
+
+// TestPolicyFileDecidesToolCalls: the user layer's policy.json decides
+// the tool calls of runs, against the real writefile tool, and an edit
+// of the file while the daemon runs decides the next call. A deny: the
+// run sees policy_denied and the file the tool would have written does
+// not exist. An ask: the run waits for approval, and approving writes
+// the file. A broken edit keeps the last good policy. Removing the rule:
+// the next call runs at once.
+func TestPolicyFileDecidesToolCalls(t *testing.T) {
+	t.Parallel()
+	dir := withTools(t, "writefile")
+	userFile := policy.UserPath(dir)
+	// An edit replaces the file whole, as editors save: a reader never
+	// sees it half written.
+	writePolicy := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(userFile+".new", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(userFile+".new", userFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writePolicy(`{"rules": [{"action": "tool", "tool": "writefile", "decision": "deny", "reason": "no writing"}]}`)
+	events := make(chan policy.Event, 16)
+	write := func(id, name string) keel.ToolCall {
+		return keel.ToolCall{ID: id, Name: "writefile", Arguments: json.RawMessage(`{"path":"` + name + `","content":"written"}`)}
+	}
+	p := scripted.New(nil,
+		scripted.CallTools(write("c1", "denied.txt")), scripted.Answer("one"),
+		scripted.CallTools(write("c2", "asked.txt")), scripted.Answer("two"),
+		scripted.CallTools(write("c3", "allowed.txt")), scripted.Answer("three"))
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p,
+		ManagedPolicyFile: filepath.Join(t.TempDir(), "managed", "policy.json"),
+		OnPolicy:          func(ev policy.Event) { events <- ev }})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	out := t.TempDir()
+	if s, e, code := runCLI(ctx, d.dir, "tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s%s", code, s, e)
+	}
+	exists := func(name string) bool {
+		_, err := os.Stat(filepath.Join(out, name))
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	nextPolicy := func(want uint64, wantErr bool) {
+		t.Helper()
+		select {
+		case ev := <-events:
+			if ev.Version != want || (ev.Err != nil) != wantErr {
+				t.Fatalf("policy event = version %d, err %v; want version %d, error %v", ev.Version, ev.Err, want, wantErr)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("no policy event within a minute of the edit")
+		}
+	}
+	start := func(goal string) keel.RunID {
+		t.Helper()
+		run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: goal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run.ID
+	}
+
+	// Deny: the tool never runs.
+	id := start("write denied.txt")
+	evs := follow(t, c, id)
+	var res keel.ToolResultData
+	for _, ev := range evs {
+		if ev.Type == keel.EventToolResult {
+			_ = json.Unmarshal(ev.Data, &res)
+		}
+	}
+	if res.Error == nil || res.Error.Code != keel.ToolPolicyDenied || !strings.Contains(res.Error.Message, userFile) {
+		t.Fatalf("tool.result error = %+v, want policy_denied naming %s", res.Error, userFile)
+	}
+	if evs[len(evs)-1].Type != keel.EventRunSucceeded {
+		t.Errorf("run ended with %s, want succeeded (the model saw the denial)", evs[len(evs)-1].Type)
+	}
+	if exists("denied.txt") {
+		t.Error("denied.txt exists: the denied tool ran")
+	}
+
+	// Ask, after a hot edit: the run waits, approving runs the tool.
+	writePolicy(`{"rules": [{"action": "tool", "tool": "writefile", "decision": "ask"}]}`)
+	nextPolicy(2, false)
+	id = start("write asked.txt")
+	waitEvent(t, d.dir, id, keel.EventApprovalAsked)
+	if exists("asked.txt") {
+		t.Fatal("asked.txt exists before the approval")
+	}
+	if s, e, code := runCLI(ctx, d.dir, "approve", string(id), "c2"); code != 0 {
+		t.Fatalf("keel approve = %d: %s%s", code, s, e)
+	}
+	if evs := follow(t, c, id); evs[len(evs)-1].Type != keel.EventRunSucceeded || !exists("asked.txt") {
+		t.Fatalf("approved run ended with %s, asked.txt written: %v", evs[len(evs)-1].Type, exists("asked.txt"))
+	}
+
+	// A broken edit keeps the ask in force; a good one replaces it.
+	writePolicy(`{"rules": [`)
+	nextPolicy(2, true)
+	writePolicy(`{}`)
+	nextPolicy(3, false)
+	id = start("write allowed.txt")
+	if evs := follow(t, c, id); evs[len(evs)-1].Type != keel.EventRunSucceeded || !exists("allowed.txt") {
+		t.Fatalf("allowed run ended with %s, allowed.txt written: %v", evs[len(evs)-1].Type, exists("allowed.txt"))
+	}
+}
+
+// TestBrokenPolicyFileStopsStart: a policy file that does not load at
+// start names its file and line, and the daemon does not start: there is
+// no last good policy to keep.
+func TestBrokenPolicyFileStopsStart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(policy.UserPath(dir), []byte("{\n  \"rulez\": []\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := daemon.Run(ctx, daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", Provider: scripted.New(nil),
+		ManagedPolicyFile: filepath.Join(dir, "managed.json"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready: func(protocol.DaemonInfo) { cancel() }}) // it started: the test fails
+	var fe *policy.FileError
+	if !errors.As(err, &fe) || fe.Line != 2 || !errors.Is(err, policy.ErrUnknownField) {
+		t.Fatalf("Run with a broken policy.json = %v, want an unknown field at line 2", err)
+	}
+}
