@@ -81,7 +81,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if err != nil {
 		return l, fmt.Errorf("tool limits: %w", err)
 	}
-	reg, err := wasmtools.Open(ctx, wasmtools.Config{
+	wc := wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
 		GrantsFor: grants.Get,
@@ -97,7 +97,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		Logger:     log.With("component", "wasmtools"),
 		// The audit trail sees every call first (see intercept).
 		Interceptors: intercept.Tools{st.AuditTrail(log.With("component", "audit"))},
-	}.WithDefaultLimits(limits))
+	}
+	reg, err := wasmtools.Open(ctx, wc.WithDefaultLimits(limits))
 	if err != nil {
 		return l, fmt.Errorf("load tools: %w", err)
 	}
@@ -133,7 +134,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
 		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
-	l.env = &environment{cfg: cfg, models: ms, router: router, providers: providers, reg: reg, admin: admin}
+	// The limits declared are those of the configuration, tools.json aside.
+	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env}
 	return l, nil

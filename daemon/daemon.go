@@ -243,7 +243,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: d.tokenFile,
 		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
-	l.env.url = info.URL
+	l.env.fixed.URL = info.URL
 
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	// stopping ends when the caller stops the daemon or a lifetime fails.

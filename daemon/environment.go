@@ -10,80 +10,48 @@ import (
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
-// environment serves env.describe: what the daemon was built with.
+// environment serves env.describe: what the daemon was built with, and
+// what its layers declare now.
 type environment struct {
-	cfg       Config
-	url       string
-	models    *models.Service
-	router    *models.Router
-	providers map[string]models.ProviderConfig
-	reg       *wasmtools.Registry
-	admin     *wasmtools.Admin
+	fixed  capabilities.Environment // what does not change while it serves
+	models *models.Service
+	kinds  map[string]capabilities.ProviderKind
+	admin  *wasmtools.Admin
 }
 
-// Describe declares this environment: every model provider (the local
-// one and those of models.json, and whether each answers) with its
-// models, the cloud switch, the approval policy, the tool limits, tools
-// with their grants, the data dir and URL.
-func (e *environment) Describe(ctx context.Context) (capabilities.Environment, error) {
+// newEnvironment declares what cfg fixes (the data dir, the network
+// stance, the approval policy), the cloud switch of router and the tool
+// limits; ms lists the providers, of which the local one is declared
+// under localName ("ollama", unless a test's), and admin the tools.
+func newEnvironment(cfg Config, ms *models.Service, admin *wasmtools.Admin, router *models.Router, providers map[string]models.ProviderConfig,
+	localName string, limits capabilities.ToolLimits) *environment {
 	env := capabilities.Environment{Runtime: "keel", Version: Version, Protocol: protocol.Version,
-		DataDir: e.cfg.DataDir, URL: e.url, DefaultModel: e.cfg.DefaultModel, Network: "loopback",
-		AllowCloud: e.router.AllowCloud(), RequireApproval: []string{}, ToolLimits: toolLimits(e.cfg)}
-	if e.cfg.AllowNonLoopback {
+		DataDir: cfg.DataDir, DefaultModel: cfg.DefaultModel, Network: "loopback",
+		AllowCloud: router.AllowCloud(), RequireApproval: []string{}, ToolLimits: limits}
+	if cfg.AllowNonLoopback {
 		env.Network = "any"
 	}
-	for _, se := range e.cfg.RequireApproval {
+	for _, se := range cfg.RequireApproval {
 		env.RequireApproval = append(env.RequireApproval, string(se))
 	}
+	kinds := map[string]capabilities.ProviderKind{}
+	for name, pc := range providers {
+		kinds[name] = capabilities.ProviderKind{Cloud: pc.Cloud}
+	}
+	kinds[modelsfile.LocalName] = capabilities.ProviderKind{Name: localName, Cloud: providers[modelsfile.LocalName].Cloud}
+	return &environment{fixed: env, models: ms, kinds: kinds, admin: admin}
+}
+
+// Describe declares this environment: what newEnvironment fixed, the
+// URL, every model provider (the local one and those of models.json, and
+// whether each answers) with its models, and the tools with their grants.
+func (e *environment) Describe(ctx context.Context) (capabilities.Environment, error) {
+	env := e.fixed
 	res, err := e.models.ListModels(ctx)
 	if err != nil {
 		return env, err
 	}
-	for _, p := range res.Providers {
-		pd := capabilities.ProviderDecl{Name: p.Name, Kind: "local", Endpoint: p.Endpoint, Reachable: p.Reachable, Error: p.Error, Hint: p.Hint}
-		if e.providers[p.Name].Cloud {
-			pd.Kind = "cloud"
-		}
-		if p.Name == modelsfile.LocalName {
-			pd.Name = e.providers[p.Name].Provider.Name() // "ollama", unless a test's provider
-		}
-		for _, m := range res.Models {
-			if m.Provider == p.Name {
-				pd.Models = append(pd.Models, capabilities.ModelDecl{Name: m.Name, Capabilities: m.Capabilities, ContextLength: m.ContextLength})
-			}
-		}
-		env.Providers = append(env.Providers, pd)
-	}
-	for _, t := range e.reg.Tools() {
-		env.Tools = append(env.Tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
-			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, GrantDigest: t.GrantDigest, Grants: t.Grants,
-			PendingGrants: e.admin.Info(t).PendingGrants})
-	}
-	if loaded, total, ready := e.reg.Progress(); !ready {
-		env.ToolsCompiling = total - loaded
-	}
+	env.Providers = capabilities.DeclareProviders(res, e.kinds)
+	env.Tools, env.ToolsCompiling = e.admin.Declare()
 	return env, nil
-}
-
-// toolLimits declares the limits cfg gives the sandbox, defaults filled
-// in as wasmtools fills them.
-func toolLimits(cfg Config) capabilities.ToolLimits {
-	orDefault := func(v, def int64) int64 {
-		switch {
-		case v < 0:
-			return -1
-		case v == 0:
-			return def
-		}
-		return v
-	}
-	return capabilities.ToolLimits{
-		CallTimeoutMS:       wasmtools.DefaultCallTimeout.Milliseconds(),
-		MemoryLimitMiB:      wasmtools.DefaultMemoryLimitMiB,
-		MaxOutputBytes:      wasmtools.DefaultMaxOutputBytes,
-		WriteQuotaBytes:     orDefault(cfg.ToolsWriteQuotaBytes, wasmtools.DefaultWriteQuotaBytes),
-		MinFreeDiskBytes:    orDefault(cfg.ToolsMinFreeDiskBytes, wasmtools.DefaultMinFreeDiskBytes),
-		IdleUnloadMS:        orDefault(cfg.ToolsIdleTimeout.Milliseconds(), wasmtools.DefaultIdleToolTimeout.Milliseconds()),
-		AllowPrivateNetwork: cfg.ToolsAllowPrivateNetwork,
-	}
 }

@@ -397,3 +397,18 @@ func copyFile(src, dst string) error {
 	defer in.Close()
 	return atomicfile.Write(dst, in, 0o600)
 }
+
+// Declare declares the tools loaded now, with their grants and the
+// grants their names hold for other modules, and counts the tool files
+// found at start that are still compiling (env.describe).
+func (m *Admin) Declare() (tools []capabilities.ToolDecl, compiling int) {
+	for _, t := range m.reg.Tools() {
+		tools = append(tools, capabilities.ToolDecl{Name: t.Spec.Name, Version: t.Spec.Version,
+			SideEffects: string(t.Spec.SideEffects), SHA256: t.SHA256, GrantDigest: t.GrantDigest, Grants: t.Grants,
+			PendingGrants: m.Info(t).PendingGrants})
+	}
+	if loaded, total, ready := m.reg.Progress(); !ready {
+		compiling = total - loaded
+	}
+	return tools, compiling
+}
