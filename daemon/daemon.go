@@ -167,7 +167,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.ManagedPolicyFile == "" {
 		cfg.ManagedPolicyFile = policy.DefaultManagedPath()
 	}
-	if err := checkLoopback(cfg.Addr, cfg.AllowNonLoopback); err != nil {
+	if err := ipc.CheckAddr(cfg.Addr, cfg.AllowNonLoopback); err != nil {
 		return nil, err
 	}
 	if err := ipc.CheckOrigins(cfg.AllowedOrigins); err != nil {
@@ -306,21 +306,4 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	err = g.Wait()
 	log.Info("keel daemon stopped")
 	return err
-}
-
-func checkLoopback(addr string, allow bool) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("--addr %q: %w (want HOST:PORT, e.g. 127.0.0.1:7433)", addr, err)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	if allow {
-		return nil
-	}
-	return fmt.Errorf("refusing to listen on %s: it is not a loopback address, so other machines could reach keel; use 127.0.0.1, or pass --allow-non-loopback if you really mean it", addr)
 }
