@@ -15,6 +15,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/openai/openaitest"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/policy"
 )
@@ -145,5 +146,49 @@ func TestBrokenPolicyFileStopsStart(t *testing.T) {
 	var fe *policy.FileError
 	if !errors.As(err, &fe) || fe.Line != 2 || !errors.Is(err, policy.ErrUnknownField) {
 		t.Fatalf("Run with a broken policy.json = %v, want an unknown field at line 2", err)
+	}
+}
+
+// TestPolicyRefusesCloudModel: a user policy with "cloud": false keeps
+// a run allowed to use the cloud, on a route whose only target is a
+// cloud model (an OpenAI-compatible server on loopback that records
+// every request), from sending it anything: the run fails with the
+// policy's explanation and the server receives no chat request.
+func TestPolicyRefusesCloudModel(t *testing.T) {
+	t.Parallel()
+	srv := openaitest.New(t)
+	dir := noTools(t)
+	writeModelsConfig(t, dir, map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": srv.URL(), "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
+				"capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
+	})
+	if err := os.WriteFile(policy.UserPath(dir), []byte(`{"cloud": false}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil), ManagedPolicyFile: filepath.Join(t.TempDir(), "policy.json")})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	srv.Script(openaitest.Reply{Content: []string{"from the cloud"}})
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "hello", Model: "default", MaxSteps: 2, Policy: keel.RunPolicy{AllowCloud: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, run.ID)
+	got, err := c.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Status != keel.RunFailed || !strings.Contains(got.Run.Error, "no cloud model calls") {
+		t.Errorf("run = %s %q, want failed by the policy's cloud setting", got.Run.Status, got.Run.Error)
+	}
+	for _, r := range srv.Requests() {
+		if r.Path == openaitest.ChatPath {
+			t.Errorf("the cloud server received a chat request: %s", r.Body)
+		}
 	}
 }

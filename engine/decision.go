@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
 )
 
@@ -128,4 +129,36 @@ func policyAttrs(pd *keel.PolicyDecision) json.RawMessage {
 		Policy *keel.PolicyDecision `json:"policy"`
 	}{pd})
 	return b
+}
+
+// admitModel returns the check the model layer makes before a call of
+// req goes to each target (models.ChatRequest.Admit): the policy's
+// decision about that provider and model, local or cloud, with the
+// labels the request's context holds (private, when the run or a
+// message of it is private). Anything but allow refuses the target: a
+// model call cannot wait for a person. Nil when there is no policy.
+func (e *Engine) admitModel(req models.ChatRequest) func(provider, model string, cloud bool) error {
+	p, version := e.effective()
+	if p == nil || e.replay != nil {
+		return nil
+	}
+	var labels policy.LabelSet
+	if req.IsPrivate() {
+		labels = policy.Labels(policy.Private)
+	}
+	return func(provider, model string, cloud bool) error {
+		d := p.Decide(&policy.Action{Kind: policy.KindModel, Provider: provider, Model: model, Cloud: cloud, Labels: labels})
+		if d.Outcome == policy.Allow {
+			return nil
+		}
+		return &PolicyRefusal{Decision: keel.PolicyDecision{Outcome: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}}
+	}
+}
+
+// PolicyRefusal is why the policy kept a model call from a target: its
+// decision (deny, or ask, which a model call cannot wait for).
+type PolicyRefusal struct{ Decision keel.PolicyDecision }
+
+func (e *PolicyRefusal) Error() string {
+	return fmt.Sprintf("the policy refused the call (policy version %d): %s", e.Decision.Version, e.Decision.Explanation)
 }

@@ -23,6 +23,7 @@ func (e *Engine) model(run keel.Run, step int) interceptedModel {
 }
 
 func (m interceptedModel) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
+	req.Admit = m.e.admitModel(req)
 	chain := m.e.cfg.ModelInterceptors
 	if len(chain) == 0 {
 		return m.e.cfg.Model.Chat(ctx, req, onDelta)

@@ -115,6 +115,12 @@ type ChatRequest struct {
 	Private bool `json:"private,omitempty"`
 	// Budget, when set, is charged for the call (a run's budget).
 	Budget *Budget `json:"-"`
+	// Admit, when set, is asked before the call goes to each target the
+	// router tries, after the router's own cloud rules: an error keeps
+	// the call from that target, nothing sent, as a policy refusal
+	// (KindPolicy) that falls back to the route's next target. The
+	// engine sets it to consult keel's policy. Nil admits every target.
+	Admit func(provider, model string, cloud bool) error `json:"-"`
 }
 
 // IsPrivate reports whether req, or any of its messages, is private.

@@ -345,8 +345,19 @@ func (r *Router) split(rt Route) ([]Target, string, string, error) {
 	return targets, rt.Name, variant, nil
 }
 
-// policy returns why req may not go to provider p, or nil.
-func (r *Router) policy(p *routed, req ChatRequest) error {
+// policy returns why req may not go to model of provider p, or nil.
+func (r *Router) policy(p *routed, model string, req ChatRequest) error {
+	if err := r.cloudPolicy(p, req); err != nil || req.Admit == nil {
+		return err
+	}
+	if err := req.Admit(p.name, model, p.cfg.Cloud); err != nil {
+		return &Error{Kind: KindPolicy, Provider: p.name, Model: model, Msg: err.Error() + "; nothing was sent", Err: err}
+	}
+	return nil
+}
+
+// cloudPolicy returns why req may not go to the cloud provider p, or nil.
+func (r *Router) cloudPolicy(p *routed, req ChatRequest) error {
 	if !p.cfg.Cloud {
 		return nil
 	}
@@ -376,7 +387,7 @@ func (r *Router) Chat(ctx context.Context, req ChatRequest, onDelta func(Delta))
 	var last error
 	for _, t := range targets {
 		p := r.prov[t.Provider]
-		if err := r.policy(p, req); err != nil {
+		if err := r.policy(p, t.Model, req); err != nil {
 			last = err
 			meta.Attempts = append(meta.Attempts, Attempt{Provider: t.Provider, Model: t.Model, Kind: KindPolicy, Error: err.Error()})
 			continue
@@ -677,7 +688,7 @@ func (r *Router) Embed(ctx context.Context, req EmbedRequest) (EmbedResponse, er
 	var last error
 	for _, t := range targets {
 		p := r.prov[t.Provider]
-		if err := r.policy(p, creq); err != nil {
+		if err := r.policy(p, t.Model, creq); err != nil {
 			last = err
 			continue
 		}
