@@ -99,7 +99,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		// The audit trail sees every call first (see intercept).
 		Interceptors: intercept.Tools{st.AuditTrail(log.With("component", "audit"))},
 	}
-	reg, err := wasmtools.Open(ctx, wc.WithDefaultLimits(limits))
+	wc = wc.WithDefaultLimits(limits)
+	reg, err := wasmtools.Open(ctx, wc)
 	if err != nil {
 		return l, fmt.Errorf("load tools: %w", err)
 	}
@@ -135,7 +136,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
 		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
-	// The limits declared are those of the configuration, tools.json aside.
+	// The limits declared are those in effect: flags, then tools.json.
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env}

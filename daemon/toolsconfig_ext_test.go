@@ -16,7 +16,7 @@ import (
 )
 
 // TestToolsFileLimitsCalls: a daemon whose tools.json lowers the output
-// limit applies it to a real tool's call.
+// limit applies it to a real tool's call and declares it in env.describe.
 func TestToolsFileLimitsCalls(t *testing.T) {
 	t.Parallel()
 	dir := withTools(t)
@@ -31,7 +31,15 @@ func TestToolsFileLimitsCalls(t *testing.T) {
 	}
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil)})
 	c := dial(t, d.dir)
-	_, err := c.CallTool(context.Background(), "readfile", json.RawMessage(`{"path":"story.txt"}`))
+	// env.describe declares the limits in effect, tools.json's included.
+	env, err := c.Describe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env.ToolLimits.MaxOutputBytes; got != 16 {
+		t.Errorf("env.describe tool_limits.max_output_bytes = %d, want tools.json's 16", got)
+	}
+	_, err = c.CallTool(context.Background(), "readfile", json.RawMessage(`{"path":"story.txt"}`))
 	var pe *protocol.Error
 	var te keel.ToolError
 	if !errors.As(err, &pe) || json.Unmarshal(pe.Data, &te) != nil || te.Code != keel.ToolResourceExhausted || !strings.Contains(te.Message, "16 bytes") {
