@@ -11,6 +11,14 @@
 // step limit is reached. Every model and tool call is a trace span, in a
 // tree per run (trace.go): run → step → calls, waits and retries.
 //
+// Before each tool call the engine asks the policy (decision.go,
+// Config.Policy, with Config.RequireApproval as run-layer rules): allow
+// runs it, ask waits for a person's approval (approve.go), deny fails
+// it as a policy_denied tool error without running it. The decision is
+// journaled with the call, so a resume and a replay use it instead of
+// deciding again. A model call carries the policy's check of each
+// target to the model layer (models.ChatRequest.Admit).
+//
 // Plan and DAG runs (flow.go, docs/orchestration.md) run a plan's steps
 // as sub-agents: agent runs of their own, linked to the parent, with
 // their own budget and tool subset, at most Config.MaxParallelSteps at
