@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
@@ -54,7 +55,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	provider := cfg.Provider
 	var endpoint string
 	if provider == nil {
-		op, err := ollama.New(ollama.Config{Host: cfg.OllamaHost, Logger: log.With("component", "ollama")})
+		op, err := ollama.New(ollama.Config{Host: cfg.OllamaHost, Logger: log.With(logkey.Component, "ollama")})
 		if err != nil {
 			return l, fmt.Errorf("ollama provider: %w", err)
 		}
@@ -73,7 +74,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if err := builtin.Seed(ctx, st, toolsDir, cfg.Workspace); err != nil {
 		return l, fmt.Errorf("install example tools: %w", err)
 	}
-	grants, err := wasmtools.LoadGrants(ctx, st, toolsDir, log.With("component", "grants"))
+	grants, err := wasmtools.LoadGrants(ctx, st, toolsDir, log.With(logkey.Component, "grants"))
 	if err != nil {
 		return l, err
 	}
@@ -95,9 +96,9 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		// Accept connections at once; tools compile meanwhile.
 		Background: true,
 		OnChange:   changes.Notify,
-		Logger:     log.With("component", "wasmtools"),
+		Logger:     log.With(logkey.Component, "wasmtools"),
 		// The audit trail sees every call first (see intercept).
-		Interceptors: intercept.Tools{st.AuditTrail(log.With("component", "audit"))},
+		Interceptors: intercept.Tools{st.AuditTrail(log.With(logkey.Component, "audit"))},
 	}
 	wc = wc.WithDefaultLimits(limits)
 	reg, err := wasmtools.Open(ctx, wc)
@@ -112,24 +113,24 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := reg.Close(closeCtx); err != nil {
-			log.Error("close the tool runtime", "err", err)
+			log.Error("close the tool runtime", logkey.Err, err)
 		}
 	})
 	l.closers = append(l.closers, l.closeTools)
 
-	pol, err := openPolicy(cfg, log.With("component", "policy"))
+	pol, err := openPolicy(cfg, log.With(logkey.Component, "policy"))
 	if err != nil {
 		return l, err
 	}
 	l.closers = append(l.closers, func() { pol.Close() })
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With("component", "engine")})
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}
 	if n, err := eng.Recover(ctx); err != nil {
 		return l, err
 	} else if n > 0 {
-		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", "runs", n)
+		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", logkey.Runs, n)
 	}
 	l.eng = eng
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -237,7 +238,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	cfg, log := d.cfg, d.log
-	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With("component", "ipc"), Version: Version})
+	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With(logkey.Component, "ipc"), Version: Version})
 	if err != nil {
 		return err
 	}
@@ -261,9 +262,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		defer stopSrv()
 		if err := l.reg.WaitReady(stopping); err == nil {
 			if n, err := l.eng.Resume(stopping); err != nil {
-				log.Error("resume interrupted runs", "err", err, "resumed", n)
+				log.Error("resume interrupted runs", logkey.Err, err, logkey.Resumed, n)
 			} else if n > 0 {
-				log.Info("resumed interrupted runs from their journals", "runs", n)
+				log.Info("resumed interrupted runs from their journals", logkey.Runs, n)
 			}
 		}
 		<-stopping.Done()
@@ -289,7 +290,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	// tools directory take effect without a restart.
 	g.Go(func() error {
 		if err := l.reg.Watch(watchCtx, 0, nil); err != nil {
-			log.Warn("tool directory watch ended", "err", err)
+			log.Warn("tool directory watch ended", logkey.Err, err)
 		}
 		return nil
 	})
@@ -299,7 +300,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return errors.Join(err, g.Wait())
 	}
 	_, total, _ := l.reg.Progress()
-	log.Info("keel daemon ready", "url", info.URL, "data_dir", cfg.DataDir, "tool_files", total)
+	log.Info("keel daemon ready", logkey.URL, info.URL, logkey.DataDir, cfg.DataDir, logkey.ToolFiles, total)
 	if cfg.Ready != nil {
 		cfg.Ready(info)
 	}

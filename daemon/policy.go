@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 )
 
@@ -21,9 +22,9 @@ func openPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
 		Options: policy.DefaultOptions(home),
 		OnEvent: func(ev policy.Event) {
 			if ev.Err != nil {
-				log.Error("the policy files do not load; the last good policy stays in force", "version", ev.Version, "err", ev.Err)
+				log.Error("the policy files do not load; the last good policy stays in force", logkey.Version, ev.Version, logkey.Err, ev.Err)
 			} else {
-				log.Info("policy reloaded", "version", ev.Version, "digest", ev.Policy.Digest())
+				log.Info("policy reloaded", logkey.Version, ev.Version, logkey.Digest, ev.Policy.Digest())
 			}
 			if cfg.OnPolicy != nil {
 				cfg.OnPolicy(ev)
@@ -34,7 +35,7 @@ func openPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	for _, warn := range w.Current().Policy.Warnings() {
-		log.Warn("policy", "warning", warn.String())
+		log.Warn("policy", logkey.Warning, warn.String())
 	}
 	return w, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 )
 
@@ -123,7 +124,7 @@ func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData
 	// decision must not leave the wait open in the trace.
 	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason}
 	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
-		e.log.Warn("close the approval span", "run", id, "err", err)
+		e.log.Warn("close the approval span", logkey.Run, id, logkey.Err, err)
 	}
 	if _, err := e.appendEvent(ctx, id, keel.EventApproval, d, nil); err != nil {
 		return run, err

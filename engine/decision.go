@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
 )
@@ -63,7 +64,7 @@ func (e *Engine) effective() (*policy.Policy, uint64) {
 		if err != nil {
 			// The run layer compiled alone at New; keep the last good
 			// effective policy rather than drop --require-approval.
-			e.log.Warn("policy: add the run layer", "err", err)
+			e.log.Warn("policy: add the run layer", logkey.Err, err)
 			if e.pol.eff != nil {
 				return e.pol.eff, snap.Version
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
 )
@@ -341,12 +342,12 @@ func (e *Engine) Recover(ctx context.Context) (int, error) {
 func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
-		e.log.Warn("read spans to close", "run", id, "err", err)
+		e.log.Warn("read spans to close", logkey.Run, id, logkey.Err, err)
 		return
 	}
 	evs, err := e.cfg.Store.Events(ctx, id, 0)
 	if err != nil {
-		e.log.Warn("read the journal to close spans", "run", id, "err", err)
+		e.log.Warn("read the journal to close spans", logkey.Run, id, logkey.Err, err)
 	}
 	// A waiting or paused run's trace is open by design (its root, its
 	// step, a person's wait): only what the journal shows ended closes.
@@ -364,7 +365,7 @@ func (e *Engine) closeSpans(ctx context.Context, id keel.RunID) {
 			sp.Status, sp.Error, sp.Duration = keel.SpanError, "the daemon stopped before this ended", max(0, now.Sub(sp.Start))
 		}
 		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {
-			e.log.Warn("close a span", "run", id, "span", sp.ID, "err", err)
+			e.log.Warn("close a span", logkey.Run, id, logkey.Span, sp.ID, logkey.Err, err)
 		}
 	}
 }
@@ -497,7 +498,7 @@ func (e *Engine) relaunch(id keel.RunID) {
 	ctx := context.Background()
 	r, err := e.cfg.Store.GetRun(ctx, id)
 	if err != nil {
-		e.log.Error("launch an answered run", "run", id, "err", err)
+		e.log.Error("launch an answered run", logkey.Run, id, logkey.Err, err)
 		return
 	}
 	if r.Status != keel.RunWaiting {
@@ -506,7 +507,7 @@ func (e *Engine) relaunch(id keel.RunID) {
 	if r.KindOrAgent() == keel.KindAgent {
 		j, err := e.restore(ctx, r)
 		if err != nil {
-			e.log.Error("launch an answered run", "run", id, "err", err)
+			e.log.Error("launch an answered run", logkey.Run, id, logkey.Err, err)
 			return
 		}
 		if !j.answered() {
@@ -514,7 +515,7 @@ func (e *Engine) relaunch(id keel.RunID) {
 		}
 	}
 	if err := e.launch(r); err != nil && !errors.Is(err, keel.ErrUnavailable) {
-		e.log.Error("launch an answered run", "run", id, "err", err)
+		e.log.Error("launch an answered run", logkey.Run, id, logkey.Err, err)
 	} // closing: the next start's Resume launches it
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -70,7 +71,7 @@ func (f *flowRun) appendEvent(ctx context.Context, typ keel.EventType, data any,
 // Like loop, it returns when the run ended, paused or was interrupted,
 // having journaled exactly one event that says so.
 func (e *Engine) flow(ctx context.Context, run keel.Run) {
-	log := e.log.With("run", run.ID, "kind", run.KindOrAgent())
+	log := e.log.With(logkey.Run, run.ID, logkey.Kind, run.KindOrAgent())
 	if !run.Policy.Deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadlineCause(ctx, run.Policy.Deadline, errDeadline)
@@ -93,7 +94,7 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 
 	var err error
 	if f.st, err = e.restoreFlow(ctx, run.ID); err != nil {
-		log.Error("restore run", "err", err)
+		log.Error("restore run", logkey.Err, err)
 		e.end(ctx, run.ID, err)
 		return
 	}
@@ -101,7 +102,7 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 		f.run.Policy.Private = true
 	}
 	if err := f.begin(ctx); err != nil {
-		log.Error("journal run start", "err", err)
+		log.Error("journal run start", logkey.Err, err)
 		return
 	}
 	for _, d := range f.st.running {
@@ -347,7 +348,7 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 	bg := context.WithoutCancel(ctx)
 	for _, d := range f.st.running {
 		if _, err := f.e.Cancel(bg, d.Run); err != nil && !errors.Is(err, keel.ErrConflict) && !errors.Is(err, keel.ErrNotFound) {
-			f.e.log.Warn("cancel sub-agent", "run", f.run.ID, "child", d.Run, "err", err)
+			f.e.log.Warn("cancel sub-agent", logkey.Run, f.run.ID, logkey.Child, d.Run, logkey.Err, err)
 		}
 	}
 	t := time.NewTimer(childCancelWait)
@@ -355,7 +356,7 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 	for len(f.st.running) > 0 {
 		n := len(f.st.running)
 		if err := f.reconcile(bg); err != nil {
-			f.e.log.Warn("record sub-agent endings", "run", f.run.ID, "err", err)
+			f.e.log.Warn("record sub-agent endings", logkey.Run, f.run.ID, logkey.Err, err)
 			return
 		}
 		if len(f.st.running) == 0 {
@@ -367,7 +368,7 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 		select {
 		case <-f.wake:
 		case <-t.C:
-			f.e.log.Warn("sub-agents did not end in time after cancel", "run", f.run.ID, "left", len(f.st.running))
+			f.e.log.Warn("sub-agents did not end in time after cancel", logkey.Run, f.run.ID, logkey.Left, len(f.st.running))
 			return
 		}
 	}
@@ -379,12 +380,12 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 func (e *Engine) cancelChildren(ctx context.Context, id keel.RunID) {
 	st, err := e.restoreFlow(ctx, id)
 	if err != nil {
-		e.log.Warn("cancel sub-agents", "run", id, "err", err)
+		e.log.Warn("cancel sub-agents", logkey.Run, id, logkey.Err, err)
 		return
 	}
 	for _, d := range st.running {
 		if _, err := e.Cancel(ctx, d.Run); err != nil && !errors.Is(err, keel.ErrConflict) && !errors.Is(err, keel.ErrNotFound) {
-			e.log.Warn("cancel sub-agent", "run", id, "child", d.Run, "err", err)
+			e.log.Warn("cancel sub-agent", logkey.Run, id, logkey.Child, d.Run, logkey.Err, err)
 		}
 	}
 }
@@ -443,7 +444,7 @@ func (f *flowRun) stepSpan(d keel.StepData) keel.Span {
 // when the run resumes with its sub-agent still going.
 func (f *flowRun) startStepSpan(ctx context.Context, d keel.StepData) {
 	if err := f.e.cfg.Store.StartSpan(context.WithoutCancel(ctx), f.stepSpan(d)); err != nil {
-		f.e.log.Warn("start a step span", "run", f.run.ID, "err", err)
+		f.e.log.Warn("start a step span", logkey.Run, f.run.ID, logkey.Err, err)
 	}
 }
 
@@ -459,6 +460,6 @@ func (f *flowRun) endStepSpan(ctx context.Context, d keel.StepData) {
 		}
 	}
 	if err := f.e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
-		f.e.log.Warn("finish a step span", "run", f.run.ID, "err", err)
+		f.e.log.Warn("finish a step span", logkey.Run, f.run.ID, logkey.Err, err)
 	}
 }

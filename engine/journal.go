@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Journaling a run's events and publishing them to subscribers, in Seq
@@ -181,6 +182,6 @@ func (e *Engine) flushHeld(ctx context.Context, id keel.RunID) {
 	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, nil)
 	e.publishInOrder(id, o, stored)
 	if err != nil {
-		e.log.Error("journal held events", "run", id, "err", err)
+		e.log.Error("journal held events", logkey.Run, id, logkey.Err, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -33,7 +34,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		e.flow(ctx, run)
 		return
 	}
-	log := e.log.With("run", run.ID)
+	log := e.log.With(logkey.Run, run.ID)
 	ctx, cancelDeadline := withDeadline(ctx, run)
 	defer cancelDeadline()
 	j, err := e.newJournal(run), error(nil)
@@ -41,7 +42,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		j, err = e.restore(ctx, run)
 	}
 	if err != nil {
-		log.Error("restore run", "err", err)
+		log.Error("restore run", logkey.Err, err)
 		e.end(ctx, run.ID, err)
 		return
 	}
@@ -62,7 +63,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			&keel.RunUpdate{Status: keel.RunRunning})
 	}
 	if err != nil {
-		log.Error("journal run start", "err", err)
+		log.Error("journal run start", logkey.Err, err)
 		return
 	}
 	var tokens int64
@@ -419,10 +420,10 @@ func (e *Engine) end(ctx context.Context, id keel.RunID, err error, result ...st
 		typ, data = keel.EventRunFailed, keel.RunEndData{Status: keel.RunFailed, Reason: err.Error()}
 	}
 	if _, jerr := e.appendEvent(ctx, id, typ, data, &keel.RunUpdate{Status: data.Status, Result: data.Result, Error: data.Reason}); jerr != nil {
-		e.log.Error("journal run end", "run", id, "event", typ, "err", jerr)
+		e.log.Error("journal run end", logkey.Run, id, logkey.Event, typ, logkey.Err, jerr)
 		return
 	}
-	e.log.Info("run ended", "run", id, "status", data.Status)
+	e.log.Info("run ended", logkey.Run, id, logkey.Status, data.Status)
 }
 
 // startedData is what run.started says of run, which may use specs.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Pause asks a running run to stop at its next step boundary (before its
@@ -64,7 +65,7 @@ func (e *Engine) paused(ctx context.Context, id keel.RunID) bool {
 	}
 	if _, err := e.appendEvent(ctx, id, keel.EventRunPaused, keel.RunEndData{Status: keel.RunPaused, Reason: why},
 		&keel.RunUpdate{Status: keel.RunPaused, Error: why}); err != nil {
-		e.log.Error("journal pause", "run", id, "err", err)
+		e.log.Error("journal pause", logkey.Run, id, logkey.Err, err)
 	}
 	return true
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -83,7 +84,7 @@ func (e *Engine) retryWait(ctx context.Context, run keel.Run, d keel.StepRetryDa
 	if d.CallID != "" {
 		what = "tool call " + d.CallID
 	}
-	e.log.Info("retrying", "run", run.ID, "step", d.Step, "what", what, "attempt", d.Attempt, "after", wait, "error", d.Error)
+	e.log.Info("retrying", logkey.Run, run.ID, logkey.Step, d.Step, logkey.What, what, logkey.Attempt, d.Attempt, logkey.After, wait, logkey.Err, d.Error)
 	sp := e.newSpan(run.ID, keel.SpanRetry, "retry "+what, d.Step)
 	sp.Error = d.Error
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)

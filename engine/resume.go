@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -275,12 +276,12 @@ func (e *Engine) readsPrivate(name string) bool {
 func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd float64) {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
-		e.log.Warn("read spans for the run's budget", "run", id, "err", err)
+		e.log.Warn("read spans for the run's budget", logkey.Run, id, logkey.Err, err)
 		return 0, 0
 	}
 	evs, err := e.cfg.Store.Events(ctx, id, 0)
 	if err != nil {
-		e.log.Warn("read the journal for the run's budget", "run", id, "err", err)
+		e.log.Warn("read the journal for the run's budget", logkey.Run, id, logkey.Err, err)
 		return 0, 0
 	}
 	var results []keel.ModelResultData

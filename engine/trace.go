@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -94,7 +95,7 @@ func (e *Engine) openTrace(ctx context.Context, run keel.Run) {
 		root.ParentID = planStepSpanID(run.ParentID, run.ID)
 	}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), root); err != nil {
-		e.log.Warn("start the run's span", "run", run.ID, "err", err)
+		e.log.Warn("start the run's span", logkey.Run, run.ID, logkey.Err, err)
 	}
 	e.mu.Lock()
 	e.traces[run.ID] = &runTrace{root: root}
@@ -124,7 +125,7 @@ func (e *Engine) storeOpenStep(ctx context.Context, id keel.RunID) {
 		return
 	}
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), s); err != nil {
-		e.log.Warn("start a step span", "run", id, "err", err)
+		e.log.Warn("start a step span", logkey.Run, id, logkey.Err, err)
 	}
 }
 
@@ -142,7 +143,7 @@ func (e *Engine) beginStep(ctx context.Context, id keel.RunID, step int, sp *kee
 	}
 	if stored {
 		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), s); err != nil {
-			e.log.Warn("start a step span", "run", id, "err", err)
+			e.log.Warn("start a step span", logkey.Run, id, logkey.Err, err)
 		}
 	}
 	e.mu.Lock()
@@ -182,7 +183,7 @@ func (e *Engine) finishStep(ctx context.Context, s keel.Span, stored bool) {
 		err = e.cfg.Store.FinishSpan(ctx, s)
 	}
 	if err != nil {
-		e.log.Warn("finish a step span", "run", s.RunID, "err", err)
+		e.log.Warn("finish a step span", logkey.Run, s.RunID, logkey.Err, err)
 	}
 }
 
@@ -194,7 +195,7 @@ func (e *Engine) finishStep(ctx context.Context, s keel.Span, stored bool) {
 func (e *Engine) resumedStep(ctx context.Context, id keel.RunID, step int) *keel.Span {
 	spans, err := e.cfg.Store.Spans(ctx, id)
 	if err != nil {
-		e.log.Warn("read the trace to resume", "run", id, "err", err)
+		e.log.Warn("read the trace to resume", logkey.Run, id, logkey.Err, err)
 		return nil
 	}
 	want := stepSpanID(id, step)
@@ -248,7 +249,7 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 		}
 		spans, err := e.cfg.Store.Spans(ctx, id)
 		if err != nil {
-			e.log.Warn("read the trace to close", "run", id, "err", err)
+			e.log.Warn("read the trace to close", logkey.Run, id, logkey.Err, err)
 			return
 		}
 		open = spans
@@ -266,7 +267,7 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 			continue
 		}
 		if err := e.cfg.Store.FinishSpan(ctx, sp); err != nil {
-			e.log.Warn("close a span", "run", id, "span", sp.ID, "err", err)
+			e.log.Warn("close a span", logkey.Run, id, logkey.Span, sp.ID, logkey.Err, err)
 		}
 	}
 }

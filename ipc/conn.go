@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -50,7 +51,7 @@ func (s *Server) newConn(nc net.Conn, remote string) *conn {
 	return &conn{
 		s:      s,
 		nc:     nc,
-		log:    s.log.With(logKeyRemote, remote),
+		log:    s.log.With(logkey.Remote, remote),
 		ctx:    ctx,
 		cancel: cancel,
 		q:      newOutQueue(s.cfg.QueueSize),
@@ -90,14 +91,14 @@ func (c *conn) serve(ws *websocket.Conn) {
 	c.cancel()
 	c.q.close()
 	if c.endCode == websocket.StatusPolicyViolation {
-		c.log.Warn("ipc: client dropped", logKeyReason, c.endReason)
+		c.log.Warn("ipc: client dropped", logkey.Reason, c.endReason)
 	}
 	// Close writes the close frame, waits for the peer's and closes the
 	// connection, which unblocks the reader and a blocked writer. The
 	// writer has stopped taking frames, so the close frame goes out as
 	// soon as a frame being written is done.
 	if err := ws.Close(c.endCode, c.endReason); err != nil {
-		c.log.Debug("ipc: close", logKeyErr, err)
+		c.log.Debug("ipc: close", logkey.Err, err)
 	}
 	wg.Wait()
 	c.handlers.Wait()
@@ -115,7 +116,7 @@ func (c *conn) readLoop() {
 		_, data, err := c.ws.Read(context.Background())
 		if err != nil {
 			if errors.Is(err, websocket.ErrMessageTooBig) {
-				c.log.Warn("ipc: frame too large, closing connection", logKeyErr, err)
+				c.log.Warn("ipc: frame too large, closing connection", logkey.Err, err)
 			}
 			return
 		}
@@ -136,7 +137,7 @@ func (c *conn) writeLoop() {
 		if m.isEv {
 			data, err = encodeEvent(m.ev)
 			if err != nil {
-				c.log.Error("ipc: encode event", logKeyErr, err)
+				c.log.Error("ipc: encode event", logkey.Err, err)
 				continue
 			}
 		}
@@ -204,7 +205,7 @@ func (c *conn) dispatch(data []byte) bool {
 func (c *conn) call(req *request, h methodFunc) {
 	defer func() {
 		if v := recover(); v != nil {
-			c.log.Error("ipc: handler panicked", logKeyMethod, req.method, logKeyErr, fmt.Sprint(v), logKeyStack, string(debug.Stack()))
+			c.log.Error("ipc: handler panicked", logkey.Method, req.method, logkey.Err, fmt.Sprint(v), logkey.Stack, string(debug.Stack()))
 			if req.id != nil {
 				c.reply(req.id, nil, internalError())
 			}
@@ -242,7 +243,7 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *protocol.Error) error
 	} else {
 		raw, err := json.Marshal(result)
 		if err != nil {
-			c.log.Error("ipc: encode result", logKeyErr, err)
+			c.log.Error("ipc: encode result", logkey.Err, err)
 			resp.Error = internalError()
 		} else {
 			resp.Result = raw

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -115,7 +116,7 @@ func (s *Server) methodNames() []string {
 
 func handleInitialize(_ context.Context, c *conn, p protocol.InitializeParams) (any, error) {
 	if p.Client != "" {
-		c.log.Debug("ipc: initialize", logKeyClient, p.Client)
+		c.log.Debug("ipc: initialize", logkey.Client, p.Client)
 	}
 	return protocol.InitializeResult{
 		Protocol: protocol.Version,
@@ -559,7 +560,7 @@ func rpcError(log *slog.Logger, method string, err error) *protocol.Error {
 	if code != 0 {
 		return &protocol.Error{Code: code, Message: err.Error()}
 	}
-	log.Error("ipc: request failed", logKeyMethod, method, logKeyErr, err)
+	log.Error("ipc: request failed", logkey.Method, method, logkey.Err, err)
 	return internalError()
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
@@ -59,17 +60,6 @@ const (
 	maxListLimit = 1000
 	// defaultListLimit is run.list's limit when none is given.
 	defaultListLimit = 50
-)
-
-// Log attribute keys.
-const (
-	logKeyRemote = "remote"
-	logKeyMethod = "method"
-	logKeyErr    = "err"
-	logKeyReason = "reason"
-	logKeyAddr   = "addr"
-	logKeyStack  = "stack"
-	logKeyClient = "client"
 )
 
 // reasonTooSlow is the close reason of a client whose queue overflowed.
@@ -197,7 +187,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			return context.WithValue(ctx, netConnKey{}, nc)
 		},
 	}
-	s.log.Info("ipc: serving", logKeyAddr, ln.Addr().String())
+	s.log.Info("ipc: serving", logkey.Addr, ln.Addr().String())
 	if s.svc.Tools != nil {
 		stop := s.svc.Tools.SubscribeTools(s.broadcastToolsChanged)
 		defer stop()
@@ -322,19 +312,19 @@ func (s *Server) handler(hosts map[string]bool) http.Handler {
 		// DNS rebinding: a page on evil.example resolving to 127.0.0.1
 		// reaches us with its own name in Host.
 		if !hosts[strings.ToLower(r.Host)] {
-			s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "host not allowed")
+			s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "host not allowed")
 			http.Error(w, "forbidden: Host not allowed", http.StatusForbidden)
 			return
 		}
 		if origins := r.Header.Values("Origin"); len(origins) > 0 {
 			if len(origins) != 1 || !s.origins[strings.ToLower(origins[0])] {
-				s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "origin not allowed")
+				s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "origin not allowed")
 				http.Error(w, "forbidden: Origin not allowed", http.StatusForbidden)
 				return
 			}
 		}
 		if !s.authorized(r) {
-			s.log.Warn("ipc: rejected request", logKeyRemote, r.RemoteAddr, logKeyReason, "bad or missing token")
+			s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "bad or missing token")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="keel"`)
 			http.Error(w, "unauthorized: missing or wrong token", http.StatusUnauthorized)
 			return
@@ -355,7 +345,7 @@ func (s *Server) handler(hosts map[string]bool) http.Handler {
 			InsecureSkipVerify: true,
 		})
 		if err != nil {
-			s.log.Debug("ipc: upgrade failed", logKeyRemote, r.RemoteAddr, logKeyErr, err)
+			s.log.Debug("ipc: upgrade failed", logkey.Remote, r.RemoteAddr, logkey.Err, err)
 			c.cancel()
 			return
 		}

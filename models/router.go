@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Target is one model a route may send a call to.
@@ -409,7 +411,7 @@ func (r *Router) Chat(ctx context.Context, req ChatRequest, onDelta func(Delta))
 			}
 			last = err
 			meta.Attempts = append(meta.Attempts, Attempt{Provider: t.Provider, Model: t.Model, Kind: kind, Error: err.Error(), Duration: r.cfg.Now().Sub(attemptStart)})
-			r.log.LogAttrs(ctx, slog.LevelWarn, "models: call failed", slog.String("target", t.String()), slog.String("kind", string(kind)), slog.Int("retry", retry), slog.String("error", err.Error()))
+			r.log.LogAttrs(ctx, slog.LevelWarn, "models: call failed", slog.String(logkey.Target, t.String()), slog.String(logkey.ErrKind, string(kind)), slog.Int(logkey.Retry, retry), slog.String(logkey.Err, err.Error()))
 			if !kind.Retryable() || retry >= p.cfg.MaxRetries || p.cfg.MaxRetries < 0 {
 				break
 			}
@@ -631,7 +633,7 @@ func (r *Router) settle(ctx context.Context, res *Reservation, u Usage, price *P
 		day := r.day
 		r.dayMu.Unlock()
 		if err := r.cfg.Ledger.AddDaySpent(context.WithoutCancel(ctx), day, tokens, usd); err != nil {
-			r.log.Warn("models: record the day's spending", "error", err)
+			r.log.Warn("models: record the day's spending", logkey.Err, err)
 		}
 	}
 }
@@ -650,7 +652,7 @@ func (r *Router) dayBudget(ctx context.Context) *Budget {
 	if r.cfg.Ledger != nil {
 		var err error
 		if tok, usd, err = r.cfg.Ledger.DaySpent(ctx, day); err != nil {
-			r.log.Warn("models: read the day's spending", "error", err)
+			r.log.Warn("models: read the day's spending", logkey.Err, err)
 		}
 	}
 	r.day, r.budget = day, NewBudget("daily", r.cfg.Day, tok, usd)

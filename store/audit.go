@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // RecordToolCall appends one record to the tool audit trail and returns
@@ -107,7 +108,7 @@ func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ i
 		_, err = a.s.RecordToolCall(context.WithoutCancel(ctx), rec)
 	}
 	if err != nil {
-		a.log.Error("record tool audit", "tool", inv.Name, "run", inv.Run, "err", err)
+		a.log.Error("record tool audit", logkey.Tool, inv.Name, logkey.Run, inv.Run, logkey.Err, err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/internal/atomicfile"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // GrantStore keeps the grants of tools, each bound to the module it was
@@ -105,7 +106,7 @@ func bindLegacyGrants(ctx context.Context, st GrantStore, toolsDir string, rows 
 		sum, digest, err := FileDigests(filepath.Join(toolsDir, name+".wasm"))
 		switch {
 		case err != nil && !marked:
-			log.Warn("grants of a tool whose file is missing stay unbound; they apply to no module", "tool", name, "err", err)
+			log.Warn("grants of a tool whose file is missing stay unbound; they apply to no module", logkey.Tool, name, logkey.Err, err)
 			continue
 		case marked && (err != nil || sum != wasmSum):
 			row.SHA256 = wasmSum // pending, for the module it was granted
@@ -116,7 +117,7 @@ func bindLegacyGrants(ctx context.Context, st GrantStore, toolsDir string, rows 
 			return err
 		}
 		rows[name] = row
-		log.Info("tool grants bound", "tool", name, "grant_digest", row.SHA256)
+		log.Info("tool grants bound", logkey.Tool, name, logkey.GrantDigest, row.SHA256)
 	}
 	return nil
 }

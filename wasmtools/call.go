@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -151,14 +152,14 @@ func (r *Registry) call(ctx context.Context, name string, input json.RawMessage)
 			inst.close(ctx)
 		}
 	}
-	attrs := []any{"tool", name, "duration", time.Since(start)}
+	attrs := []any{logkey.Tool, name, logkey.Duration, time.Since(start)}
 	switch {
 	case terr == nil:
 		r.log.Debug("wasmtools: call", attrs...)
 	case terr.Code == keel.ToolFailed:
-		r.log.Debug("wasmtools: call failed", append(attrs, "error", terr)...)
+		r.log.Debug("wasmtools: call failed", append(attrs, logkey.Err, terr)...)
 	default:
-		r.log.Warn("wasmtools: call failed", append(attrs, "error", terr, "cause", o.err, "stderr", string(o.stderr))...)
+		r.log.Warn("wasmtools: call failed", append(attrs, logkey.Err, terr, logkey.Cause, o.err, logkey.Stderr, string(o.stderr))...)
 	}
 	if terr != nil {
 		return nil, t, terr

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Compiling out of process.
@@ -399,7 +400,7 @@ func (r *Registry) runChild(ctx context.Context, name, file string) (inspection,
 	err = cmd.Wait()
 	oom := watch.stop()
 	peak := maxRSS(cmd.ProcessState)
-	r.log.Info("wasmtools: compile process ended", "tool", name, "duration", time.Since(start), "peak_rss_kib", peak>>10)
+	r.log.Info("wasmtools: compile process ended", logkey.Tool, name, logkey.Duration, time.Since(start), logkey.PeakRSSKiB, peak>>10)
 
 	fail := func(sentinel error) (inspection, error) {
 		detail := "no reply"

@@ -20,6 +20,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/atomicfile"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
@@ -174,9 +175,9 @@ func (r *Registry) loadQueued(q *loadQueue, name string) {
 		file := filepath.Join(r.cfg.Dir, name+".wasm")
 		var err error
 		if t, err = r.load(q.ctx, name, file); err != nil {
-			r.log.Error("wasmtools: tool skipped", "file", file, "error", err)
+			r.log.Error("wasmtools: tool skipped", logkey.File, file, logkey.Err, err)
 		} else {
-			r.log.Info("wasmtools: tool loaded", "tool", name, "version", t.info.Spec.Version, "sha256", t.info.SHA256)
+			r.log.Info("wasmtools: tool loaded", logkey.Tool, name, logkey.Version, t.info.Spec.Version, logkey.SHA256, t.info.SHA256)
 			r.remember(t)
 		}
 	}
@@ -425,7 +426,7 @@ func (r *Registry) build(ctx context.Context, name, file string, in inspection, 
 		t.missing = raise
 	}
 	if t.missing != "" {
-		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", "tool", name, "missing", t.missing)
+		r.log.Info("wasmtools: tool not granted all it requests; calls are denied until the user grants it", logkey.Tool, name, logkey.Missing, t.missing)
 	}
 	if compiled != nil {
 		// Loaded and idle: a tool never called is unloaded too.
@@ -510,7 +511,7 @@ func (r *Registry) keep(file string, data []byte) {
 		err = atomicfile.Write(file, bytes.NewReader(data), 0o600)
 	}
 	if err != nil {
-		r.log.Warn("wasmtools: cannot write to the cache", "file", file, "error", err)
+		r.log.Warn("wasmtools: cannot write to the cache", logkey.File, file, logkey.Err, err)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/schema"
 	"github.com/tetratelabs/wazero"
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
@@ -332,11 +333,11 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 			start := time.Now()
 			set, err := r.loadAll(set, q)
 			if err != nil {
-				log.Info("wasmtools: loading tools stopped: the registry is closing", "error", err)
+				log.Info("wasmtools: loading tools stopped: the registry is closing", logkey.Err, err)
 				return
 			}
 			r.set.Store(set)
-			log.Info("wasmtools: all tools loaded", "tools", len(set.names), "duration", time.Since(start))
+			log.Info("wasmtools: all tools loaded", logkey.Tools, len(set.names), logkey.Duration, time.Since(start))
 			if cfg.OnChange != nil {
 				cfg.OnChange() // the first load ended (Ready)
 			}
@@ -352,7 +353,7 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	close(r.ready)
 	for name := range cfg.Grants {
 		if _, ok := set.tools[name]; !ok {
-			log.Warn("wasmtools: grant for a tool that is not loaded", "tool", name)
+			log.Warn("wasmtools: grant for a tool that is not loaded", logkey.Tool, name)
 		}
 	}
 	return r, nil
@@ -401,7 +402,7 @@ func newRegistry(ctx context.Context, cfg Config) (*Registry, error) {
 	case cfg.CacheDir != "":
 		cache, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
 		if err != nil {
-			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", "dir", cfg.CacheDir, "error", err)
+			log.Warn("wasmtools: compilation cache unusable; compiling in memory only", logkey.Dir, cfg.CacheDir, logkey.Err, err)
 		} else {
 			r.cache, r.ownCache = cache, true
 			rc = rc.WithCompilationCache(cache)
@@ -450,13 +451,13 @@ func (r *Registry) grant(t *tool, g capabilities.Grants) {
 	var given capabilities.Grants
 	for _, fg := range g.FS {
 		if !path.IsAbs(fg.GuestPath) {
-			r.log.Error("wasmtools: grant dropped: guest path must be absolute", "tool", name, "guest_path", fg.GuestPath)
+			r.log.Error("wasmtools: grant dropped: guest path must be absolute", logkey.Tool, name, logkey.GuestPath, fg.GuestPath)
 			continue
 		}
 		fg.GuestPath = path.Clean(fg.GuestPath)
 		root, err := os.OpenRoot(fg.HostPath)
 		if err != nil {
-			r.log.Error("wasmtools: grant dropped: host directory unusable", "tool", name, "guest_path", fg.GuestPath, "error", err)
+			r.log.Error("wasmtools: grant dropped: host directory unusable", logkey.Tool, name, logkey.GuestPath, fg.GuestPath, logkey.Err, err)
 			continue
 		}
 		t.roots = append(t.roots, root)
@@ -468,7 +469,7 @@ func (r *Registry) grant(t *tool, g capabilities.Grants) {
 		if v, ok := os.LookupEnv(e); ok {
 			mc = mc.WithEnv(e, v)
 		} else {
-			r.log.Warn("wasmtools: granted environment variable is not set", "tool", name, "env", e)
+			r.log.Warn("wasmtools: granted environment variable is not set", logkey.Tool, name, logkey.Env, e)
 		}
 	}
 	given.Env = slices.Clone(g.Env)
@@ -630,7 +631,7 @@ func (r *Registry) Close(ctx context.Context) error {
 	case err := <-released:
 		return err
 	case <-ctx.Done():
-		r.log.Error("wasmtools: close: gave up waiting for calls and loads; the runtime is released when they end", "error", ctx.Err())
+		r.log.Error("wasmtools: close: gave up waiting for calls and loads; the runtime is released when they end", logkey.Err, ctx.Err())
 		return fmt.Errorf("%w: %w", ErrCloseTimeout, ctx.Err())
 	}
 }

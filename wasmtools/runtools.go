@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // RunTools is the registry as the engine runs it (engine.Tools, with
@@ -31,7 +32,7 @@ func (a RunTools) Specs(ctx context.Context) []keel.ToolSpec {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 		if err := a.reg.WaitReady(ctx); err != nil {
-			a.log.Warn("tools still compiling; the run gets those loaded so far", "err", err)
+			a.log.Warn("tools still compiling; the run gets those loaded so far", logkey.Err, err)
 		}
 	}
 	return a.reg.Specs()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/tetratelabs/wazero"
 )
 
@@ -141,10 +142,10 @@ func (r *Registry) loadAgain(t *tool, a *loadAttempt) {
 	t.mu.Unlock()
 	close(a.done)
 	if err != nil {
-		r.log.Error("wasmtools: tool could not be loaded again after idling", "tool", t.info.Spec.Name, "error", err)
+		r.log.Error("wasmtools: tool could not be loaded again after idling", logkey.Tool, t.info.Spec.Name, logkey.Err, err)
 		return
 	}
-	r.log.Debug("wasmtools: tool loaded again", "tool", t.info.Spec.Name, "duration", time.Since(start))
+	r.log.Debug("wasmtools: tool loaded again", logkey.Tool, t.info.Spec.Name, logkey.Duration, time.Since(start))
 	// Loading from the cache leaves garbage: the module's bytes and the
 	// compiled code as read from the file (both copied into what wazero
 	// keeps). Hand it back too.
@@ -211,7 +212,7 @@ func (r *Registry) unloadIdle(t *tool) {
 	t.compiled = nil
 	t.unloads++
 	t.mu.Unlock()
-	r.log.Debug("wasmtools: idle tool unloaded", "tool", t.info.Spec.Name)
+	r.log.Debug("wasmtools: idle tool unloaded", logkey.Tool, t.info.Spec.Name)
 	r.reclaim()
 	if r.cfg.testHookUnload != nil {
 		r.cfg.testHookUnload(t.info.Spec.Name)

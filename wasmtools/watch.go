@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Reload rescans the tool directory: new and changed NAME.wasm files are
@@ -102,7 +104,7 @@ func (r *Registry) Watch(ctx context.Context, settle time.Duration, onChange fun
 			if !ok {
 				return nil
 			}
-			r.log.Warn("wasmtools: watch error; rescanning", "error", err)
+			r.log.Warn("wasmtools: watch error; rescanning", logkey.Err, err)
 			timer.Reset(settle)
 		case <-timer.C:
 			changed, err := r.Reload(ctx)
@@ -110,11 +112,11 @@ func (r *Registry) Watch(ctx context.Context, settle time.Duration, onChange fun
 				if ctx.Err() != nil {
 					return nil
 				}
-				r.log.Error("wasmtools: reload failed", "error", err)
+				r.log.Error("wasmtools: reload failed", logkey.Err, err)
 				continue
 			}
 			if changed {
-				r.log.Info("wasmtools: tools reloaded", "tools", len(r.set.Load().names))
+				r.log.Info("wasmtools: tools reloaded", logkey.Tools, len(r.set.Load().names))
 				if onChange != nil {
 					onChange(r.Tools())
 				}

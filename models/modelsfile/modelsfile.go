@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/internal/jsonfile"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/openai"
 )
@@ -115,7 +116,7 @@ func Load(path string, local models.Provider, ledger models.Ledger, log *slog.Lo
 			Name: name, BaseURL: pj.BaseURL, APIKeyEnv: pj.APIKeyEnv,
 			KeyringService: pj.KeyringService, KeyringUser: pj.KeyringUser,
 			Local: pj.Local, Discover: pj.Discover, MaxCompletionTokens: pj.MaxCompletionTokens,
-			Logger: log.With("component", "provider", "provider", name),
+			Logger: log.With(logkey.Component, "provider", logkey.Provider, name),
 		}
 		prices := map[string]models.Price{}
 		for _, m := range pj.Models {
@@ -136,7 +137,7 @@ func Load(path string, local models.Provider, ledger models.Ledger, log *slog.Lo
 		AllowCloud: f.AllowCloud,
 		Day:        f.DayBudget,
 		Ledger:     ledger,
-		Logger:     log.With("component", "models"),
+		Logger:     log.With(logkey.Component, "models"),
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("models configuration %s: %w", path, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/ollama/ollama/api"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -465,17 +466,17 @@ func (p *Provider) chat(ctx context.Context, req models.ChatRequest, areq *api.C
 			resp.Message.Content, resp.Message.ToolCalls = answer, calls
 		} else {
 			p.log.LogAttrs(ctx, slog.LevelWarn, "ollama: unreadable tool choice; returning it as content",
-				slog.String("model", req.Model), slog.String("finish_reason", final.DoneReason))
+				slog.String(logkey.Model, req.Model), slog.String(logkey.FinishReason, final.DoneReason))
 		}
 	}
 	p.log.LogAttrs(ctx, slog.LevelDebug, "ollama chat",
-		slog.String("model", req.Model),
-		slog.String("tools", string(mode)),
-		slog.Int("prompt_tokens", resp.Usage.PromptTokens),
-		slog.Int("completion_tokens", resp.Usage.CompletionTokens),
-		slog.Int("tool_calls", len(resp.Message.ToolCalls)),
-		slog.String("finish_reason", resp.FinishReason),
-		slog.Duration("duration", p.now().Sub(start)),
+		slog.String(logkey.Model, req.Model),
+		slog.String(logkey.ToolMode, string(mode)),
+		slog.Int(logkey.PromptTokens, resp.Usage.PromptTokens),
+		slog.Int(logkey.CompletionTokens, resp.Usage.CompletionTokens),
+		slog.Int(logkey.ToolCalls, len(resp.Message.ToolCalls)),
+		slog.String(logkey.FinishReason, resp.FinishReason),
+		slog.Duration(logkey.Duration, p.now().Sub(start)),
 	)
 	return resp, nil
 }
@@ -630,7 +631,7 @@ func (p *Provider) request(req models.ChatRequest, info models.ModelInfo) (*api.
 	case len(req.Format) > 0:
 		// The caller's schema wins: a tool choice could not satisfy it.
 		p.log.Debug("ollama: tools not offered: the model has no native tool calling and the request sets a format",
-			slog.String("model", req.Model), slog.Int("tools", len(req.Tools)))
+			slog.String(logkey.Model, req.Model), slog.Int(logkey.Tools, len(req.Tools)))
 	default:
 		if areq.Format, err = toolChoiceSchema(req.Tools); err != nil {
 			return nil, "", err

@@ -19,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -168,15 +169,15 @@ func (p *Provider) complete(ctx context.Context, key string, params openai.ChatC
 func (p *Provider) logChat(ctx context.Context, model string, stream bool, d time.Duration, resp models.ChatResponse, err error) {
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelDebug, "openai chat failed",
-			slog.String(keyProvider, p.name), slog.String(keyModel, model), slog.Bool(keyStream, stream),
-			slog.Duration(keyDuration, d), slog.String(keyKind, string(models.KindOf(err))), slog.String(keyError, err.Error()))
+			slog.String(logkey.Provider, p.name), slog.String(logkey.Model, model), slog.Bool(logkey.Stream, stream),
+			slog.Duration(logkey.Duration, d), slog.String(logkey.ErrKind, string(models.KindOf(err))), slog.String(logkey.Err, err.Error()))
 		return
 	}
 	p.log.LogAttrs(ctx, slog.LevelDebug, "openai chat",
-		slog.String(keyProvider, p.name), slog.String(keyModel, model), slog.Bool(keyStream, stream),
-		slog.Duration(keyDuration, d), slog.Int(keyPrompt, resp.Usage.PromptTokens),
-		slog.Int(keyCompletion, resp.Usage.CompletionTokens), slog.String(keyFinish, resp.FinishReason),
-		slog.Int(keyToolCalls, len(resp.Message.ToolCalls)))
+		slog.String(logkey.Provider, p.name), slog.String(logkey.Model, model), slog.Bool(logkey.Stream, stream),
+		slog.Duration(logkey.Duration, d), slog.Int(logkey.PromptTokens, resp.Usage.PromptTokens),
+		slog.Int(logkey.CompletionTokens, resp.Usage.CompletionTokens), slog.String(logkey.FinishReason, resp.FinishReason),
+		slog.Int(logkey.ToolCalls, len(resp.Message.ToolCalls)))
 }
 
 // chatParams maps req to the API's request.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -32,14 +33,14 @@ func (p *Provider) Embed(ctx context.Context, req models.EmbedRequest) (models.E
 	}
 	start := time.Now()
 	resp, err := p.embed(ctx, key, req)
-	attrs := []slog.Attr{slog.String(keyProvider, p.name), slog.String(keyModel, req.Model),
-		slog.Int(keyInputs, len(req.Input)), slog.Duration(keyDuration, time.Since(start))}
+	attrs := []slog.Attr{slog.String(logkey.Provider, p.name), slog.String(logkey.Model, req.Model),
+		slog.Int(logkey.Inputs, len(req.Input)), slog.Duration(logkey.Duration, time.Since(start))}
 	if err != nil {
-		attrs = append(attrs, slog.String(keyKind, string(models.KindOf(err))), slog.String(keyError, err.Error()))
+		attrs = append(attrs, slog.String(logkey.ErrKind, string(models.KindOf(err))), slog.String(logkey.Err, err.Error()))
 		p.log.LogAttrs(ctx, slog.LevelDebug, "openai embed failed", attrs...)
 		return models.EmbedResponse{}, err
 	}
-	p.log.LogAttrs(ctx, slog.LevelDebug, "openai embed", append(attrs, slog.Int(keyPrompt, resp.Usage.PromptTokens))...)
+	p.log.LogAttrs(ctx, slog.LevelDebug, "openai embed", append(attrs, slog.Int(logkey.PromptTokens, resp.Usage.PromptTokens))...)
 	return resp, nil
 }
 

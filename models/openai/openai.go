@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/zalando/go-keyring"
 
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -248,7 +249,7 @@ func (p *Provider) Models(ctx context.Context) ([]models.ModelInfo, error) {
 			return nil, err
 		}
 		p.log.LogAttrs(ctx, slog.LevelDebug, "openai: model list unavailable; listing the declared models",
-			slog.String(keyProvider, p.name), slog.String(keyError, err.Error()))
+			slog.String(logkey.Provider, p.name), slog.String(logkey.Err, err.Error()))
 		return out, nil
 	}
 	for _, name := range names {
@@ -373,18 +374,3 @@ func (p *Provider) callOptions(key string, res **http.Response, body *[]byte) []
 	}
 	return opts
 }
-
-// Attribute keys of log records.
-const (
-	keyProvider   = "provider"
-	keyModel      = "model"
-	keyKind       = "kind"
-	keyError      = "error"
-	keyDuration   = "duration"
-	keyStream     = "stream"
-	keyPrompt     = "prompt_tokens"
-	keyCompletion = "completion_tokens"
-	keyFinish     = "finish_reason"
-	keyToolCalls  = "tool_calls"
-	keyInputs     = "inputs"
-)
