@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -209,6 +211,44 @@ func TestRouterPolicyFallsBackToLocal(t *testing.T) {
 	resp, err := r.Chat(t.Context(), req, nil)
 	if err != nil || resp.Meta.Provider != "local" || cloud.calls() != 0 {
 		t.Errorf("Chat() = %+v, %v with %d cloud calls; want the local fallback and no cloud call", resp.Meta, err, cloud.calls())
+	}
+}
+
+// TestRouterAdmitIsAskedPerTarget: ChatRequest.Admit is asked before
+// each target with its provider, model and whether it is a cloud one; a
+// refusal sends nothing to that target, is a policy error carrying the
+// refusal, and falls back to the next target.
+func TestRouterAdmitIsAskedPerTarget(t *testing.T) {
+	cloud, local := newFake("cloud", "gpt"), newFake("local", "tiny")
+	r := router(t, models.RouterConfig{
+		Providers:  map[string]models.ProviderConfig{"cloud": {Provider: cloud, Cloud: true}, "local": {Provider: local}},
+		Routes:     []models.Route{{Name: "default", Targets: []models.Target{{Provider: "cloud", Model: "gpt"}}, Fallback: []models.Target{{Provider: "local", Model: "tiny"}}}},
+		AllowCloud: true,
+	})
+	refused := errors.New("no cloud by policy")
+	var asked []string
+	req := hello()
+	req.AllowCloud = true
+	req.Admit = func(provider, model string, isCloud bool) error {
+		asked = append(asked, fmt.Sprintf("%s/%s cloud=%v", provider, model, isCloud))
+		if isCloud {
+			return refused
+		}
+		return nil
+	}
+	resp, err := r.Chat(t.Context(), req, nil)
+	if err != nil || resp.Meta.Provider != "local" || cloud.calls() != 0 {
+		t.Fatalf("Chat() = %+v, %v with %d cloud calls; want the local fallback and no cloud call", resp.Meta, err, cloud.calls())
+	}
+	if want := []string{"cloud/gpt cloud=true", "local/tiny cloud=false"}; !slices.Equal(asked, want) {
+		t.Errorf("Admit asked about %q, want %q", asked, want)
+	}
+	if a := resp.Meta.Attempts; len(a) != 1 || a[0].Kind != models.KindPolicy || !strings.Contains(a[0].Error, refused.Error()) {
+		t.Errorf("attempts = %+v, want one policy refusal naming the reason", a)
+	}
+	req.Admit = func(string, string, bool) error { return refused }
+	if _, err := r.Chat(t.Context(), req, nil); !errors.Is(err, models.ErrPolicy) || !errors.Is(err, refused) || local.calls() != 1 {
+		t.Errorf("Chat() with every target refused = %v after %d local calls, want ErrPolicy wrapping the refusal and no call", err, local.calls())
 	}
 }
 
