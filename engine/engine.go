@@ -18,6 +18,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/ctxtime"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
@@ -233,7 +234,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+		cfg.Sleep = ctxtime.Sleep
 	}
 	if cfg.NewID == nil {
 		cfg.NewID = randomID
@@ -262,18 +263,6 @@ func New(cfg Config) (*Engine, error) {
 		e.runLayer = &f
 	}
 	return e, nil
-}
-
-// sleep is the default Config.Sleep.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func randomID() string {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/keel-runtime/keel/internal/ctxtime"
 	"github.com/keel-runtime/keel/internal/logkey"
 )
 
@@ -422,7 +423,7 @@ func (r *Router) Chat(ctx context.Context, req ChatRequest, onDelta func(Delta))
 				}
 				wait = ra
 			}
-			if err := sleepCtx(ctx, wait); err != nil {
+			if err := ctxtime.Sleep(ctx, wait); err != nil {
 				return ChatResponse{}, &Error{Kind: KindCancelled, Provider: t.Provider, Model: t.Model, Msg: "the call was cancelled", Err: err}
 			}
 			meta.Retries++
@@ -453,17 +454,6 @@ func (r *Router) backoff(n int) time.Duration {
 		d = r.cfg.BackoffMax
 	}
 	return time.Duration(float64(d) * (0.5 + r.cfg.Rand()))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // stream forwards deltas to the caller across attempts: after an attempt
