@@ -145,6 +145,23 @@ type Environment struct {
 	RequireApproval []string `json:"require_approval"`
 	// ToolLimits are the sandbox's limits on every tool call.
 	ToolLimits ToolLimits `json:"tool_limits"`
+	// Policy is the policy in force (docs/policy.md), when the runtime
+	// has one.
+	Policy *PolicyState `json:"policy,omitempty"`
+}
+
+// PolicyState is the policy a runtime has in force.
+type PolicyState struct {
+	// Version numbers the policies put in force since start, from 1;
+	// Digest identifies their files (a decision journals both).
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
+	// Files are the policy files in force, "layer path", in precedence
+	// order; empty when there are none.
+	Files []string `json:"files"`
+	// Error is set while the files on disk do not load: why (with file
+	// and line). The last good policy stays in force meanwhile.
+	Error string `json:"error,omitempty"`
 }
 
 // ToolLimits are the limits the runtime's sandbox puts on each tool

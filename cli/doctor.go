@@ -71,6 +71,17 @@ func doctorCmd() *cobra.Command {
 				approval = strings.Join(env.RequireApproval, ", ") + " (tool calls of these side effects wait for keel approve/deny)"
 			}
 			fmt.Fprintf(out, "approval      %s\n", approval)
+			if p := env.Policy; p != nil {
+				files := "no policy files"
+				if len(p.Files) > 0 {
+					files = strings.Join(p.Files, ", ")
+				}
+				fmt.Fprintf(out, "policy        version %d: %s\n", p.Version, files)
+				if p.Error != "" {
+					fmt.Fprintf(out, "              BROKEN (the last good policy stays in force): %s\n", p.Error)
+					healthy = false
+				}
+			}
 			l := env.ToolLimits
 			fmt.Fprintf(out, "tool limits   %s per call, %d MiB memory, %s output, writes %s per grant leaving %s free, unload after %s idle, private network %s\n",
 				msDuration(l.CallTimeoutMS), l.MemoryLimitMiB, formatBytes(int64(l.MaxOutputBytes)), limitBytes(l.WriteQuotaBytes), limitBytes(l.MinFreeDiskBytes),

@@ -7,6 +7,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
+	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
@@ -17,6 +18,8 @@ type environment struct {
 	models *models.Service
 	kinds  map[string]capabilities.ProviderKind
 	admin  *wasmtools.Admin
+	// policy, when set, is the policy in force (the daemon's watcher).
+	policy func() policy.Snapshot
 }
 
 // newEnvironment declares what cfg fixes (the data dir, the network
@@ -53,5 +56,8 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 	}
 	env.Providers = capabilities.DeclareProviders(res, e.kinds)
 	env.Tools, env.ToolsCompiling = e.admin.Declare()
+	if e.policy != nil {
+		env.Policy = policyState(e.policy())
+	}
 	return env, nil
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 )
@@ -38,4 +39,16 @@ func openPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
 		log.Warn("policy", logkey.Warning, warn.String())
 	}
 	return w, nil
+}
+
+// policyState declares the policy in force for env.describe.
+func policyState(snap policy.Snapshot) *capabilities.PolicyState {
+	st := &capabilities.PolicyState{Version: snap.Version, Digest: snap.Policy.Digest(), Files: []string{}}
+	for _, f := range snap.Policy.Files() {
+		st.Files = append(st.Files, f.Layer.String()+" "+f.Name)
+	}
+	if snap.Err != nil {
+		st.Error = snap.Err.Error()
+	}
+	return st
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,10 +120,24 @@ func TestPolicyFileDecidesToolCalls(t *testing.T) {
 	}
 
 	// A broken edit keeps the ask in force; a good one replaces it.
+	// env.describe and keel doctor say so, with the file.
 	writePolicy(`{"rules": [`)
 	nextPolicy(2, true)
+	env, err := c.Describe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := env.Policy; p == nil || p.Version != 2 || !strings.Contains(p.Error, userFile) || !slices.Contains(p.Files, "user "+userFile) {
+		t.Errorf("env.describe policy = %+v, want version 2, %s, and the error naming it", p, userFile)
+	}
+	if s, _, code := runCLI(ctx, d.dir, "doctor"); code == 0 || !strings.Contains(s, "BROKEN") || !strings.Contains(s, userFile) {
+		t.Errorf("keel doctor with a broken policy file = %d:\n%s\nwant a failure naming %s", code, s, userFile)
+	}
 	writePolicy(`{}`)
 	nextPolicy(3, false)
+	if env, err := c.Describe(ctx); err != nil || env.Policy == nil || env.Policy.Error != "" || env.Policy.Version != 3 {
+		t.Errorf("env.describe policy after the fix = %+v, %v; want version 3 and no error", env.Policy, err)
+	}
 	id = start("write allowed.txt")
 	if evs := follow(t, c, id); evs[len(evs)-1].Type != keel.EventRunSucceeded || !exists("allowed.txt") {
 		t.Fatalf("allowed run ended with %s, allowed.txt written: %v", evs[len(evs)-1].Type, exists("allowed.txt"))
