@@ -16,7 +16,6 @@ import (
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // layers are what build makes: the parts Serve runs, and what the
@@ -71,7 +70,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 
 	toolsDir := filepath.Join(cfg.DataDir, "tools")
-	if err := builtin.Seed(ctx, st, toolsDir, cfg.Workspace); err != nil {
+	if err := wasmtools.SeedExamples(ctx, st, toolsDir, cfg.Workspace); err != nil {
 		return l, fmt.Errorf("install example tools: %w", err)
 	}
 	grants, err := wasmtools.LoadGrants(ctx, st, toolsDir, log.With(logkey.Component, "grants"))

@@ -1,4 +1,4 @@
-package builtin_test
+package wasmtools_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
+	"github.com/keel-runtime/keel/wasmtools"
 )
 
 // grantLog is a wasmtools.GrantStore that records what is granted.
@@ -28,14 +28,14 @@ func (g grantLog) DeleteToolGrants(_ context.Context, tool string) error {
 	return nil
 }
 
-// TestSeedOnce checks that Seed installs the examples with readfile's
+// TestSeedOnce checks that SeedExamples installs the examples with readfile's
 // read-only workspace grant once: an example the user removed stays
 // removed.
 func TestSeedOnce(t *testing.T) {
 	t.Parallel()
 	dir, ws := t.TempDir(), t.TempDir()
 	g := grantLog{}
-	if err := builtin.Seed(t.Context(), g, dir, ws); err != nil {
+	if err := wasmtools.SeedExamples(t.Context(), g, dir, ws); err != nil {
 		t.Fatal(err)
 	}
 	got := g["readfile"]
@@ -47,7 +47,7 @@ func TestSeedOnce(t *testing.T) {
 	if err := os.Remove(readfile); err != nil {
 		t.Fatal(err)
 	}
-	if err := builtin.Seed(t.Context(), g, dir, ws); err != nil {
+	if err := wasmtools.SeedExamples(t.Context(), g, dir, ws); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(readfile); !os.IsNotExist(err) {

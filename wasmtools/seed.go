@@ -1,4 +1,4 @@
-package builtin
+package wasmtools
 
 import (
 	"context"
@@ -9,26 +9,26 @@ import (
 
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/internal/atomicfile"
-	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
-// SeedMarker is the file Seed leaves in a tool directory it has seeded.
+// SeedMarker is the file SeedExamples leaves in a tool directory it has seeded.
 const SeedMarker = ".examples-installed"
 
-// Seed installs the bundled example tools into a new tool directory,
+// SeedExamples installs the bundled example tools (package builtin) into a new tool directory,
 // toolsDir, and grants readfile workspace at /workspace, read-only, in
 // gs: the one grant keel makes on the user's behalf, recorded like any
 // other so it can be revoked. It does so once per directory (SeedMarker):
 // a user who removes an example does not get it back at the next start.
-func Seed(ctx context.Context, gs wasmtools.GrantStore, toolsDir, workspace string) error {
+func SeedExamples(ctx context.Context, gs GrantStore, toolsDir, workspace string) error {
 	marker := filepath.Join(toolsDir, SeedMarker)
 	if _, err := os.Stat(marker); err == nil {
 		return nil
 	}
-	if err := Install(toolsDir); err != nil {
+	if err := builtin.Install(toolsDir); err != nil {
 		return err
 	}
-	_, sum, err := wasmtools.FileDigests(filepath.Join(toolsDir, "readfile.wasm"))
+	_, sum, err := FileDigests(filepath.Join(toolsDir, "readfile.wasm"))
 	if err != nil {
 		return err
 	}
