@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
@@ -336,12 +337,13 @@ func TestContextKeepsNewestResult(t *testing.T) {
 // fits, instead of the step going over the model's context.
 func TestContextFitCountsHumanMessages(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
+	release, third := make(chan struct{}), make(chan struct{})
 	tk := &tokenizer{ratio: 1, ctxLen: 1200, step: func(i int, _ models.ChatRequest) (models.ChatResponse, error) {
 		switch i {
 		case 1, 2:
 			return dump(600, fmt.Sprintf("R%d", i)), nil
 		case 3:
+			close(third)
 			<-release
 			return dump(30, "R3"), nil
 		}
@@ -353,7 +355,13 @@ func TestContextFitCountsHumanMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, eng, func() bool { tk.mu.Lock(); defer tk.mu.Unlock(); return len(tk.steps) == 3 })
+	// The third model call has started when its step func runs: no event
+	// follows it until release, so wait on the call itself.
+	select {
+	case <-third:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the third model call did not start in 30s")
+	}
 	if _, err := eng.TakeOver(ctx, run.ID, "let me"); err != nil {
 		t.Fatal(err)
 	}
