@@ -19,6 +19,20 @@ type FSGrant struct {
 	Private bool `json:"private,omitempty"`
 }
 
+// Modes names what f allows, in the short words grant listings use:
+// "ro" or "rw", then "private" if f is Private. Callers join them with
+// their own separator ("rw+private", "rw, private").
+func (f FSGrant) Modes() []string {
+	mode := "rw"
+	if f.ReadOnly {
+		mode = "ro"
+	}
+	if f.Private {
+		return []string{mode, "private"}
+	}
+	return []string{mode}
+}
+
 // Grants is everything a tool may touch beyond its own memory, the clock
 // and randomness. The zero value grants nothing.
 type Grants struct {

@@ -112,7 +112,6 @@ func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 	}
 }
 
-// grantsLine renders grants on one line, for people: "none" when empty.
 // describePending tells the user that a tool was replaced and what it
 // takes to give the new module the grants the old one had. digest is the
 // tool's grant digest (its module's sha256, covering its sidecar manifest
@@ -126,17 +125,11 @@ func describePending(w io.Writer, prefix, name, digest string, p *capabilities.P
 	fmt.Fprintf(w, "%sto give it them: keel tools grant %s --confirm %s\n", prefix, name, digest)
 }
 
+// grantsLine renders grants on one line, for people: "none" when empty.
 func grantsLine(g capabilities.Grants) string {
 	var parts []string
 	for _, f := range g.FS {
-		mode := "rw"
-		if f.ReadOnly {
-			mode = "ro"
-		}
-		if f.Private {
-			mode += ", private"
-		}
-		parts = append(parts, fmt.Sprintf("fs %s=%s (%s)", f.GuestPath, f.HostPath, mode))
+		parts = append(parts, fmt.Sprintf("fs %s=%s (%s)", f.GuestPath, f.HostPath, strings.Join(f.Modes(), ", ")))
 	}
 	for _, n := range g.Network {
 		parts = append(parts, "net "+n)

@@ -151,14 +151,7 @@ func FileDigests(file string) (sum, grantDigest string, err error) {
 func grantStrings(g capabilities.Grants) []string {
 	var out []string
 	for _, f := range g.FS {
-		mode := "rw"
-		if f.ReadOnly {
-			mode = "ro"
-		}
-		if f.Private {
-			mode += "+private"
-		}
-		out = append(out, "fs:"+f.GuestPath+"="+mode)
+		out = append(out, "fs:"+f.GuestPath+"="+strings.Join(f.Modes(), "+"))
 	}
 	for _, n := range g.Network {
 		out = append(out, "net:"+n)
