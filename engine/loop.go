@@ -265,17 +265,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		raw, _ := json.Marshal(keel.ModelDeltaData{Step: step, Content: d.Content, Restart: d.Restart})
 		e.publish(keel.Event{RunID: run.ID, Type: keel.EventModelDelta, Time: e.cfg.Now(), Data: raw})
 	})
-	sp.Duration = e.cfg.Now().Sub(start)
-	sp.Status = keel.SpanOK
-	if err != nil {
-		sp.Status, sp.Error = keel.SpanError, err.Error()
-	}
-	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
-	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
-	e.modelCallInfo(run.ID, &sp, req, resp)
-	if resp.Model != "" && resp.Model != sp.Name {
-		sp.Name = resp.Model // the model a route chose
-	}
+	e.endModelSpan(run.ID, &sp, start, req, resp, err)
 	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 {
 		sp.Attrs, _ = json.Marshal(struct {
 			Route    string           `json:"route,omitempty"`

@@ -139,17 +139,8 @@ func (c *spanChatter) Chat(ctx context.Context, req models.ChatRequest, _ func(m
 	}
 	start := e.cfg.Now()
 	resp, err := e.model(run, c.step).Chat(ctx, req, nil)
-	sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
+	e.endModelSpan(run.ID, &sp, start, req, resp, err)
 	c.took += sp.Duration
-	if err != nil {
-		sp.Status, sp.Error = keel.SpanError, err.Error()
-	}
-	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
-	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
-	e.modelCallInfo(run.ID, &sp, req, resp)
-	if resp.Model != "" && resp.Model != sp.Name {
-		sp.Name = resp.Model
-	}
 	// No event records what a planner call spent: its span does, so it
 	// is made durable before the planner goes on.
 	if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strconv"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/logkey"
@@ -272,10 +273,22 @@ func (e *Engine) endTrace(ctx context.Context, id keel.RunID, upd *keel.RunUpdat
 	}
 }
 
-// modelCallInfo records on a model call's span of run id what served
-// it: the model's digest and the hashes of the prompt it was sent. It
-// is called by the run's loop goroutine.
-func (e *Engine) modelCallInfo(id keel.RunID, sp *keel.Span, req models.ChatRequest, resp models.ChatResponse) {
+// endModelSpan fills a model call's span of run id, started at start,
+// from the call's request, response and error: its duration and status,
+// what it spent (tokens, cost, retries, time to first byte), how it
+// ended, what served it (provider, the model a route chose, the model's
+// digest) and the hashes of the prompt it was sent. It is called by the
+// run's loop goroutine.
+func (e *Engine) endModelSpan(id keel.RunID, sp *keel.Span, start time.Time, req models.ChatRequest, resp models.ChatResponse, err error) {
+	sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
+	if err != nil {
+		sp.Status, sp.Error = keel.SpanError, err.Error()
+	}
+	sp.PromptTokens, sp.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
+	sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason = resp.Meta.Provider, resp.Meta.CostUSD, resp.Meta.FirstByte, resp.Meta.Retries, resp.FinishReason
+	if resp.Model != "" && resp.Model != sp.Name {
+		sp.Name = resp.Model // the model a route chose
+	}
 	sp.ModelDigest = resp.ModelDigest
 	e.mu.Lock()
 	t := e.traces[id]
