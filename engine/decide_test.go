@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -26,13 +25,7 @@ func TestConcurrentDecisionsOneWins(t *testing.T) {
 	p := scripted.New(nil, scripted.Repeat(scripted.Answer("after the decision")))
 	st, eng, tools := resumeHarness(t, p)
 	ctx := context.Background()
-	interrupted(t, st, "run_race", call, true)
-	if _, err := eng.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if r := waitRun(t, eng, st, "run_race"); r.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting", r.Status)
-	}
+	resumeWaiting(t, eng, st, "run_race", call)
 
 	decisions := []string{keel.DecisionRetry, keel.DecisionSkip, keel.DecisionDone}
 	const people = 12
@@ -163,13 +156,7 @@ func TestConcurrentApprovalsOneWins(t *testing.T) {
 		scripted.Repeat(scripted.Answer("after the answer")))
 	st, eng, tools := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
 	ctx := context.Background()
-	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting for approval", got.Status)
-	}
+	r := startWaiting(t, eng, st)
 	var asked keel.ApprovalRequestData
 	for _, ev := range journal(t, st, r.ID) {
 		if ev.Type == keel.EventApprovalAsked {

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -40,19 +39,8 @@ const (
 
 func policyHarness(t *testing.T, p *scripted.Provider, pol engine.Policy) (*store.Store, *engine.Engine, *echoTools) {
 	t.Helper()
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tools := &echoTools{}
-	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools, Policy: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		eng.Close(context.Background())
-		st.Close()
-	})
+	st, eng := newEngine(t, engine.Config{Model: p, Tools: tools, Policy: pol})
 	return st, eng, tools
 }
 
@@ -133,13 +121,7 @@ func TestPolicyAskStandsOnResume(t *testing.T) {
 	p := scripted.New(nil, scripted.CallTools(keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{"n":1}`)}), scripted.Answer("written"))
 	st, eng, tools := policyHarness(t, p, pol)
 	ctx := context.Background()
-	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting for approval", got.Status)
-	}
+	r := startWaiting(t, eng, st)
 	asked, _ := eventData[keel.ApprovalRequestData](t, journal(t, st, r.ID), keel.EventApprovalAsked)
 	if asked.Policy == nil || asked.Policy.Outcome != "ask" || asked.Policy.Version != 1 {
 		t.Fatalf("approval.requested policy = %+v, want ask at version 1", asked.Policy)
@@ -167,13 +149,7 @@ func TestRequireApprovalIsPolicyShorthand(t *testing.T) {
 	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("write", `{"n":1}`), scripted.Answer("done"))
 	st, eng, _ := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
-	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write it"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting for approval", got.Status)
-	}
+	r := startWaiting(t, eng, st)
 	asked, _ := eventData[keel.ApprovalRequestData](t, journal(t, st, r.ID), keel.EventApprovalAsked)
 	if asked.Policy == nil || !strings.Contains(asked.Policy.Explanation, policy.RequireApprovalName) {
 		t.Fatalf("approval.requested policy = %+v, want the --require-approval rule", asked.Policy)

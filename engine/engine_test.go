@@ -108,6 +108,20 @@ func openStore(t *testing.T) *store.Store {
 	return st
 }
 
+// newEngine opens an engine with cfg over a store on a new database file
+// (cfg.Store is set to it); both are closed when the test ends.
+func newEngine(t *testing.T, cfg engine.Config) (*store.Store, *engine.Engine) {
+	t.Helper()
+	st := openStore(t)
+	cfg.Store = st
+	eng, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close(context.Background()) })
+	return st, eng
+}
+
 // newHarnessWith runs the engine over any model layer, such as a Router.
 func newHarnessWith(t *testing.T, p engine.Model) *harness {
 	t.Helper()

@@ -35,13 +35,7 @@ func TestDecideRefusals(t *testing.T) {
 	p := scripted.New(nil, scripted.Answer("after the decision"))
 	st, eng, _ := resumeHarness(t, p)
 	ctx := context.Background()
-	interrupted(t, st, "run_w", call, true)
-	if _, err := eng.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if r := waitRun(t, eng, st, "run_w"); r.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting", r.Status)
-	}
+	resumeWaiting(t, eng, st, "run_w", call)
 	n := len(journal(t, st, "run_w"))
 	for _, tt := range []struct {
 		name     string
@@ -83,13 +77,7 @@ func TestApproveRefusals(t *testing.T) {
 		scripted.Answer("written"))
 	st, eng, tools := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
 	ctx := context.Background()
-	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting for approval", got.Status)
-	}
+	r := startWaiting(t, eng, st)
 	n := len(journal(t, st, r.ID))
 	for _, tt := range []struct {
 		name string
@@ -114,7 +102,7 @@ func TestApproveRefusals(t *testing.T) {
 		t.Fatalf("after the approval: %s with %d writes, want succeeded with 1", got.Status, tools.writes)
 	}
 	n = len(journal(t, st, r.ID))
-	_, err = eng.Approve(ctx, r.ID, keel.ApprovalData{CallID: "c9", ArgsSHA256: hash, Approved: true})
+	_, err := eng.Approve(ctx, r.ID, keel.ApprovalData{CallID: "c9", ArgsSHA256: hash, Approved: true})
 	refused(t, st, r.ID, n, "Approve on a finished run", err, keel.ErrConflict)
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -46,20 +45,36 @@ func interrupted(t *testing.T, st *store.Store, id keel.RunID, call keel.ToolCal
 
 func resumeHarness(t *testing.T, p *scripted.Provider, approve ...keel.SideEffect) (*store.Store, *engine.Engine, *echoTools) {
 	t.Helper()
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tools := &echoTools{}
-	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: tools, RequireApproval: approve})
+	st, eng := newEngine(t, engine.Config{Model: p, Tools: tools, RequireApproval: approve})
+	return st, eng, tools
+}
+
+// resumeWaiting journals run id as interrupted after call's intent (see
+// interrupted), resumes it and waits until it waits for a decision.
+func resumeWaiting(t *testing.T, eng *engine.Engine, st *store.Store, id keel.RunID, call keel.ToolCall) {
+	t.Helper()
+	interrupted(t, st, id, call, true)
+	if _, err := eng.Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st, id); r.Status != keel.RunWaiting {
+		t.Fatalf("run = %s, want waiting", r.Status)
+	}
+}
+
+// startWaiting starts a run with the goal "write it" and waits until it
+// waits for approval of its write.
+func startWaiting(t *testing.T, eng *engine.Engine, st *store.Store) keel.Run {
+	t.Helper()
+	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write it"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		eng.Close(context.Background())
-		st.Close()
-	})
-	return st, eng, tools
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
+		t.Fatalf("run = %s, want waiting for approval", got.Status)
+	}
+	return r
 }
 
 // replayMatches replays the finished run id and fails the test when the
@@ -193,13 +208,7 @@ func TestResumeAfterDecisionBeforeGoingOn(t *testing.T) {
 	}))
 	st, eng, tools := resumeHarness(t, p)
 	ctx := context.Background()
-	interrupted(t, st, "run_d", call, true)
-	if _, err := eng.Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if r := waitRun(t, eng, st, "run_d"); r.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting", r.Status)
-	}
+	resumeWaiting(t, eng, st, "run_d", call)
 	// The decision as Decide journals it, without the going on.
 	raw, _ := json.Marshal(keel.HumanDecisionData{CallID: "c1", Decision: keel.DecisionRetry})
 	if _, err := st.Append(ctx, "run_d", keel.EventHumanDecision, time.Now(), raw, nil); err != nil {

@@ -81,13 +81,7 @@ func TestTraceIsATree(t *testing.T) {
 		}))
 	st, eng, _ := resumeHarness(t, p, keel.SideEffectNonIdempotentWrite)
 	ctx := context.Background()
-	r, err := eng.Start(ctx, engine.StartRequest{Goal: "write it"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunWaiting {
-		t.Fatalf("run = %s, want waiting for approval", got.Status)
-	}
+	r := startWaiting(t, eng, st)
 	const waiting = "run/running(step/running(model.call/ok human.wait/running))"
 	if got := traceTree(t, spansOf(t, st, r.ID)); got != waiting {
 		t.Errorf("trace while waiting = %s, want %s", got, waiting)
