@@ -30,6 +30,22 @@ func writeModelsConfig(t *testing.T, dir string, cfg any) {
 	}
 }
 
+// writeCloudRoute writes a models.json that allows the cloud and routes
+// "default" to srv's chat model (16384 tokens of context, with tools)
+// alone, with no retries.
+func writeCloudRoute(t *testing.T, dir string, srv *openaitest.Server) {
+	t.Helper()
+	writeModelsConfig(t, dir, map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": srv.URL(), "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
+				"capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
+	})
+}
+
 // TestCloudPolicyEndToEnd configures a cloud provider (an
 // OpenAI-compatible server on loopback) in models.json and runs through
 // the daemon: private runs and runs that do not allow cloud never reach

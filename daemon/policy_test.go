@@ -173,15 +173,7 @@ func TestPolicyRefusesCloudModel(t *testing.T) {
 	t.Parallel()
 	srv := openaitest.New(t)
 	dir := noTools(t)
-	writeModelsConfig(t, dir, map[string]any{
-		"allow_cloud": true,
-		"providers": map[string]any{"cloud": map[string]any{
-			"base_url": srv.URL(), "max_retries": -1,
-			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
-				"capabilities": []string{"completion", "tools"}}},
-		}},
-		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
-	})
+	writeCloudRoute(t, dir, srv)
 	if err := os.WriteFile(policy.UserPath(dir), []byte(`{"cloud": false}`), 0o600); err != nil {
 		t.Fatal(err)
 	}

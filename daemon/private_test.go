@@ -30,15 +30,7 @@ func TestPrivateGrantEndToEnd(t *testing.T) {
 	const canary = "078-05-1120"
 	srv := openaitest.New(t)
 	dir := withTools(t, "fetch", "readfile")
-	writeModelsConfig(t, dir, map[string]any{
-		"allow_cloud": true,
-		"providers": map[string]any{"cloud": map[string]any{
-			"base_url": srv.URL(), "max_retries": -1,
-			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": 16384,
-				"capabilities": []string{"completion", "tools"}}},
-		}},
-		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}},
-	})
+	writeCloudRoute(t, dir, srv)
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil), RequireApproval: []keel.SideEffect{keel.SideEffectExternal}})
 	c := dial(t, d.dir)
 	ctx := context.Background()
