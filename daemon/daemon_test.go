@@ -288,6 +288,22 @@ func wantCode(t *testing.T, err error, code int, what string) *protocol.Error {
 	return pe
 }
 
+// runToEnd starts a run with p, follows it until it ends (see follow) and
+// returns its detail.
+func runToEnd(t *testing.T, c *client.Client, p protocol.RunStartParams) protocol.RunDetail {
+	t.Helper()
+	run, err := c.StartRun(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, c, run.ID)
+	got, err := c.GetRun(context.Background(), run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 // follow subscribes to a run and collects its events until the run ends
 // (an interruption is not an end: the run resumes).
 func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {

@@ -105,17 +105,9 @@ func TestCloudPolicyEndToEnd(t *testing.T) {
 		t.Fatalf("the cloud server received %d chat requests from runs that may not use it", n)
 	}
 
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "say hi", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	follow(t, c, run.ID)
-	got, err := c.GetRun(ctx, run.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := runToEnd(t, c, protocol.RunStartParams{Goal: "say hi", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
 	if chats() == 0 {
-		t.Fatalf("allowed run %s (%s %q) sent nothing to the cloud", run.ID, got.Run.Status, got.Run.Error)
+		t.Fatalf("allowed run %s (%s %q) sent nothing to the cloud", got.Run.ID, got.Run.Status, got.Run.Error)
 	}
 	for _, r := range srv.Requests() {
 		if r.Header.Get("Authorization") != "Bearer "+key {

@@ -179,17 +179,8 @@ func TestPolicyRefusesCloudModel(t *testing.T) {
 	}
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: scripted.New(nil), ManagedPolicyFile: filepath.Join(t.TempDir(), "policy.json")})
 	c := dial(t, d.dir)
-	ctx := context.Background()
 	srv.Script(openaitest.Reply{Content: []string{"from the cloud"}})
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "hello", Model: "default", MaxSteps: 2, Policy: keel.RunPolicy{AllowCloud: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	follow(t, c, run.ID)
-	got, err := c.GetRun(ctx, run.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := runToEnd(t, c, protocol.RunStartParams{Goal: "hello", Model: "default", MaxSteps: 2, Policy: keel.RunPolicy{AllowCloud: true}})
 	if got.Run.Status != keel.RunFailed || !strings.Contains(got.Run.Error, "no cloud model calls") {
 		t.Errorf("run = %s %q, want failed by the policy's cloud setting", got.Run.Status, got.Run.Error)
 	}

@@ -150,15 +150,7 @@ func TestPrivateSummaryEndToEnd(t *testing.T) {
 		t.Fatalf("keel tools grant --private = %d:\n%s%s", code, out, errs)
 	}
 	srv.Script(openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_1", Name: "readfile", Arguments: `{"path":"secret.txt"}`}}})
-	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 8, Policy: keel.RunPolicy{AllowCloud: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	follow(t, c, run.ID)
-	got, err := c.GetRun(ctx, run.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := runToEnd(t, c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 8, Policy: keel.RunPolicy{AllowCloud: true}})
 	if got.Run.Status != keel.RunSucceeded {
 		t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
 	}
