@@ -37,6 +37,12 @@ type recorded struct {
 	approvals map[string]keel.ApprovalData
 }
 
+// Policy returns the policy the engine's runs are decided by (the
+// policy in force with the run layer of Config.RequireApproval) and its
+// version; nil when there is none, and every call is allowed. Safe for
+// concurrent use.
+func (e *Engine) Policy() (*policy.Policy, uint64) { return e.effective() }
+
 // effective returns the policy a tool call is decided by and its
 // version, or nil when there is none (no Config.Policy and no
 // Config.RequireApproval): every call is then allowed and nothing is

@@ -44,6 +44,7 @@ func init() {
 	models := func(s Services) bool { return s.Models != nil }
 	chat := func(s Services) bool { return s.Chat != nil }
 	env := func(s Services) bool { return s.Env != nil }
+	pol := func(s Services) bool { return s.Policy != nil }
 	methods = map[string]method{
 		protocol.MethodInitialize:     {typed(handleInitialize), nil},
 		protocol.MethodRunStart:       {typed(handleRunStart), runs},
@@ -76,6 +77,10 @@ func init() {
 		protocol.MethodRunHandBack: {handleRunControl((RunSteering).HandBack), steering},
 		protocol.MethodRunTool:     {typed(handleRunTool), steering},
 		protocol.MethodRunFork:     {typed(handleRunFork), steering},
+		protocol.MethodPolicyShow: {func(ctx context.Context, c *conn, _ json.RawMessage) (any, error) {
+			return c.s.svc.Policy.ShowPolicy(ctx)
+		}, pol},
+		protocol.MethodPolicyExplain: {typed(handlePolicyExplain), pol},
 	}
 }
 
@@ -566,4 +571,20 @@ func rpcError(log *slog.Logger, method string, err error) *protocol.Error {
 
 func internalError() *protocol.Error {
 	return &protocol.Error{Code: protocol.CodeInternal, Message: "internal error; the daemon log has the details"}
+}
+
+func handlePolicyExplain(ctx context.Context, c *conn, p protocol.PolicyExplainParams) (any, error) {
+	switch p.Kind {
+	case protocol.PolicyKindTool:
+		if p.Tool == "" {
+			return nil, paramError("tool", "must not be empty")
+		}
+	case protocol.PolicyKindModel:
+		if p.Provider == "" || p.Model == "" {
+			return nil, paramError("model", "provider and model must not be empty")
+		}
+	default:
+		return nil, paramError("kind", `must be "tool" or "model"`)
+	}
+	return c.s.svc.Policy.ExplainPolicy(ctx, p)
 }

@@ -35,6 +35,7 @@ type Services struct {
 	Models   Models      // models.list, models.pull
 	Chat     Chat        // models.chat
 	Env      Environment // env.describe
+	Policy   Policy      // policy.show, policy.explain
 }
 
 // Runs starts, cancels and follows runs.
@@ -159,4 +160,17 @@ type Chat interface {
 type Environment interface {
 	// Describe returns what this environment declares about itself.
 	Describe(ctx context.Context) (capabilities.Environment, error)
+}
+
+// Policy shows and explains the policy in force.
+type Policy interface {
+	// ShowPolicy returns the effective policy: every rule and lock with
+	// where it is written.
+	ShowPolicy(ctx context.Context) (protocol.PolicyShowResult, error)
+	// ExplainPolicy decides the action p names without doing it, and
+	// says why. p.Kind is checked to be "tool" (with a tool name) or
+	// "model" (with provider and model) before it is called. A run
+	// that does not exist wraps keel.ErrNotFound; arguments that are
+	// not a JSON object keel.ErrInvalid.
+	ExplainPolicy(ctx context.Context, p protocol.PolicyExplainParams) (protocol.PolicyExplainResult, error)
 }

@@ -658,6 +658,13 @@ func (r *Router) DaySpent(ctx context.Context) (tokens int64, usd float64) {
 // (RouterConfig.AllowCloud).
 func (r *Router) AllowCloud() bool { return r.cfg.AllowCloud }
 
+// IsCloud reports whether provider is a configured cloud provider
+// (false for a local one and for a name not configured).
+func (r *Router) IsCloud(provider string) bool {
+	p := r.prov[provider]
+	return p != nil && p.cfg.Cloud
+}
+
 // HasRoute reports whether a routing rule called name is configured.
 func (r *Router) HasRoute(name string) bool {
 	_, ok := r.route[name]

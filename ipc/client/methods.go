@@ -20,35 +20,37 @@ type None struct{}
 
 // The methods of the protocol (docs/protocol.md), typed for Do.
 const (
-	Initialize     Method[protocol.InitializeParams, protocol.InitializeResult] = protocol.MethodInitialize
-	RunStart       Method[protocol.RunStartParams, keel.Run]                    = protocol.MethodRunStart
-	RunCancel      Method[protocol.RunRef, keel.Run]                            = protocol.MethodRunCancel
-	RunList        Method[protocol.RunListParams, protocol.RunListResult]       = protocol.MethodRunList
-	RunGet         Method[protocol.RunRef, protocol.RunDetail]                  = protocol.MethodRunGet
-	RunSubscribe   Method[protocol.SubscribeParams, protocol.SubscribeResult]   = protocol.MethodRunSubscribe
-	RunUnsubscribe Method[protocol.RunRef, None]                                = protocol.MethodRunUnsubscribe
-	RunPause       Method[protocol.RunRef, keel.Run]                            = protocol.MethodRunPause
-	RunResume      Method[protocol.RunRef, keel.Run]                            = protocol.MethodRunResume
-	RunReplay      Method[protocol.RunRef, protocol.RunReplayResult]            = protocol.MethodRunReplay
-	RunDecide      Method[protocol.RunDecideParams, keel.Run]                   = protocol.MethodRunDecide
-	RunApprove     Method[protocol.RunApproveParams, keel.Run]                  = protocol.MethodRunApprove
-	RunSay         Method[protocol.RunSayParams, keel.Run]                      = protocol.MethodRunSay
-	RunTakeOver    Method[protocol.RunControlParams, keel.Run]                  = protocol.MethodRunTakeOver
-	RunHandBack    Method[protocol.RunControlParams, keel.Run]                  = protocol.MethodRunHandBack
-	RunTool        Method[protocol.RunToolParams, protocol.RunToolResult]       = protocol.MethodRunTool
-	RunFork        Method[protocol.RunForkParams, keel.Run]                     = protocol.MethodRunFork
-	ToolsList      Method[None, protocol.ToolsListResult]                       = protocol.MethodToolsList
-	ToolsCall      Method[protocol.ToolsCallParams, protocol.ToolsCallResult]   = protocol.MethodToolsCall
-	ToolsAudit     Method[protocol.ToolsAuditParams, protocol.ToolsAuditResult] = protocol.MethodToolsAudit
-	ToolsInspect   Method[protocol.ToolsInspectParams, protocol.ToolInfo]       = protocol.MethodToolsInspect
-	ToolsInstall   Method[protocol.ToolsInstallParams, protocol.ToolInfo]       = protocol.MethodToolsInstall
-	ToolsRemove    Method[protocol.ToolRef, None]                               = protocol.MethodToolsRemove
-	ToolsGrant     Method[protocol.ToolsGrantParams, protocol.ToolInfo]         = protocol.MethodToolsGrant
-	ToolsRevoke    Method[protocol.ToolsRevokeParams, protocol.ToolInfo]        = protocol.MethodToolsRevoke
-	EnvDescribe    Method[None, protocol.EnvDescribeResult]                     = protocol.MethodEnvDescribe
-	ModelsList     Method[None, protocol.ModelsListResult]                      = protocol.MethodModelsList
-	ModelsPull     Method[protocol.ModelsPullParams, protocol.ModelsPullResult] = protocol.MethodModelsPull
-	ModelsChat     Method[protocol.ModelsChatParams, protocol.ModelsChatResult] = protocol.MethodModelsChat
+	Initialize     Method[protocol.InitializeParams, protocol.InitializeResult]       = protocol.MethodInitialize
+	RunStart       Method[protocol.RunStartParams, keel.Run]                          = protocol.MethodRunStart
+	RunCancel      Method[protocol.RunRef, keel.Run]                                  = protocol.MethodRunCancel
+	RunList        Method[protocol.RunListParams, protocol.RunListResult]             = protocol.MethodRunList
+	RunGet         Method[protocol.RunRef, protocol.RunDetail]                        = protocol.MethodRunGet
+	RunSubscribe   Method[protocol.SubscribeParams, protocol.SubscribeResult]         = protocol.MethodRunSubscribe
+	RunUnsubscribe Method[protocol.RunRef, None]                                      = protocol.MethodRunUnsubscribe
+	RunPause       Method[protocol.RunRef, keel.Run]                                  = protocol.MethodRunPause
+	RunResume      Method[protocol.RunRef, keel.Run]                                  = protocol.MethodRunResume
+	RunReplay      Method[protocol.RunRef, protocol.RunReplayResult]                  = protocol.MethodRunReplay
+	RunDecide      Method[protocol.RunDecideParams, keel.Run]                         = protocol.MethodRunDecide
+	RunApprove     Method[protocol.RunApproveParams, keel.Run]                        = protocol.MethodRunApprove
+	RunSay         Method[protocol.RunSayParams, keel.Run]                            = protocol.MethodRunSay
+	RunTakeOver    Method[protocol.RunControlParams, keel.Run]                        = protocol.MethodRunTakeOver
+	RunHandBack    Method[protocol.RunControlParams, keel.Run]                        = protocol.MethodRunHandBack
+	RunTool        Method[protocol.RunToolParams, protocol.RunToolResult]             = protocol.MethodRunTool
+	RunFork        Method[protocol.RunForkParams, keel.Run]                           = protocol.MethodRunFork
+	ToolsList      Method[None, protocol.ToolsListResult]                             = protocol.MethodToolsList
+	ToolsCall      Method[protocol.ToolsCallParams, protocol.ToolsCallResult]         = protocol.MethodToolsCall
+	ToolsAudit     Method[protocol.ToolsAuditParams, protocol.ToolsAuditResult]       = protocol.MethodToolsAudit
+	ToolsInspect   Method[protocol.ToolsInspectParams, protocol.ToolInfo]             = protocol.MethodToolsInspect
+	ToolsInstall   Method[protocol.ToolsInstallParams, protocol.ToolInfo]             = protocol.MethodToolsInstall
+	ToolsRemove    Method[protocol.ToolRef, None]                                     = protocol.MethodToolsRemove
+	ToolsGrant     Method[protocol.ToolsGrantParams, protocol.ToolInfo]               = protocol.MethodToolsGrant
+	ToolsRevoke    Method[protocol.ToolsRevokeParams, protocol.ToolInfo]              = protocol.MethodToolsRevoke
+	EnvDescribe    Method[None, protocol.EnvDescribeResult]                           = protocol.MethodEnvDescribe
+	ModelsList     Method[None, protocol.ModelsListResult]                            = protocol.MethodModelsList
+	ModelsPull     Method[protocol.ModelsPullParams, protocol.ModelsPullResult]       = protocol.MethodModelsPull
+	ModelsChat     Method[protocol.ModelsChatParams, protocol.ModelsChatResult]       = protocol.MethodModelsChat
+	PolicyShow     Method[None, protocol.PolicyShowResult]                            = protocol.MethodPolicyShow
+	PolicyExplain  Method[protocol.PolicyExplainParams, protocol.PolicyExplainResult] = protocol.MethodPolicyExplain
 )
 
 // Do calls m on c with params p and returns its decoded result. Errors
