@@ -36,6 +36,8 @@ func TestUnknownSubcommand(t *testing.T) {
 		{[]string{"models", "pul"}, "pull"},
 		{[]string{"tols", "list"}, "tools"},
 		{[]string{"atach"}, "attach"},
+		{[]string{"policy", "shw"}, "show"},
+		{[]string{"policy", "explain", "tol"}, "tool"},
 	} {
 		_, errs, code := run(t, tt.args...)
 		if code != cli.ExitUsage || !strings.Contains(errs, "unknown command") {
@@ -103,5 +105,31 @@ func TestExtraCommandArgsAreUsage(t *testing.T) {
 	code := cli.Main(context.Background(), []string{"daemon", "extra"}, &out, &errb, extra)
 	if code != cli.ExitUsage || ran {
 		t.Errorf("keel daemon extra: exit %d (ran %v), stderr %q; want %d without running", code, ran, errb.String(), cli.ExitUsage)
+	}
+}
+
+// TestPolicyUsage: keel policy explain checks its arguments before it
+// asks the daemon (none runs here): a usage error is 2, and a well
+// formed command gets as far as the missing daemon (1).
+func TestPolicyUsage(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"policy", "explain", "tool"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "tool", "fetch", "not json"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "tool", "fetch", "[1]"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "tool", "fetch", "{}", "extra"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "model", "llama3.2"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "model", "ollama/"}, cli.ExitUsage},
+		{[]string{"policy", "show", "extra"}, cli.ExitUsage},
+		{[]string{"policy", "explain", "tool", "fetch", `{"url": "https://x.test/"}`}, cli.ExitFailure},
+		{[]string{"policy", "explain", "model", "ollama/llama3.2", "--run", "r"}, cli.ExitFailure},
+		{[]string{"policy", "show"}, cli.ExitFailure},
+	} {
+		if out, errs, code := run(t, tt.args...); code != tt.code {
+			t.Errorf("keel %s: exit %d, want %d\n%s%s", strings.Join(tt.args, " "), code, tt.code, out, errs)
+		}
 	}
 }
