@@ -484,6 +484,20 @@ type ToolSpec struct {
 	SideEffects  SideEffect      `json:"side_effects"`
 }
 
+// CallTargets are the files and URLs one tool call names, as a policy
+// matches them: the arguments its input schema marks "format": "path"
+// (Paths) or "uri" / "uri-reference" (URLs), as written. A relative path
+// is relative to Base, an absolute guest path; Resolve, if set, maps a
+// cleaned absolute guest path to the host path the call would touch
+// (following symlinks), or fails when no grant reaches it. Resolve may
+// be called concurrently.
+type CallTargets struct {
+	Paths   []string
+	Base    string
+	Resolve func(guest string) (string, error)
+	URLs    []string
+}
+
 // ToolErrorCode classifies why a tool call failed.
 type ToolErrorCode string
 

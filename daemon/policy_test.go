@@ -190,3 +190,86 @@ func TestPolicyRefusesCloudModel(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyPathAndURLRules: path and url rules match the arguments the
+// real bundled tools' schemas mark as paths and URLs. A path rule names
+// host paths: writefile's path, relative to its guest /workspace, is
+// resolved through its grant and the host's symlinks, so a deny on one
+// host directory stops a write into it, written directly or through a
+// symlink, while a write beside it runs. A url rule matches fetch's url
+// however it is written: the call waits for approval.
+func TestPolicyPathAndURLRules(t *testing.T) {
+	t.Parallel()
+	dir := withTools(t, "writefile", "fetch")
+	out, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(out, "secret"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("secret", filepath.Join(out, "link")); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := json.Marshal(map[string]any{"rules": []map[string]any{
+		{"action": "tool", "path": filepath.ToSlash(out) + "/secret/**", "decision": "deny", "reason": "secrets stay"},
+		{"action": "tool", "url": "https://api.example.test/v1/**", "decision": "ask"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(policy.UserPath(dir), rules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write := func(id, name string) keel.ToolCall {
+		return keel.ToolCall{ID: id, Name: "writefile", Arguments: json.RawMessage(`{"path":"` + name + `","content":"written"}`)}
+	}
+	fetch := keel.ToolCall{ID: "f1", Name: "fetch", Arguments: json.RawMessage(`{"url":"https://API.example.test:443/v1/items"}`)}
+	p := scripted.New(nil,
+		scripted.CallTools(write("w1", "secret/a.txt"), write("w2", "link/b.txt"), write("w3", "ok.txt")), scripted.Answer("done"),
+		scripted.CallTools(fetch), scripted.Answer("fetched"))
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p,
+		ManagedPolicyFile: filepath.Join(t.TempDir(), "managed", "policy.json")})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	if s, e, code := runCLI(ctx, d.dir, "tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s%s", code, s, e)
+	}
+
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "write three files"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := map[string]*keel.ToolError{}
+	for _, ev := range follow(t, c, run.ID) {
+		if ev.Type == keel.EventToolResult {
+			var res keel.ToolResultData
+			if err := json.Unmarshal(ev.Data, &res); err != nil {
+				t.Fatal(err)
+			}
+			results[res.CallID] = res.Error
+		}
+	}
+	for _, id := range []string{"w1", "w2"} {
+		if e := results[id]; e == nil || e.Code != keel.ToolPolicyDenied || !strings.Contains(e.Message, "secrets stay") {
+			t.Errorf("call %s error = %+v, want policy_denied by the path rule", id, e)
+		}
+	}
+	if e, ok := results["w3"]; !ok || e != nil {
+		t.Errorf("call w3 (ok.txt) error = %+v (reported: %v), want it to run", e, ok)
+	}
+	for name, want := range map[string]bool{"secret/a.txt": false, "secret/b.txt": false, "ok.txt": true} {
+		if _, err := os.Stat(filepath.Join(out, name)); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", name, err == nil, want)
+		}
+	}
+
+	run, err = c.StartRun(ctx, protocol.RunStartParams{Goal: "fetch the items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := waitEvent(t, d.dir, run.ID, keel.EventApprovalAsked)
+	if !strings.Contains(string(ev.Data), "rule 2 of the user layer") {
+		t.Errorf("approval.requested = %s, want the url rule in its policy decision", ev.Data)
+	}
+}

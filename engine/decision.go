@@ -20,6 +20,18 @@ type Policy interface {
 	Current() policy.Snapshot
 }
 
+// CallTargeter is implemented by Tools that can say which of a call's
+// arguments name files and URLs (the tool's input schema marks them:
+// "format": "path", "uri" or "uri-reference") and where those files are:
+// the engine gives them to the policy, for its path and url rules. The
+// engine asks it before every tool call the policy decides; it must be
+// safe for concurrent use. Tools that do not implement it give the
+// policy no paths and no URLs: path and url rules then match none of
+// their calls.
+type CallTargeter interface {
+	CallTargets(name string, args json.RawMessage) keel.CallTargets
+}
+
 // policyCache holds the effective policy: the policy in force with the
 // run layer (Config.RequireApproval) added, compiled again only when the
 // policy in force changes.
@@ -102,7 +114,12 @@ func (e *Engine) decideTool(ctx context.Context, call keel.ToolCall) (policy.Out
 		return policy.Allow, nil
 	}
 	class, _ := e.sideEffects(ctx, call.Name)
-	d := p.Decide(&policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments})
+	a := policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments}
+	if ct, ok := e.cfg.Tools.(CallTargeter); ok {
+		t := ct.CallTargets(call.Name, call.Arguments)
+		a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
+	}
+	d := p.Decide(&a)
 	if d.Rule() == nil && d.Setting() == nil && d.Outcome == policy.Allow {
 		return policy.Allow, nil
 	}

@@ -27,6 +27,13 @@
 //	requests       {"fs": [{"guest_path": "/workspace", "read_only": true}],
 //	                "network": ["scheme://host:port"], "env": ["NAME"]}
 //
+// A top-level string property of input_schema with "format": "path" (keel's
+// own format; validation ignores it) names a file, one with "format": "uri"
+// or "uri-reference" a URL: the policy's path and url rules match those
+// arguments (RunTools.CallTargets). A relative path is relative to the
+// guest path of the first fs request, and a path rule sees the host path
+// the tool's grant maps it to.
+//
 // Unknown fields are errors. Schemas must be self-contained: a $ref to
 // another document is refused, so a manifest cannot make the host read
 // files or fetch URLs.

@@ -114,6 +114,7 @@ func (r *Registry) listed(name string) (*tool, bool) {
 	t := &tool{pending: true, info: describe(m, e.SHA256, sidecar, file)}
 	t.info.Grants = configured(r.grantsFor(name, t.info.GrantDigest))
 	t.info.Compiling = true
+	t.targets = schemaTargets(t.info.Spec.InputSchema)
 	return t, true
 }
 

@@ -415,6 +415,7 @@ func (r *Registry) build(ctx context.Context, name, file string, in inspection, 
 	t.fresh = m.Isolation == isolationFresh
 	t.manifest = in.Manifest
 	t.info = describe(m, in.SHA256, t.sidecar, file)
+	t.targets = schemaTargets(t.info.Spec.InputSchema)
 	t.granted = r.grantsFor(name, t.info.GrantDigest)
 	var raise string
 	t.limits, raise = r.resolveLimits(m.Requests.Limits, t.granted.Limits)

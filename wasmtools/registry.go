@@ -257,6 +257,9 @@ type tool struct {
 
 	input  *schema.Schema
 	output *schema.Schema // nil: no output schema
+	// targets are the arguments its input schema marks as paths and
+	// URLs (targets.go).
+	targets argTargets
 	// module holds argv, clocks, randomness and the granted environment;
 	// each instance adds the mounts (instanceConfig), each call its own
 	// stdio.

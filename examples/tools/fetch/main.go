@@ -31,7 +31,7 @@ var manifest = toolkit.Manifest{
 	InputSchema: json.RawMessage(`{
 		"type": "object",
 		"properties": {
-			"url": {"type": "string", "pattern": "^https?://", "description": "The URL to fetch."},
+			"url": {"type": "string", "format": "uri", "pattern": "^https?://", "description": "The URL to fetch."},
 			"max_bytes": {"type": "integer", "minimum": 1, "maximum": 1048576, "description": "Return at most this many bytes of the body."}
 		},
 		"required": ["url"],

@@ -32,7 +32,7 @@ var manifest = toolkit.Manifest{
 	InputSchema: json.RawMessage(`{
 		"type": "object",
 		"properties": {
-			"path": {"type": "string", "minLength": 1, "description": "File path relative to the workspace root, such as notes/todo.txt."},
+			"path": {"type": "string", "format": "path", "minLength": 1, "description": "File path relative to the workspace root, such as notes/todo.txt."},
 			"max_bytes": {"type": "integer", "minimum": 1, "maximum": 262144, "default": 4096, "description": "Read at most this many bytes."}
 		},
 		"required": ["path"],

@@ -34,7 +34,7 @@ var manifest = toolkit.Manifest{
 	InputSchema: json.RawMessage(`{
 		"type": "object",
 		"properties": {
-			"path": {"type": "string", "minLength": 1, "description": "File path relative to the workspace root."},
+			"path": {"type": "string", "format": "path", "minLength": 1, "description": "File path relative to the workspace root."},
 			"content": {"type": "string", "maxLength": 1048576, "description": "The whole new content of the file."},
 			"old": {"type": "string", "minLength": 1, "description": "Text to replace; must occur exactly once."},
 			"new": {"type": "string", "description": "Replacement for old."}
