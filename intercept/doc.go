@@ -21,7 +21,8 @@
 // The tool chain runs at the registry's call entry
 // (wasmtools.Config.Interceptors), the one path every tool call takes,
 // from a run or direct; the model chain runs at the engine's model call
-// sites (engine.Config.ModelInterceptors). Hooks run on the caller's
+// sites (engine.Config.ModelInterceptors) and at a direct models.chat
+// (models.ServiceConfig.Interceptors). Hooks run on the caller's
 // goroutine, inside the call: a hook that blocks delays the call, and
 // After hooks have all returned before the call returns to its caller.
 //

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/intercept"
 )
 
 // providerTimeout bounds asking a provider for its models, so that a
@@ -41,6 +42,10 @@ type ServiceConfig struct {
 	// File is the models configuration, named in the hints about
 	// providers declared there.
 	File string
+	// Interceptors see every models.chat call (a direct call: its
+	// invocation names no run), as engine.Config.ModelInterceptors see a
+	// run's; a denied call reaches no model. Default none.
+	Interceptors intercept.Models
 }
 
 // Puller is a provider that can download models (ollama.Provider).
@@ -194,27 +199,23 @@ func (s *Service) Chat(ctx context.Context, p keel.ChatRequest, onDelta func(kee
 		req.Messages = append(req.Messages, Message{Role: Role(m.Role), Content: m.Content, ToolCalls: m.ToolCalls,
 			ToolCallID: m.ToolCallID, Images: m.Images, Private: m.Private})
 	}
-	var resp ChatResponse
-	attempts := 0
-	if len(p.Format) > 0 {
-		res, err := Structured(ctx, s.cfg.Router, req, p.Format, p.Repairs)
-		if err != nil {
-			return keel.ChatReply{}, serviceError(err)
-		}
-		resp, attempts = res.Response, len(res.Attempts)
-	} else {
-		var stream func(Delta)
-		if onDelta != nil {
-			stream = func(d Delta) {
-				if d.Content != "" {
-					onDelta(keel.ChatDelta{Content: d.Content, Restart: d.Restart})
-				}
-			}
-		}
-		var err error
-		if resp, err = s.cfg.Router.Chat(ctx, req, stream); err != nil {
-			return keel.ChatReply{}, serviceError(err)
-		}
+	var (
+		resp     ChatResponse
+		attempts int
+		err      error
+	)
+	call := func(ctx context.Context) intercept.ModelOutcome {
+		resp, attempts, err = s.chat(ctx, req, p, onDelta)
+		return intercept.ModelOutcome{Model: resp.Model, Provider: resp.Meta.Provider, PromptTokens: resp.Usage.PromptTokens,
+			CompletionTokens: resp.Usage.CompletionTokens, CostUSD: resp.Meta.CostUSD, FinishReason: resp.FinishReason, Err: err}
+	}
+	if len(s.cfg.Interceptors) == 0 {
+		call(ctx)
+	} else if o := s.cfg.Interceptors.Call(ctx, keel.ModelInvocation{Model: p.Model}, call); err == nil && o.Err != nil {
+		err = o.Err // denied: the call did not run
+	}
+	if err != nil {
+		return keel.ChatReply{}, serviceError(err)
 	}
 	m := resp.Meta
 	return keel.ChatReply{
@@ -224,6 +225,26 @@ func (s *Service) Chat(ctx context.Context, p keel.ChatRequest, onDelta func(kee
 		CostUSD: m.CostUSD, TTFTMS: millis(m.FirstByte), LatencyMS: millis(m.Latency),
 		Retries: m.Retries, Route: m.Route, Variant: m.Variant, Attempts: attempts,
 	}, nil
+}
+
+// chat sends req through the router: structured when p asks for a
+// format (repairing invalid output), else streamed to onDelta. attempts
+// counts a structured call's tries.
+func (s *Service) chat(ctx context.Context, req ChatRequest, p keel.ChatRequest, onDelta func(keel.ChatDelta)) (ChatResponse, int, error) {
+	if len(p.Format) > 0 {
+		res, err := Structured(ctx, s.cfg.Router, req, p.Format, p.Repairs)
+		return res.Response, len(res.Attempts), err
+	}
+	var stream func(Delta)
+	if onDelta != nil {
+		stream = func(d Delta) {
+			if d.Content != "" {
+				onDelta(keel.ChatDelta{Content: d.Content, Restart: d.Restart})
+			}
+		}
+	}
+	resp, err := s.cfg.Router.Chat(ctx, req, stream)
+	return resp, 0, err
 }
 
 // millis expresses d in milliseconds, as the protocol does.
@@ -240,6 +261,9 @@ func serviceError(err error) error {
 	}
 	if errors.Is(err, keel.ErrInvalid) {
 		return err
+	}
+	if errors.Is(err, intercept.ErrDenied) { // refused like a policy error
+		return fmt.Errorf("%w: %w", keel.ErrInvalid, err)
 	}
 	return fmt.Errorf("%w: %w", keel.ErrModelUnavailable, err)
 }
