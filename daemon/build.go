@@ -141,6 +141,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.env.policy = pol.Current
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env,
-		Policy: &policyService{watcher: pol, effective: eng.Policy, runs: st, sideEffects: reg.SideEffects, isCloud: router.IsCloud}}
+		Policy: &policyService{watcher: pol, effective: eng.Policy, runs: st, sideEffects: reg.SideEffects,
+			targets: reg.RunTools().CallTargets, isCloud: router.IsCloud}}
 	return l, nil
 }

@@ -69,7 +69,10 @@ type policyService struct {
 		GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
 	}
 	sideEffects func(tool string) (keel.SideEffect, bool)
-	isCloud     func(provider string) bool
+	// targets are the paths and URLs a tool call names, as the engine
+	// gives them to the policy (engine.CallTargeter).
+	targets func(tool string, args json.RawMessage) keel.CallTargets
+	isCloud func(provider string) bool
 }
 
 // current returns the policy to show and explain with, its version and
@@ -125,6 +128,10 @@ func (s *policyService) ExplainPolicy(ctx context.Context, q protocol.PolicyExpl
 		}
 		a.Kind, a.Args = policy.KindTool, q.Args
 		a.SideEffect, _ = s.sideEffects(q.Tool)
+		if s.targets != nil {
+			t := s.targets(q.Tool, q.Args)
+			a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
+		}
 	case protocol.PolicyKindModel:
 		a.Kind, a.Cloud = policy.KindModel, s.isCloud(q.Provider)
 		if run.Policy.Private {

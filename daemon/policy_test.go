@@ -15,6 +15,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/openai/openaitest"
 	"github.com/keel-runtime/keel/models/scripted"
@@ -234,6 +235,14 @@ func TestPolicyPathAndURLRules(t *testing.T) {
 	ctx := context.Background()
 	if s, e, code := runCLI(ctx, d.dir, "tools", "grant", "writefile", "fs:/workspace="+out); code != 0 {
 		t.Fatalf("grant: code %d\n%s%s", code, s, e)
+	}
+
+	// policy.explain sees the same paths and URLs as a run.
+	for args, want := range map[string]string{`{"path": "link/x.txt", "content": ""}`: "deny", `{"path": "ok.txt", "content": ""}`: "allow"} {
+		r, err := client.Do(ctx, c, client.PolicyExplain, protocol.PolicyExplainParams{Kind: protocol.PolicyKindTool, Tool: "writefile", Args: json.RawMessage(args)})
+		if err != nil || r.Decision != want {
+			t.Errorf("policy.explain writefile %s = %+v, %v; want %s", args, r, err, want)
+		}
 	}
 
 	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "write three files"})
