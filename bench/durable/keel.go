@@ -97,11 +97,16 @@ type bed struct {
 }
 
 func newBed(ctx context.Context, path, synchronous string, model engine.Model, maxSteps int, approve ...keel.SideEffect) (*bed, error) {
+	return newPolicyBed(ctx, path, synchronous, model, maxSteps, nil, approve...)
+}
+
+// newPolicyBed is newBed with pol in force (nil: no policy).
+func newPolicyBed(ctx context.Context, path, synchronous string, model engine.Model, maxSteps int, pol engine.Policy, approve ...keel.SideEffect) (*bed, error) {
 	st, err := store.OpenWith(ctx, path, store.Options{Synchronous: synchronous})
 	if err != nil {
 		return nil, err
 	}
-	eng, err := engine.New(engine.Config{Store: st, Model: model, Tools: tools{}, DefaultMaxSteps: maxSteps, RequireApproval: approve})
+	eng, err := engine.New(engine.Config{Store: st, Model: model, Tools: tools{}, DefaultMaxSteps: maxSteps, RequireApproval: approve, Policy: pol})
 	if err != nil {
 		st.Close()
 		return nil, err

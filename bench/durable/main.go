@@ -64,6 +64,7 @@ type config struct {
 	budget   time.Duration // longest projected concurrent measurement
 	lgDir    string        // the LangGraph.js benchmark
 	skipLang bool
+	policy   bool     // measure the policy's cost only (policy.go)
 	syncs    []string // synchronous settings, one column each
 }
 
@@ -81,6 +82,7 @@ func main() {
 	flag.DurationVar(&cfg.budget, "budget", 3*time.Minute, "skip a concurrent measurement projected to take longer")
 	flag.StringVar(&cfg.lgDir, "langgraph", filepath.Join("bench", "durable", "langgraph"), "directory of the LangGraph.js benchmark")
 	flag.BoolVar(&cfg.skipLang, "skip-langgraph", false, "measure keel and the floor only (no node needed)")
+	flag.BoolVar(&cfg.policy, "policy", false, "measure only a run's step time with a 1,000-rule policy in force vs none (issue 16)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -152,6 +154,9 @@ func run(cfg config) error {
 	lgDir, err := filepath.Abs(cfg.lgDir)
 	if err != nil {
 		return err
+	}
+	if cfg.policy {
+		return runPolicy(ctx, cfg, dir)
 	}
 	if !cfg.skipLang {
 		if err := installLangGraph(lgDir); err != nil {

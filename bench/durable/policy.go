@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/keel-runtime/keel/policy"
+)
+
+// policyRules is how many rules the policy of the -policy mode holds.
+const policyRules = 1000
+
+// switchedPolicy is the policy in force (engine.Policy), switched on
+// and off between runs: off, the engine has no policy at all, as for a
+// user with no policy file.
+type switchedPolicy struct{ p atomic.Pointer[policy.Policy] }
+
+func (sw *switchedPolicy) Current() policy.Snapshot {
+	p := sw.p.Load()
+	if p == nil {
+		return policy.Snapshot{}
+	}
+	return policy.Snapshot{Policy: p, Version: 1}
+}
+
+// benchPolicy compiles a policy of policyRules rules over the managed and
+// user layers, none of which matches the workload (tool rules naming
+// other tools, some with a path or URL; rules for every tool with a path
+// or URL the echo calls do not name; model rules for other providers;
+// egress and knowledge rules), plus one rule that allows the workload's
+// echo tool: every decision of the workload reads the rules that could
+// apply and allows.
+func benchPolicy() (*policy.Policy, error) {
+	var managed, user []string
+	outcomes := []string{"allow", "ask", "deny"}
+	for i := range 8 {
+		managed = append(managed, fmt.Sprintf(`{"action": "tool", "path": "~/.secret%d/**", "decision": "deny"}`, i))
+		user = append(user, fmt.Sprintf(`{"action": "tool", "url": "https://*.internal%d.test", "decision": "deny"}`, i))
+	}
+	user = append(user, `{"action": "tool", "tool": "echo", "decision": "allow"}`)
+	for i := 0; len(managed)+len(user) < policyRules; i++ {
+		o := outcomes[i%3]
+		var r string
+		switch i % 5 {
+		case 0:
+			r = fmt.Sprintf(`{"action": "tool", "tool": "tool%d", "decision": %q}`, i, o)
+		case 1:
+			r = fmt.Sprintf(`{"action": "tool", "tool": "tool%d", "path": "/srv/data%d/**", "decision": %q}`, i, i, o)
+		case 2:
+			r = fmt.Sprintf(`{"action": "egress", "tool": "tool%d", "url": "https://host%d.example.com", "decision": %q}`, i, i, o)
+		case 3:
+			r = fmt.Sprintf(`{"action": "model", "provider": "provider%d", "model": "m%d-*", "decision": %q}`, i, i, o)
+		case 4:
+			r = fmt.Sprintf(`{"action": "knowledge", "scope": "scope%d/**", "decision": %q}`, i, o)
+		}
+		if i%2 == 0 {
+			managed = append(managed, r)
+		} else {
+			user = append(user, r)
+		}
+	}
+	file := func(l policy.Layer, rules []string) policy.LayerFile {
+		return policy.LayerFile{Layer: l, Name: l.String() + ".json", Data: []byte(`{"rules": [` + strings.Join(rules, ",\n") + `]}`)}
+	}
+	p, err := policy.Compile(policy.Options{Home: "/home/bench"}, file(policy.LayerManaged, managed), file(policy.LayerUser, user))
+	if err != nil {
+		return nil, err
+	}
+	if n := len(p.Rules()); n != policyRules {
+		return nil, fmt.Errorf("the policy has %d rules, want %d", n, policyRules)
+	}
+	return p, nil
+}
+
+// policyResult is the step time of one run with the policy off and on.
+type policyResult struct {
+	sync    string
+	off, on time.Duration // median per step
+	ratio   float64       // median of the reps' on/off
+	noise   float64       // median of the reps' off/off: the noise floor
+	// cpuOff and cpuOn are the process's CPU time per step, medians
+	// (0 where it cannot be read).
+	cpuOff, cpuOn time.Duration
+}
+
+// measurePolicy times reps sets of single runs of n steps on one engine
+// and database file, runs with no policy and with the 1,000-rule policy
+// in force taking turns, so that both meet the same file and the same
+// disk.
+func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (policyResult, error) {
+	p, err := benchPolicy()
+	if err != nil {
+		return policyResult{}, err
+	}
+	sw := &switchedPolicy{}
+	b, err := newPolicyBed(ctx, filepath.Join(dir, "keel-policy-"+synchronous+".db"), synchronous, chain{n}, n, sw)
+	if err != nil {
+		return policyResult{}, err
+	}
+	defer b.Close()
+	for i := 0; b.st.Commits() < warmCommits; i++ {
+		if i%2 == 0 {
+			sw.p.Store(p)
+		} else {
+			sw.p.Store(nil)
+		}
+		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
+			return policyResult{}, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	one := func(withPolicy bool, i int) (wall, cpu time.Duration, err error) {
+		// Runs go one at a time: the switch applies to the run started next.
+		if withPolicy {
+			sw.p.Store(p)
+		} else {
+			sw.p.Store(nil)
+		}
+		c0 := cpuTime()
+		bt, err := runAll(ctx, b, fmt.Sprintf("one-%d-%v", i, withPolicy), 1, n)
+		if err != nil {
+			return 0, 0, err
+		}
+		if bt.steps != int64(n) {
+			return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
+		}
+		err = b.st.Sync(ctx)
+		return bt.elapsed / time.Duration(n), (cpuTime() - c0) / time.Duration(n), err
+	}
+	// Each rep times three runs, policy off, on and off again, in an
+	// order that rotates; the second off run against the first is the
+	// noise floor of the comparison (an A/A ratio).
+	offs, ons, cpuOffs, cpuOns := make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps)
+	ratios, noise := make([]float64, reps), make([]float64, reps)
+	for i := range reps {
+		var got, cpu [3]time.Duration // off, on, off again
+		for k := range 3 {
+			j := (i + k) % 3
+			if got[j], cpu[j], err = one(j == 1, i*3+k); err != nil {
+				return policyResult{}, err
+			}
+		}
+		offs[i], ons[i], cpuOffs[i], cpuOns[i] = got[0], got[1], cpu[0], cpu[1]
+		ratios[i], noise[i] = float64(got[1])/float64(got[0]), float64(got[2])/float64(got[0])
+	}
+	for _, s := range [][]time.Duration{offs, ons, cpuOffs, cpuOns} {
+		slices.Sort(s)
+	}
+	slices.Sort(ratios)
+	slices.Sort(noise)
+	return policyResult{sync: synchronous, off: offs[reps/2], on: ons[reps/2], ratio: ratios[reps/2], noise: noise[reps/2],
+		cpuOff: cpuOffs[reps/2], cpuOn: cpuOns[reps/2]}, nil
+}
+
+// runPolicy is the -policy mode: the policy comparison alone, at each
+// synchronous setting.
+func runPolicy(ctx context.Context, cfg config, dir string) error {
+	fmt.Printf("policy on vs off: one run of %d steps (echo tool calls), median of %d reps; policy of %d rules, none matching but one allow\n",
+		cfg.n, cfg.reps, policyRules)
+	for _, s := range cfg.syncs {
+		progress("%s: keel, policy off vs on, %d reps of 3 runs of %d steps", s, cfg.reps, cfg.n)
+		r, err := measurePolicy(ctx, dir, s, cfg.n, cfg.reps)
+		if err != nil {
+			return fmt.Errorf("synchronous=%s: %w", s, err)
+		}
+		fmt.Printf("synchronous=%-6s per step: policy off %s, on %s; on/off %.3f (%+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
+			r.sync, dur(r.off), dur(r.on), r.ratio, (r.ratio-1)*100, r.noise, (r.noise-1)*100)
+		if r.cpuOff > 0 {
+			fmt.Printf("synchronous=%-6s CPU per step: policy off %s, on %s; on/off %.3f\n", r.sync, dur(r.cpuOff), dur(r.cpuOn), float64(r.cpuOn)/float64(r.cpuOff))
+		}
+	}
+	return nil
+}
