@@ -86,6 +86,9 @@ type policyResult struct {
 	// cpuOff and cpuOn are the process's CPU time per step, medians
 	// (0 where it cannot be read).
 	cpuOff, cpuOn time.Duration
+	// cpuRatio and cpuNoise are the medians of the reps' CPU time on/off
+	// and off/off.
+	cpuRatio, cpuNoise float64
 }
 
 // measurePolicy times reps sets of single runs of n steps on one engine
@@ -135,7 +138,7 @@ func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (p
 	// order that rotates; the second off run against the first is the
 	// noise floor of the comparison (an A/A ratio).
 	offs, ons, cpuOffs, cpuOns := make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps)
-	ratios, noise := make([]float64, reps), make([]float64, reps)
+	ratios, noise, cpuRatios, cpuNoise := make([]float64, reps), make([]float64, reps), make([]float64, reps), make([]float64, reps)
 	for i := range reps {
 		var got, cpu [3]time.Duration // off, on, off again
 		for k := range 3 {
@@ -146,14 +149,18 @@ func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (p
 		}
 		offs[i], ons[i], cpuOffs[i], cpuOns[i] = got[0], got[1], cpu[0], cpu[1]
 		ratios[i], noise[i] = float64(got[1])/float64(got[0]), float64(got[2])/float64(got[0])
+		if cpu[0] > 0 {
+			cpuRatios[i], cpuNoise[i] = float64(cpu[1])/float64(cpu[0]), float64(cpu[2])/float64(cpu[0])
+		}
 	}
 	for _, s := range [][]time.Duration{offs, ons, cpuOffs, cpuOns} {
 		slices.Sort(s)
 	}
-	slices.Sort(ratios)
-	slices.Sort(noise)
+	for _, s := range [][]float64{ratios, noise, cpuRatios, cpuNoise} {
+		slices.Sort(s)
+	}
 	return policyResult{sync: synchronous, off: offs[reps/2], on: ons[reps/2], ratio: ratios[reps/2], noise: noise[reps/2],
-		cpuOff: cpuOffs[reps/2], cpuOn: cpuOns[reps/2]}, nil
+		cpuOff: cpuOffs[reps/2], cpuOn: cpuOns[reps/2], cpuRatio: cpuRatios[reps/2], cpuNoise: cpuNoise[reps/2]}, nil
 }
 
 // runPolicy is the -policy mode: the policy comparison alone, at each
@@ -170,7 +177,8 @@ func runPolicy(ctx context.Context, cfg config, dir string) error {
 		fmt.Printf("synchronous=%-6s per step: policy off %s, on %s; on/off %.3f (%+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
 			r.sync, dur(r.off), dur(r.on), r.ratio, (r.ratio-1)*100, r.noise, (r.noise-1)*100)
 		if r.cpuOff > 0 {
-			fmt.Printf("synchronous=%-6s CPU per step: policy off %s, on %s; on/off %.3f\n", r.sync, dur(r.cpuOff), dur(r.cpuOn), float64(r.cpuOn)/float64(r.cpuOff))
+			fmt.Printf("synchronous=%-6s CPU per step: policy off %s, on %s; on/off %.3f; noise floor off/off %.3f\n",
+				r.sync, dur(r.cpuOff), dur(r.cpuOn), r.cpuRatio, r.cpuNoise)
 		}
 	}
 	return nil
