@@ -14,6 +14,7 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
+	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/wasmtools"
 )
@@ -141,7 +142,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.env.policy = pol.Current
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env,
-		Policy: &policyService{watcher: pol, effective: eng.Policy, runs: st, sideEffects: reg.SideEffects,
-			targets: reg.RunTools().CallTargets, isCloud: router.IsCloud}}
+		Policy: &policy.Service{Watcher: pol, Effective: eng.Policy, Runs: st, SideEffects: reg.SideEffects,
+			Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud}}
 	return l, nil
 }

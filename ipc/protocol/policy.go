@@ -1,6 +1,6 @@
 package protocol
 
-import "encoding/json"
+import "github.com/keel-runtime/keel"
 
 // Method names of the policy group.
 const (
@@ -10,82 +10,17 @@ const (
 
 // Kinds of action policy.explain decides.
 const (
-	PolicyKindTool  = "tool"
-	PolicyKindModel = "model"
+	PolicyKindTool  = keel.PolicyKindTool
+	PolicyKindModel = keel.PolicyKindModel
 )
 
-// PolicyOrigin is where a rule or setting is: its layer (managed,
-// workspace, user, run) and the file (or name, such as
-// "--require-approval"), line and column it is written at.
-type PolicyOrigin struct {
-	Layer string `json:"layer"`
-	File  string `json:"file"`
-	// Line and Col are 0 for a whole file (PolicyShowResult.Files).
-	Line int `json:"line,omitempty"`
-	Col  int `json:"col,omitempty"`
-}
-
-// PolicyRule is one rule of the effective policy.
-type PolicyRule struct {
-	PolicyOrigin
-	// N is the rule's position in its file's rules, from 1.
-	N        int    `json:"n"`
-	Action   string `json:"action"`   // tool, model, egress, knowledge, telemetry
-	Decision string `json:"decision"` // allow, ask, deny
-	Reason   string `json:"reason,omitempty"`
-	// Text is the rule as written in its file.
-	Text string `json:"text"`
-}
-
-// PolicySetting is a setting (cloud, clear.LABEL, default.KIND,
-// egress_after_labels) or a lock of one, and where it is.
-type PolicySetting struct {
-	PolicyOrigin
-	Key string `json:"key"`
-}
-
-// PolicyShowResult is the effective policy: the policy in force for
-// the daemon's runs, with the run layer of --require-approval.
-type PolicyShowResult struct {
-	// Version and Digest identify the policy in force (what a decision
-	// journals).
-	Version uint64 `json:"version"`
-	Digest  string `json:"digest"`
-	// Files are the layer files in force, in precedence order.
-	Files []PolicyOrigin `json:"files"`
-	// Rules are every rule, in precedence order.
-	Rules []PolicyRule `json:"rules"`
-	// Locks are the settings the managed layer locked.
-	Locks []PolicySetting `json:"locks"`
-	// Warnings are the problems that did not stop the files loading.
-	Warnings []string `json:"warnings"`
-	// Error is set while the files on disk do not load; the last good
-	// policy (the one shown) stays in force meanwhile.
-	Error string `json:"error,omitempty"`
-}
-
-// PolicyExplainParams name an action for policy.explain: a tool call
-// (Kind "tool": Tool and Args, a JSON object) or a model call (Kind
-// "model": Provider and Model). RunID, optional, decides it as for
-// that run (see docs/protocol.md).
-type PolicyExplainParams struct {
-	Kind     string          `json:"kind"`
-	Tool     string          `json:"tool,omitempty"`
-	Args     json.RawMessage `json:"args,omitempty"`
-	Provider string          `json:"provider,omitempty"`
-	Model    string          `json:"model,omitempty"`
-	RunID    string          `json:"run_id,omitempty"`
-}
-
-// PolicyExplainResult is the policy's decision about an action and why.
-type PolicyExplainResult struct {
-	Decision string `json:"decision"` // allow, ask, deny
-	// Explanation says what decided, with its layer and file:line:col.
-	Explanation string `json:"explanation"`
-	// Rule is the rule that decided, if one did; Setting the setting
-	// that did, if one did. Neither: nothing had a verdict.
-	Rule    *PolicyRule    `json:"rule,omitempty"`
-	Setting *PolicySetting `json:"setting,omitempty"`
-	Version uint64         `json:"version"`
-	Digest  string         `json:"digest"`
-}
+// The policy group's wire types are the root package's (keel), which
+// package policy serves without translation.
+type (
+	PolicyOrigin        = keel.PolicyOrigin
+	PolicyRule          = keel.PolicyRule
+	PolicySetting       = keel.PolicySetting
+	PolicyShowResult    = keel.PolicyShowResult
+	PolicyExplainParams = keel.PolicyExplainParams
+	PolicyExplainResult = keel.PolicyExplainResult
+)

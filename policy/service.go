@@ -1,0 +1,126 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/keel-runtime/keel"
+)
+
+// Service serves policy.show and policy.explain (ipc.Policy) in the
+// root package's wire types: it shows the policy a daemon's runs are
+// decided by and decides a described action with it. Its fields are the
+// layers' parts it needs; it is safe for concurrent use when they are.
+type Service struct {
+	// Watcher holds the layer files in force (and the error keeping newer
+	// ones out).
+	Watcher *Watcher
+	// Effective returns the policy runs are decided by (the engine's,
+	// with the --require-approval run layer) and its version; a nil
+	// policy means the Watcher's.
+	Effective func() (*Policy, uint64)
+	// Runs finds a run named by policy.explain.
+	Runs interface {
+		GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	}
+	// SideEffects gives a tool's declared side-effect class.
+	SideEffects func(tool string) (keel.SideEffect, bool)
+	// Targets, when set, gives the paths and URLs a tool call names, as
+	// a run's call gives them to the policy.
+	Targets func(tool string, args json.RawMessage) keel.CallTargets
+	// IsCloud tells a cloud provider from a local one.
+	IsCloud func(provider string) bool
+}
+
+// current returns the policy to show and explain with, its version and
+// the error keeping newer files out, if any.
+func (s *Service) current() (*Policy, uint64, error) {
+	snap := s.Watcher.Current()
+	p, version := s.Effective()
+	if p == nil {
+		p, version = snap.Policy, snap.Version
+	}
+	return p, version, snap.Err
+}
+
+// ShowPolicy returns the effective policy: its files, rules, locks and
+// warnings, each with its origin.
+func (s *Service) ShowPolicy(ctx context.Context) (keel.PolicyShowResult, error) {
+	p, version, err := s.current()
+	res := keel.PolicyShowResult{Version: version, Digest: p.Digest(), Files: []keel.PolicyOrigin{},
+		Rules: []keel.PolicyRule{}, Locks: []keel.PolicySetting{}, Warnings: []string{}}
+	for _, f := range p.Files() {
+		res.Files = append(res.Files, keel.PolicyOrigin{Layer: f.Layer.String(), File: f.Name})
+	}
+	for _, r := range p.Rules() {
+		res.Rules = append(res.Rules, wireRule(r))
+	}
+	for _, l := range p.Locks() {
+		res.Locks = append(res.Locks, wireSetting(l))
+	}
+	for _, w := range p.Warnings() {
+		res.Warnings = append(res.Warnings, w.String())
+	}
+	if err != nil {
+		res.Error = err.Error()
+	}
+	return res, nil
+}
+
+// ExplainPolicy decides the action q describes as a run would, and says
+// why. A malformed q is keel.ErrInvalid; an unknown run, Runs' error.
+func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams) (keel.PolicyExplainResult, error) {
+	var run keel.Run
+	if q.RunID != "" {
+		r, err := s.Runs.GetRun(ctx, keel.RunID(q.RunID))
+		if err != nil {
+			return keel.PolicyExplainResult{}, err
+		}
+		run = r
+	}
+	a := Action{Provider: q.Provider, Model: q.Model, Tool: q.Tool}
+	switch q.Kind {
+	case keel.PolicyKindTool:
+		if len(q.Args) > 0 {
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal(q.Args, &obj); err != nil || obj == nil {
+				return keel.PolicyExplainResult{}, fmt.Errorf("args must be a JSON object: %w", keel.ErrInvalid)
+			}
+		}
+		a.Kind, a.Args = KindTool, q.Args
+		a.SideEffect, _ = s.SideEffects(q.Tool)
+		if s.Targets != nil {
+			t := s.Targets(q.Tool, q.Args)
+			a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
+		}
+	case keel.PolicyKindModel:
+		a.Kind, a.Cloud = KindModel, s.IsCloud(q.Provider)
+		if run.Policy.Private {
+			a.Labels = Labels(Private)
+		}
+	default:
+		return keel.PolicyExplainResult{}, fmt.Errorf("kind %q: %w", q.Kind, keel.ErrInvalid)
+	}
+	p, version, _ := s.current()
+	d := p.Decide(&a)
+	res := keel.PolicyExplainResult{Decision: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}
+	if r := d.Rule(); r != nil {
+		w := wireRule(r)
+		res.Rule = &w
+	}
+	if st := d.Setting(); st != nil {
+		w := wireSetting(st)
+		res.Setting = &w
+	}
+	return res, nil
+}
+
+func wireRule(r *Rule) keel.PolicyRule {
+	return keel.PolicyRule{PolicyOrigin: keel.PolicyOrigin{Layer: r.Layer.String(), File: r.File, Line: r.Line, Col: r.Col},
+		N: r.N, Action: r.Kind.String(), Decision: r.Outcome.String(), Reason: r.Reason, Text: r.Text()}
+}
+
+func wireSetting(s *Setting) keel.PolicySetting {
+	return keel.PolicySetting{PolicyOrigin: keel.PolicyOrigin{Layer: s.Layer.String(), File: s.File, Line: s.Line, Col: s.Col}, Key: s.Key}
+}
