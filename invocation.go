@@ -12,6 +12,14 @@ type ToolInvocation struct {
 	Name   string // the tool
 	// Args is the call's input, a JSON object; empty counts as {}.
 	Args json.RawMessage
+	// Touched, when not nil, is filled in by the tool host with what the
+	// call reached (files opened, hosts contacted, the labels the host
+	// gives its output). Interceptors pass it on unchanged.
+	Touched *Touched
+	// Egress, when not nil, is asked before each network request the
+	// call makes (see EgressCheck); nil allows every request the tool's
+	// grants allow.
+	Egress EgressCheck
 }
 
 // ModelInvocation is one model call a run makes: the model answering a

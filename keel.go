@@ -118,6 +118,9 @@ type RunPolicy struct {
 	// Private marks everything in the run as private: it never leaves
 	// the machine, whatever else allows.
 	Private bool `json:"private,omitempty"`
+	// Labels are the labels of the run's inputs (its goal): they are in
+	// the run's context from the start. Sorted names; see labels.go.
+	Labels []string `json:"labels,omitempty"`
 	// BudgetTokens and BudgetUSD cap what the run's model calls spend;
 	// 0 is no cap.
 	BudgetTokens int64   `json:"budget_tokens,omitempty"`
@@ -150,7 +153,7 @@ type RunPolicy struct {
 
 // IsZero reports whether p is the default policy.
 func (p RunPolicy) IsZero() bool {
-	return !p.AllowCloud && !p.Private && p.BudgetTokens == 0 && p.BudgetUSD == 0 && p.Tools == nil &&
+	return !p.AllowCloud && !p.Private && len(p.Labels) == 0 && p.BudgetTokens == 0 && p.BudgetUSD == 0 && p.Tools == nil &&
 		p.Deadline.IsZero() && p.StepTimeout == 0 && p.ModelRetries == 0 && p.ToolRetries == 0 && p.RetryBackoff == 0
 }
 
@@ -160,31 +163,33 @@ type EventType string
 
 // Event types of a run.
 const (
-	EventRunStarted     EventType = "run.started"        // data: RunStartedData
-	EventModelDelta     EventType = "model.delta"        // data: ModelDeltaData (not persisted)
-	EventModelResult    EventType = "model.result"       // data: ModelResultData
-	EventToolCall       EventType = "tool.call"          // data: ToolCallData
-	EventToolResult     EventType = "tool.result"        // data: ToolResultData
-	EventRunSucceeded   EventType = "run.succeeded"      // data: RunEndData
-	EventRunFailed      EventType = "run.failed"         // data: RunEndData
-	EventRunCancelled   EventType = "run.cancelled"      // data: RunEndData
-	EventRunInterrupted EventType = "run.interrupted"    // data: RunEndData
-	EventRunResumed     EventType = "run.resumed"        // data: RunResumedData
-	EventRunWaiting     EventType = "run.waiting"        // data: RunWaitingData
-	EventHumanDecision  EventType = "human.decision"     // data: HumanDecisionData
-	EventRunPaused      EventType = "run.paused"         // data: RunEndData (status paused, reason)
-	EventApprovalAsked  EventType = "approval.requested" // data: ApprovalRequestData
-	EventApproval       EventType = "approval.decision"  // data: ApprovalData
-	EventHumanMessage   EventType = "human.message"      // data: HumanMessageData
-	EventPlanProposed   EventType = "plan.proposed"      // data: PlanData
-	EventStepStarted    EventType = "step.started"       // data: StepData
-	EventStepFinished   EventType = "step.finished"      // data: StepData
-	EventStepRetry      EventType = "step.retry"         // data: StepRetryData
-	EventContextSummary EventType = "context.summarized" // data: ContextSummaryData
-	EventTakeOver       EventType = "human.takeover"     // data: HumanControlData
-	EventHandBack       EventType = "human.handback"     // data: HumanControlData
-	EventRunForked      EventType = "run.forked"         // data: RunForkedData
-	EventHumanTool      EventType = "human.tool"         // data: HumanToolData
+	EventRunStarted     EventType = "run.started"         // data: RunStartedData
+	EventModelDelta     EventType = "model.delta"         // data: ModelDeltaData (not persisted)
+	EventModelResult    EventType = "model.result"        // data: ModelResultData
+	EventToolCall       EventType = "tool.call"           // data: ToolCallData
+	EventToolResult     EventType = "tool.result"         // data: ToolResultData
+	EventRunSucceeded   EventType = "run.succeeded"       // data: RunEndData
+	EventRunFailed      EventType = "run.failed"          // data: RunEndData
+	EventRunCancelled   EventType = "run.cancelled"       // data: RunEndData
+	EventRunInterrupted EventType = "run.interrupted"     // data: RunEndData
+	EventRunResumed     EventType = "run.resumed"         // data: RunResumedData
+	EventRunWaiting     EventType = "run.waiting"         // data: RunWaitingData
+	EventHumanDecision  EventType = "human.decision"      // data: HumanDecisionData
+	EventRunPaused      EventType = "run.paused"          // data: RunEndData (status paused, reason)
+	EventApprovalAsked  EventType = "approval.requested"  // data: ApprovalRequestData
+	EventApproval       EventType = "approval.decision"   // data: ApprovalData
+	EventHumanMessage   EventType = "human.message"       // data: HumanMessageData
+	EventPlanProposed   EventType = "plan.proposed"       // data: PlanData
+	EventStepStarted    EventType = "step.started"        // data: StepData
+	EventStepFinished   EventType = "step.finished"       // data: StepData
+	EventStepRetry      EventType = "step.retry"          // data: StepRetryData
+	EventContextSummary EventType = "context.summarized"  // data: ContextSummaryData
+	EventTakeOver       EventType = "human.takeover"      // data: HumanControlData
+	EventHandBack       EventType = "human.handback"      // data: HumanControlData
+	EventRunForked      EventType = "run.forked"          // data: RunForkedData
+	EventHumanTool      EventType = "human.tool"          // data: HumanToolData
+	EventDeclassified   EventType = "labels.declassified" // data: DeclassifyData
+	EventPolicyChanged  EventType = "policy.changed"      // data: PolicyChangeData
 )
 
 // HumanToolData is the payload of EventHumanTool: a tool call a person
@@ -270,6 +275,9 @@ type ContextSummaryData struct {
 	TokensAfter  int          `json:"tokens_after"`  // and after
 	Summary      string       `json:"summary"`
 	Cuts         []ContextCut `json:"cuts,omitempty"`
+	// Labels are the labels of what was summarized: the summary carries
+	// them.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // ContextCut says that the tool result of call CallID, as the model reads
@@ -298,6 +306,9 @@ type RunForkedData struct {
 // to the run, which the model reads before its next step.
 type HumanMessageData struct {
 	Content string `json:"content"`
+	// Labels are the message's labels: those the person gave it and
+	// those the policy gives human messages (sources "human").
+	Labels []string `json:"labels,omitempty"`
 }
 
 // ApprovalRequestData is the payload of EventApprovalAsked: the exact
@@ -421,6 +432,9 @@ type ModelResultData struct {
 	// HumanSeqs are the human.message events the model read before this
 	// step, by sequence number.
 	HumanSeqs []int64 `json:"human_seqs,omitempty"`
+	// Labels are the labels of the context the model answered from: the
+	// answer carries them.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // ToolCallData is the payload of EventToolCall: the intent, recorded
@@ -447,6 +461,12 @@ type ToolResultData struct {
 	// Policy is the policy's decision (deny) when the policy refused the
 	// call: the tool did not run and Error is policy_denied.
 	Policy *PolicyDecision `json:"policy,omitempty"`
+	// Labels are the labels of the call's output: from Touched.Labels,
+	// the policy's sources for the paths it opened and for the tool.
+	// They enter the run's context with the output.
+	Labels []string `json:"labels,omitempty"`
+	// Touched is what the call reached, as the tool host saw it.
+	Touched *Touched `json:"touched,omitempty"`
 }
 
 // RunEndData is the payload of the terminal and interrupted events.

@@ -27,6 +27,10 @@ type StartRequest struct {
 	// IDs, known dependencies, no cycle, tools that exist and the policy
 	// allows, bounded sizes); refused for other kinds.
 	Plan *Plan `json:"plan,omitempty"`
+	// Workspace is the directory the run works in, an absolute path:
+	// its .keel/policy.json is the run's workspace policy layer. Empty:
+	// no workspace layer.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // ForkRequest asks for a new run from another's journal (the params of

@@ -1,0 +1,79 @@
+package keel
+
+import "context"
+
+// Data labels on the wire. A label names a kind of data that must not go
+// everywhere: "private", "secret", "pii", or a name of the user's own
+// (see package policy, policy.Label). A set of labels travels as a
+// sorted list of names without duplicates; nil or empty is no label.
+// Labels follow data through a run: what a tool call read, a person's
+// message, a run's inputs carry them into the run's context, and
+// everything derived from the context (a model's answer, a summary)
+// carries the context's labels.
+
+// MaxTouchedPaths bounds Touched.Paths: a call that opens more files
+// records the first ones and sets Truncated.
+const MaxTouchedPaths = 256
+
+// Touched is what one tool call reached, as the tool host saw it: the
+// host files it opened (resolved paths, beneath its grants) and the
+// network hosts it sent requests to. The engine labels the call's
+// result from it (the policy's path sources) and shows it on the call's
+// span and event.
+type Touched struct {
+	// Paths are the host paths of the files and directories the call
+	// opened, deduplicated, in first-open order, at most MaxTouchedPaths.
+	Paths []string `json:"paths,omitempty"`
+	// Truncated: the call opened more than MaxTouchedPaths paths; the
+	// engine then labels the result as if it had read every path its
+	// grants reach.
+	Truncated bool `json:"truncated,omitempty"`
+	// Hosts are the host:port of every network request the call made,
+	// allowed or refused, deduplicated, in order.
+	Hosts []string `json:"hosts,omitempty"`
+	// Labels are the labels the host itself gives the call's output: of
+	// each filesystem grant the call opened a file beneath
+	// (capabilities.FSGrant.Labels) and of the tool's manifest
+	// declaration. Sorted, no duplicates.
+	Labels []string `json:"labels,omitempty"`
+}
+
+// EgressCheck is asked by the tool host before each network request a
+// call makes, with the request's destination URL; a non-nil error
+// refuses the request (the tool sees a network error naming the
+// reason). It is called on the call's goroutine and must honour ctx.
+type EgressCheck func(ctx context.Context, dest string) error
+
+// DeclassifyRequest is the params of run.declassify: a person clears a
+// label from what a run's context holds now, saying why. Data that
+// enters later with the same label brings it back.
+type DeclassifyRequest struct {
+	RunID RunID `json:"run_id"`
+	// Label is the label cleared; it must be one the context holds.
+	Label string `json:"label"`
+	// Reason says why; it must not be empty.
+	Reason string `json:"reason"`
+	// By names who decided; empty means the client's identity (its
+	// initialize name), else "user".
+	By string `json:"by,omitempty"`
+}
+
+// DeclassifyData is the payload of EventDeclassified: who cleared which
+// label of the run's context and why (the event's time says when).
+type DeclassifyData struct {
+	Label  string `json:"label"`
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+	// Labels are what the context holds after it.
+	Labels []string `json:"labels,omitempty"`
+}
+
+// PolicyChangeData is the payload of EventPolicyChanged: the policy in
+// force changed while the run was live (a policy file was edited), or a
+// policy file stopped loading and the last good policy stays in force
+// (Error says why, with file and line).
+type PolicyChangeData struct {
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
+	Error   string `json:"error,omitempty"`
+}
