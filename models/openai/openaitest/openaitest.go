@@ -1,6 +1,7 @@
 package openaitest
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/base64"
 	"encoding/binary"
@@ -32,12 +33,28 @@ const (
 	ModelsPath     = "/v1/models"
 )
 
-// Request is one HTTP request the server received.
+// Request is one HTTP request the server received: all of it, every
+// header and every byte of the body as sent.
 type Request struct {
 	Method string
 	Path   string
+	Query  string // the raw query, without "?"
 	Header http.Header
 	Body   []byte
+}
+
+// Contains reports whether s occurs anywhere in r: its method, path,
+// query, a header's name or value, or its body.
+func (r Request) Contains(s string) bool {
+	if strings.Contains(r.Method, s) || strings.Contains(r.Path, s) || strings.Contains(r.Query, s) || bytes.Contains(r.Body, []byte(s)) {
+		return true
+	}
+	for k, vs := range r.Header {
+		if strings.Contains(k, s) || slices.ContainsFunc(vs, func(v string) bool { return strings.Contains(v, s) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // APIError is the error object of an OpenAI error reply, sent as
@@ -171,6 +188,19 @@ func (s *Server) ScriptPath(path string, replies ...Reply) {
 	s.scripts[path] = append(s.scripts[path], replies...)
 }
 
+// Find returns the requests received so far that contain s anywhere
+// (see Request.Contains), in order of arrival: a test that a string
+// never left the machine asks for none.
+func (s *Server) Find(str string) []Request {
+	var out []Request
+	for _, r := range s.Requests() {
+		if r.Contains(str) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Requests returns every request received so far, in order of arrival,
 // including those the server refused.
 func (s *Server) Requests() []Request {
@@ -182,7 +212,7 @@ func (s *Server) Requests() []Request {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.mu.Lock()
-	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone(), Body: body})
 	var reply Reply
 	if q := s.scripts[r.URL.Path]; len(q) > 0 {
 		reply, s.scripts[r.URL.Path] = q[0], q[1:]

@@ -120,3 +120,32 @@ func TestStreamUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestFind: a string is found wherever a request carries it (body,
+// header, query, path), and not in requests that do not.
+func TestFind(t *testing.T) {
+	s := New(t)
+	const canary = "CANARY-42"
+	send := func(path, header, body string) {
+		req, _ := http.NewRequest(http.MethodPost, strings.TrimSuffix(s.URL(), "/v1")+path, strings.NewReader(body))
+		if header != "" {
+			req.Header.Set("X-Test", header)
+		}
+		res, err := s.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	send(ChatPath, "", `{"model":"keel-test-chat","messages":[{"role":"user","content":"hi"}]}`)
+	send(ChatPath, "", `{"messages":[{"role":"user","content":"`+canary+`"}]}`)
+	send(ChatPath, "x "+canary, `{}`)
+	send(ChatPath+"?q="+canary, "", `{}`)
+	send("/v1/"+canary, "", `{}`)
+	if got := len(s.Find(canary)); got != 4 {
+		t.Errorf("Find found %d requests, want 4 of the 5", got)
+	}
+	if got := s.Find("absent"); got != nil {
+		t.Errorf("Find(absent) = %v, want none", got)
+	}
+}

@@ -1,0 +1,415 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/openai/openaitest"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// egressCanary is the text of a file that must not leave the machine
+// once its grant labels it private: the tests grep every byte the cloud
+// endpoint received for it. Letters, digits and dashes: JSON carries it
+// unescaped.
+const egressCanary = "KEEL-CANARY-5c1e0d9b-private"
+
+// egress is a daemon set up for the egress tests: a cloud provider (an
+// OpenAI-compatible endpoint on loopback that records every request),
+// allowed by allow_cloud, as the route "default"'s first target, with
+// the daemon's local provider as its fallback; readfile granted the
+// directory secrets, which holds secret.txt with the canary.
+type egress struct {
+	d     *started
+	c     *client.Client
+	cloud *openaitest.Server
+}
+
+// egressConfig says how to set up an egress daemon.
+type egressConfig struct {
+	labelled   bool            // grant readfile's directory --private
+	local      models.Provider // the daemon's local provider ("ollama")
+	localModel string          // the route's fallback: a model of local
+	ctxLength  int             // of the cloud model; 0: 16384
+	tools      []string        // bundled tools installed; readfile is granted
+	secret     string          // secret.txt's content; "": a line with the canary
+	ollama     map[string]any  // the "ollama" entry of models.json, if any
+}
+
+func startEgress(t *testing.T, cfg egressConfig) egress {
+	t.Helper()
+	cloud := openaitest.New(t)
+	dir := withTools(t, cfg.tools...)
+	mc := map[string]any{
+		"allow_cloud": true,
+		"providers": map[string]any{"cloud": map[string]any{
+			"base_url": cloud.URL(), "max_retries": -1,
+			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": cmpOr(cfg.ctxLength, 16384),
+				"capabilities": []string{"completion", "tools"}}},
+		}},
+		"routes": []any{map[string]any{"name": "default",
+			"targets":  []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}},
+			"fallback": []any{map[string]any{"provider": "ollama", "model": cfg.localModel}}}},
+	}
+	if cfg.ollama != nil {
+		mc["ollama"] = cfg.ollama
+	}
+	writeModelsConfig(t, dir, mc)
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: cfg.local})
+	c := dial(t, d.dir)
+	secrets := t.TempDir()
+	secret := cmpOr(cfg.secret, "Jane Roe's account: "+egressCanary+"\n")
+	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"tools", "grant", "readfile", "fs:/workspace=" + secrets}
+	if cfg.labelled {
+		args = append(args, "--private")
+	}
+	if out, errs, code := runCLI(context.Background(), d.dir, args...); code != 0 {
+		t.Fatalf("keel %s = %d:\n%s%s", strings.Join(args, " "), code, out, errs)
+	}
+	return egress{d: d, c: c, cloud: cloud}
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// chats returns the chat requests the cloud endpoint received.
+func (e egress) chats() []openaitest.Request {
+	var out []openaitest.Request
+	for _, r := range e.cloud.Requests() {
+		if r.Path == openaitest.ChatPath {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// noLeak fails the test if any byte sequence of the canary reached the
+// cloud endpoint: in any request, header or body.
+func (e egress) noLeak(t *testing.T) {
+	t.Helper()
+	for _, r := range e.cloud.Find(egressCanary) {
+		t.Errorf("the cloud endpoint received the labelled file's content: %s %s %.400s", r.Method, r.Path, r.Body)
+	}
+}
+
+// readResult returns the data of the tool.result of readfile that read
+// the canary, failing the test if none did.
+func readResult(t *testing.T, evs []keel.Event) keel.ToolResultData {
+	t.Helper()
+	for _, ev := range evs {
+		if ev.Type != keel.EventToolResult || !strings.Contains(string(ev.Data), egressCanary) {
+			continue
+		}
+		var d keel.ToolResultData
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	t.Fatalf("readfile never read secret.txt; events %v", evTypes(evs))
+	return keel.ToolResultData{}
+}
+
+// cloudRefusals returns the errors of the attempts a model span records
+// at the cloud provider that the policy refused (nothing sent).
+func cloudRefusals(t *testing.T, sp keel.Span) []string {
+	t.Helper()
+	if len(sp.Attrs) == 0 {
+		return nil
+	}
+	var attrs struct {
+		Attempts []models.Attempt `json:"attempts"`
+	}
+	if err := json.Unmarshal(sp.Attrs, &attrs); err != nil {
+		t.Fatalf("span %s attrs %s: %v", sp.ID, sp.Attrs, err)
+	}
+	var out []string
+	for _, a := range attrs.Attempts {
+		if a.Provider == "cloud" && a.Kind == models.KindPolicy {
+			out = append(out, a.Error)
+		}
+	}
+	return out
+}
+
+// modelSpans returns the run's model call spans, by step.
+func modelSpans(spans []keel.Span) map[int]keel.Span {
+	out := map[int]keel.Span{}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanModelCall {
+			out[sp.Step] = sp
+		}
+	}
+	return out
+}
+
+// wantRefusedForLabel checks that the model span of a step after the
+// labelled read did not go to the cloud: the cloud target was refused by
+// the policy naming the label, and the call was served locally.
+func wantRefusedForLabel(t *testing.T, sp keel.Span, what string) {
+	t.Helper()
+	refusals := cloudRefusals(t, sp)
+	if len(refusals) == 0 || !strings.Contains(refusals[0], "private") {
+		t.Errorf("%s: model span (provider %q, attrs %s) records no policy refusal of the cloud naming the label private", what, sp.Provider, sp.Attrs)
+	}
+	if sp.Provider != "ollama" {
+		t.Errorf("%s: served by %q, want the local fallback (ollama)", what, sp.Provider)
+	}
+}
+
+// labelsLanded gates the assertions that need labels to follow data in
+// the engine (issue 16: tool results, model results and summaries carry
+// labels; a tool's egress after labelled data asks), which are being
+// built. Until then those assertions are skipped, with a message; the
+// rest of the test (nothing labelled reaches the cloud, the unlabelled
+// control does) runs. To be removed when they land.
+const labelsLanded = false
+
+// needLabels skips the rest of t unless labels follow data in the
+// engine; see labelsLanded.
+func needLabels(t *testing.T, what string) bool {
+	t.Helper()
+	if !labelsLanded {
+		t.Logf("not checked until labels follow data in the engine: %s", what)
+	}
+	return labelsLanded
+}
+
+// hasLabel reports whether labels holds label.
+func hasLabel(labels []string, label string) bool { return slices.Contains(labels, label) }
+
+// TestEgressEndToEnd is issue 16's egress test, through the real daemon,
+// WebSocket, SQLite and bundled tools, against an OpenAI-compatible
+// endpoint on loopback that records every byte it receives, allowed by
+// allow_cloud: a run reads a file from a grant labelled private and then
+// asks the cloud route: the endpoint receives no byte of that file, the
+// call goes local; the same run with the grant unlabelled does reach the
+// cloud (so the grep can fail); a fetch after the labelled read waits for
+// approval; a summary of the labelled text is labelled, and the cloud
+// stays refused after it.
+func TestEgressEndToEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	readCall := openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_read", Name: "readfile", Arguments: `{"path":"secret.txt"}`}}}
+	const fetchArgs = `{"url":"https://example.com/"}`
+
+	// The real local model answers after the cloud is refused.
+	t.Run("labelled read goes to the real Ollama", func(t *testing.T) {
+		t.Parallel()
+		e := startEgress(t, egressConfig{labelled: true, local: realOllama(t), localModel: envOr("KEEL_TEST_OLLAMA_MODEL", "keel-tiny"),
+			tools: []string{"readfile"}, ollama: map[string]any{"default_max_tokens": 32}})
+		e.cloud.Script(readCall)
+		run, err := e.c.StartRun(ctx, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 2,
+			Policy: keel.RunPolicy{AllowCloud: true, Tools: []string{"readfile"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := follow(t, e.c, run.ID)
+		if res := readResult(t, evs); needLabels(t, "tool.result labels") && !hasLabel(res.Labels, "private") {
+			t.Errorf("the labelled read's tool.result has labels %v, want private", res.Labels)
+		}
+		e.noLeak(t)
+		if n := len(e.chats()); n != 1 {
+			t.Errorf("the cloud endpoint received %d chat requests, want only the one before the labelled read", n)
+		}
+		got, err := e.c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp, ok := modelSpans(got.Spans)[2]
+		if !ok {
+			t.Fatalf("no model call after the labelled read; run %s %q, events %v", got.Run.Status, got.Run.Error, evTypes(evs))
+		}
+		wantRefusedForLabel(t, sp, "step 2")
+		if sp.Status != keel.SpanOK || sp.CompletionTokens <= 0 {
+			t.Errorf("step 2 on the real Ollama: span %s %q with %d completion tokens, want an answer", sp.Status, sp.Error, sp.CompletionTokens)
+		}
+		for _, ev := range evs {
+			var d keel.ModelResultData
+			if ev.Type == keel.EventModelResult && json.Unmarshal(ev.Data, &d) == nil && d.Step == 2 && needLabels(t, "model.result labels") && !hasLabel(d.Labels, "private") {
+				t.Errorf("model.result of step 2 (answered from the labelled context) has labels %v, want private", d.Labels)
+			}
+		}
+	})
+
+	// The labelled read, then the local model asks for fetch: the call
+	// waits for a person, whatever its side-effect class, because
+	// labelled data is in the context.
+	t.Run("labelled read stays local and fetch asks", func(t *testing.T) {
+		t.Parallel()
+		if !needLabels(t, "egress after labelled data asks") {
+			t.Skip("needs labels in the engine: egress after labelled data asks")
+		}
+		local := scripted.New(nil, scripted.CallTool("fetch", fetchArgs), scripted.Answer("done"))
+		e := startEgress(t, egressConfig{labelled: true, local: local, localModel: scripted.DefaultModel.Name, tools: []string{"readfile", "fetch"}})
+		e.cloud.Script(readCall)
+		run, err := e.c.StartRun(ctx, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 4, Policy: keel.RunPolicy{AllowCloud: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := waitEvent(t, e.d.dir, run.ID, keel.EventApprovalAsked)
+		var ask keel.ApprovalRequestData
+		if err := json.Unmarshal(ev.Data, &ask); err != nil {
+			t.Fatal(err)
+		}
+		if ask.Call.Name != "fetch" || ask.Policy == nil || ask.Policy.Outcome != "ask" || !strings.Contains(ask.Policy.Explanation, "label") {
+			t.Errorf("approval.requested = %s, want fetch asked by the policy for egress after labelled data", ev.Data)
+		}
+		e.noLeak(t)
+		if n := len(e.chats()); n != 1 {
+			t.Errorf("the cloud endpoint received %d chat requests, want only the one before the labelled read", n)
+		}
+		// The labelled data went to the local model instead.
+		reqs := local.Requests()
+		if len(reqs) == 0 || !slices.ContainsFunc(reqs[0].Messages, func(m models.Message) bool { return strings.Contains(m.Content, egressCanary) }) {
+			t.Errorf("the local model was not sent the labelled read (%d requests)", len(reqs))
+		}
+		got, err := e.c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := readResult(t, got.Events); !hasLabel(res.Labels, "private") {
+			t.Errorf("the labelled read's tool.result has labels %v, want private", res.Labels)
+		}
+		if sp, ok := modelSpans(got.Spans)[2]; !ok {
+			t.Errorf("no model span for step 2")
+		} else {
+			wantRefusedForLabel(t, sp, "step 2")
+		}
+		if got.Run.Status != keel.RunWaiting {
+			t.Errorf("run = %s %q, want waiting for the approval of fetch", got.Run.Status, got.Run.Error)
+		}
+	})
+
+	// The control: the same run with the grant unlabelled sends the file
+	// to the cloud (the grep above finds what leaks) and its fetch runs
+	// without asking.
+	t.Run("unlabelled read reaches the cloud", func(t *testing.T) {
+		t.Parallel()
+		e := startEgress(t, egressConfig{local: scripted.New(nil), localModel: scripted.DefaultModel.Name, tools: []string{"readfile", "fetch"}})
+		e.cloud.Script(readCall, openaitest.Reply{ToolCalls: []openaitest.ToolCall{{ID: "call_fetch", Name: "fetch", Arguments: fetchArgs}}})
+		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 4, Policy: keel.RunPolicy{AllowCloud: true}})
+		if got.Run.Status != keel.RunSucceeded {
+			t.Errorf("run = %s %q, want succeeded on the cloud", got.Run.Status, got.Run.Error)
+		}
+		if res := readResult(t, got.Events); len(res.Labels) != 0 || res.Private {
+			t.Errorf("the unlabelled read's tool.result has labels %v (private %v), want none", res.Labels, res.Private)
+		}
+		if leaked := e.cloud.Find(egressCanary); len(leaked) == 0 {
+			t.Errorf("the cloud endpoint never received the unlabelled file: the leak check would not see a leak")
+		}
+		if n := len(e.chats()); n != 3 {
+			t.Errorf("the cloud endpoint received %d chat requests, want 3 (read, fetch, answer)", n)
+		}
+		var fetched bool
+		for _, ev := range got.Events {
+			switch {
+			case ev.Type == keel.EventApprovalAsked:
+				t.Errorf("approval asked with no labelled data in the context: %s", ev.Data)
+			case ev.Type == keel.EventToolResult && strings.Contains(string(ev.Data), `"name":"fetch"`):
+				fetched = true
+			}
+		}
+		if !fetched {
+			t.Errorf("fetch did not run; events %v", evTypes(got.Events))
+		}
+	})
+
+	// The run goes on locally, counting words of more text than the
+	// context holds, so its older steps, the labelled read among them,
+	// are summarized: the summary (which keeps the canary) is labelled,
+	// and every later model call still refuses the cloud, though no
+	// labelled tool result is left in the context.
+	t.Run("summary of labelled text is labelled", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		summaries, steps := 0, 0
+		local := scripted.DefaultModel
+		local.ContextLength = 1200
+		p := scripted.New([]models.ModelInfo{local}, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(req.Messages[0].Content, "Summarize the following text") {
+				summaries++
+				sum := "SUMMARY: counted words"
+				for _, m := range req.Messages {
+					if strings.Contains(m.Content, egressCanary) {
+						sum += "; the file holds " + egressCanary
+					}
+				}
+				return models.ChatResponse{Message: models.Message{Content: sum}}, nil
+			}
+			if steps++; steps <= 4 {
+				return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: fmt.Sprintf("local_%d", steps), Name: "wordcount",
+					Arguments: json.RawMessage(`{"text":"` + strings.Repeat("lorem ipsum ", 90) + `"}`)}}}}, nil
+			}
+			return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+		})))
+		e := startEgress(t, egressConfig{labelled: true, local: p, localModel: scripted.DefaultModel.Name, ctxLength: 1200,
+			tools: []string{"readfile", "wordcount"}, secret: "Jane Roe's account: " + egressCanary + "\n" + strings.Repeat("dolor sit amet ", 60)})
+		e.cloud.Script(readCall)
+		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 8, Policy: keel.RunPolicy{AllowCloud: true}})
+		if got.Run.Status != keel.RunSucceeded {
+			t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
+		}
+		mu.Lock()
+		if summaries == 0 {
+			t.Fatalf("no summary was asked of the local model (%d steps); the test needs one", steps)
+		}
+		mu.Unlock()
+		first := 0 // the step of the first summary of the labelled read
+		for _, ev := range got.Events {
+			var d keel.ContextSummaryData
+			if ev.Type != keel.EventContextSummary || json.Unmarshal(ev.Data, &d) != nil || d.Messages == 0 {
+				continue
+			}
+			if !strings.Contains(d.Summary, egressCanary) {
+				continue // a summary of other steps
+			}
+			if first == 0 {
+				first = d.Step
+			}
+			if needLabels(t, "summary labels") && !hasLabel(d.Labels, "private") {
+				t.Errorf("context.summarized of step %d holds the labelled text but has labels %v, want private", d.Step, d.Labels)
+			}
+		}
+		if first == 0 {
+			t.Fatalf("no summary holds the labelled text; events %v", evTypes(got.Events))
+		}
+		spans := modelSpans(got.Spans)
+		after := 0
+		for step, sp := range spans {
+			if step >= first {
+				after++
+				wantRefusedForLabel(t, sp, fmt.Sprintf("step %d, after the summary", step))
+			}
+		}
+		if after == 0 {
+			t.Errorf("no model call after the summary of step %d", first)
+		}
+		e.noLeak(t)
+		if n := len(e.chats()); n != 1 {
+			t.Errorf("the cloud endpoint received %d chat requests, want only the one before the labelled read", n)
+		}
+	})
+}
