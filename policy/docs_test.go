@@ -47,8 +47,31 @@ func TestDocExamples(t *testing.T) {
 	if d := p.Decide(&Action{Kind: KindTelemetry, Destination: "https://otel.example.com/"}); d.Outcome != Deny {
 		t.Errorf("no data leaves: telemetry = %s, want deny", d)
 	}
-	if _, err := Compile(opts, noData, file(LayerUser, `{"cloud": true}`)); err == nil {
-		t.Error("no data leaves: a user file turning cloud on was accepted")
+	for _, lower := range []string{`{"cloud": true}`, `{"default": {"egress": "allow"}}`, `{"egress_after_labels": "allow"}`} {
+		if _, err := Compile(opts, noData, file(LayerUser, lower)); err == nil {
+			t.Errorf("no data leaves: a user file %s was accepted; the managed file locks it", lower)
+		}
+	}
+	if d := p.Decide(&Action{Kind: KindModel, Provider: "openai", Cloud: true, Labels: Labels(Private)}); d.Outcome != Deny {
+		t.Errorf("no data leaves: cloud model with private data = %s, want deny", d)
+	}
+	for _, a := range []*Action{
+		{Kind: KindEgress, Tool: "fetch", Destination: "https://example.com/"},
+		{Kind: KindEgress, Tool: "fetch", Destination: "https://example.com/", Labels: Labels(Private)},
+	} {
+		if d := p.Decide(a); d.Outcome != Deny {
+			t.Errorf("no data leaves: egress to %s with labels %v = %s, want deny", a.Destination, a.Labels, d)
+		}
+	}
+	// A lower layer's allow cannot pass the managed default.
+	userAllows := file(LayerUser, `{"rules": [{"action": "egress", "host": "example.com", "decision": "allow"},
+		{"action": "telemetry", "host": "otel.example.com", "decision": "allow"}]}`)
+	p2 := compile(t, noData, userAllows)
+	if d := egress(p2, "https://example.com/"); d != Deny {
+		t.Errorf("no data leaves: egress a user rule allows = %s, want deny", d)
+	}
+	if d := p2.Decide(&Action{Kind: KindTelemetry, Destination: "https://otel.example.com/"}); d.Outcome != Deny {
+		t.Errorf("no data leaves: telemetry a user rule allows = %s, want deny", d)
 	}
 
 	p = compile(t, project)
@@ -63,6 +86,10 @@ func TestDocExamples(t *testing.T) {
 		if got := egress(p, dest); got != want {
 			t.Errorf("project: fetch %s = %s, want %s", dest, got, want)
 		}
+	}
+	// Every other tool's egress is denied, even to the project's API.
+	if d := p.Decide(&Action{Kind: KindEgress, Tool: "curl", Destination: "https://api.myproject.dev/v1/items"}); d.Outcome != Deny {
+		t.Errorf("project: another tool's egress to its API = %s, want deny", d)
 	}
 	if got := egress(compile(t, noData, project), "https://api.myproject.dev/v1/items"); got != Deny {
 		t.Errorf("project under no data leaves: fetch to its API = %s, want deny", got)
