@@ -201,6 +201,9 @@ type HumanToolData struct {
 	Error  *ToolError      `json:"error,omitempty"`
 	// Private: as ToolResultData.Private; the run is private from here on.
 	Private bool `json:"private,omitempty"`
+	// Labels are the labels of the call's output, as ToolResultData.Labels;
+	// they enter the run's context.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // PlanStep is one step of a plan or DAG run. It is carried out by a
@@ -251,6 +254,10 @@ type StepData struct {
 	// data (see ToolResultData.Private): the parent is private from here
 	// on.
 	Private bool `json:"private,omitempty"`
+	// Labels, on step.finished, are the labels the sub-agent's context
+	// held when it ended: they enter the parent's context with its
+	// result.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // StepRetryData is the payload of EventStepRetry: a failed model or tool

@@ -94,6 +94,16 @@ func (e *Engine) effective() (*policy.Policy, uint64) {
 	return eff, snap.Version
 }
 
+// labelPolicy is the policy labels are decided by: the effective one,
+// or with none, an empty one, whose built-in rules still hold (no label
+// is cleared for a cloud provider; egress after labelled data asks).
+func (e *Engine) labelPolicy() *policy.Policy {
+	if p, _ := e.effective(); p != nil {
+		return p
+	}
+	return e.emptyPolicy
+}
+
 // decideTool asks the policy about a call: allow, ask or deny, and the
 // decision to record, nil when no rule or setting had anything to say
 // (the built-in allow), so that a user without policy files journals

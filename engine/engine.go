@@ -213,6 +213,9 @@ type Engine struct {
 	// replay, in a replay, holds the journal's decisions (see decideTool).
 	replay *recorded
 
+	// labels holds the context labels of live runs (see labels.go).
+	labels labelTracker
+
 	// deciding serializes the answers to a run's waits (Decide, Approve)
 	// so that exactly one is journaled per wait.
 	deciding runLocks
@@ -259,9 +262,9 @@ func New(cfg Config) (*Engine, error) {
 		if _, err := policy.Compile(policy.Options{}, f); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		e.emptyPolicy, _ = policy.Compile(policy.Options{}) // no files: cannot fail
 		e.runLayer = &f
 	}
+	e.emptyPolicy, _ = policy.Compile(policy.Options{}) // no files: cannot fail
 	return e, nil
 }
 
@@ -395,6 +398,10 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err != nil {
 		return keel.Run{}, err
 	}
+	// The run's inputs carry the labels asked for and those the policy
+	// gives inputs; the run keeps them, so its journal alone says what
+	// its context holds.
+	req.Policy.Labels = unionNames(req.Policy.Labels, labelNames(e.labelPolicy().LabelsOf(policy.Source{Kind: policy.SourceInput})))
 	now := e.cfg.Now()
 	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Kind: req.Kind, Goal: req.Goal, Model: model, Status: keel.RunQueued,
 		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now}

@@ -56,8 +56,26 @@ func (e *Engine) subscribers() []func(keel.Event) {
 
 // appendEvent journals an event and then publishes it. Journal writes use
 // a context detached from the run's cancellation so a cancel or shutdown
-// still records its own ending.
+// still records its own ending. An event that changes the labels the
+// run's context holds is journaled under the run's label lock and
+// applied to its live labels (see labelTracker), in journal order.
 func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate) (keel.Event, error) {
+	d, labelled := eventLabels(typ, data)
+	if !labelled {
+		return e.appendLocked(ctx, id, typ, data, upd)
+	}
+	l, unlock := e.lockLabels(id)
+	defer unlock()
+	ev, err := e.appendLocked(ctx, id, typ, data, upd)
+	if err == nil && l != nil {
+		l.ctx = d.apply(l.ctx)
+	}
+	return ev, err
+}
+
+// appendLocked is appendEvent without the labels: the caller holds the
+// run's label lock, or the event changes no label.
+func (e *Engine) appendLocked(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate) (keel.Event, error) {
 	raw, err := json.Marshal(data)
 	if err != nil {
 		return keel.Event{}, fmt.Errorf("encode %s: %w", typ, err)

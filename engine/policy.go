@@ -139,5 +139,5 @@ func validatePolicy(p keel.RunPolicy, now time.Time) error {
 	case !p.Deadline.IsZero() && !p.Deadline.After(now):
 		return fmt.Errorf("the deadline %s has already passed: %w", p.Deadline.UTC().Format(time.RFC3339), keel.ErrInvalid)
 	}
-	return nil
+	return checkLabels(p.Labels)
 }

@@ -1,0 +1,350 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
+)
+
+// Labels that follow data through a run. A run's context holds the union
+// of the labels of everything that entered it, less what a person
+// declassified (policy.Context does the arithmetic):
+//
+//   - its inputs: keel.RunPolicy.Labels (Start adds the policy's input
+//     sources), and private for a run started private;
+//   - each tool result (keel.ToolResultData.Labels: what the tool host
+//     says the call touched, the policy's sources for the paths it opened
+//     and for the tool, private for a tool with a private grant), a
+//     person's messages and tool calls, and a sub-agent's labels on its
+//     step.finished;
+//   - minus each labels.declassified.
+//
+// Every label-bearing event journals the labels it brings, so the
+// journal alone says what the context holds: foldLabels reads it, on
+// resume and in a replay, and a live run tracks the same fold event by
+// event (see labelTracker), applying each delta under a per-run lock in
+// the order the journal numbers the events.
+
+// labelDelta is what one journaled event does to a run's context labels:
+// labels it brings, or a label a person cleared.
+type labelDelta struct {
+	add   []string
+	clear *keel.DeclassifyData
+}
+
+// withPrivate adds private to ls when private is set.
+func withPrivate(ls []string, private bool) []string {
+	if private && !slices.Contains(ls, string(policy.Private)) {
+		return append(slices.Clip(ls), string(policy.Private))
+	}
+	return ls
+}
+
+// eventLabels returns what an event of type typ with payload data (the
+// typed payload, as appended) does to the context's labels, and whether
+// it does anything.
+func eventLabels(typ keel.EventType, data any) (labelDelta, bool) {
+	var d labelDelta
+	switch v := data.(type) {
+	case keel.ToolResultData:
+		d.add = withPrivate(v.Labels, v.Private)
+	case *keel.ToolResultData:
+		d.add = withPrivate(v.Labels, v.Private)
+	case keel.HumanMessageData:
+		d.add = v.Labels
+	case keel.HumanToolData:
+		d.add = withPrivate(v.Labels, v.Private)
+	case keel.StepData:
+		if typ == keel.EventStepFinished {
+			d.add = withPrivate(v.Labels, v.Private)
+		}
+	case keel.DeclassifyData:
+		return labelDelta{clear: &v}, true
+	}
+	return d, len(d.add) > 0
+}
+
+// decodeLabels is eventLabels of a journaled event.
+func decodeLabels(ev keel.Event) (labelDelta, error) {
+	var data any
+	var err error
+	switch ev.Type {
+	case keel.EventToolResult:
+		var d keel.ToolResultData
+		err, data = json.Unmarshal(ev.Data, &d), d
+	case keel.EventHumanMessage:
+		var d keel.HumanMessageData
+		err, data = json.Unmarshal(ev.Data, &d), d
+	case keel.EventHumanTool:
+		var d keel.HumanToolData
+		err, data = json.Unmarshal(ev.Data, &d), d
+	case keel.EventStepFinished:
+		var d keel.StepData
+		err, data = json.Unmarshal(ev.Data, &d), d
+	case keel.EventDeclassified:
+		var d keel.DeclassifyData
+		err, data = json.Unmarshal(ev.Data, &d), d
+	default:
+		return labelDelta{}, nil
+	}
+	if err != nil {
+		return labelDelta{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+	}
+	d, _ := eventLabels(ev.Type, data)
+	return d, nil
+}
+
+// apply returns c after the event d stands for.
+func (d labelDelta) apply(c policy.Context) policy.Context {
+	if d.clear != nil {
+		// Journaled only once checked; a malformed one changes nothing.
+		c, _ = c.Declassify(policy.Declassification{Label: policy.Label(d.clear.Label), By: d.clear.By, Reason: d.clear.Reason})
+		return c
+	}
+	return c.Add(labelSet(d.add))
+}
+
+// inputLabels are the labels a run's inputs bring: its policy's Labels,
+// and private for a run started private.
+func inputLabels(run keel.Run) policy.LabelSet {
+	return labelSet(withPrivate(run.Policy.Labels, run.Policy.Private))
+}
+
+// foldLabels is what the context of run holds after evs, its journal
+// (or its start).
+func foldLabels(run keel.Run, evs []keel.Event) (policy.Context, error) {
+	c := policy.Context{}.Add(inputLabels(run))
+	for _, ev := range evs {
+		d, err := decodeLabels(ev)
+		if err != nil {
+			return c, err
+		}
+		c = d.apply(c)
+	}
+	return c, nil
+}
+
+// labelSet converts label names to a set.
+func labelSet(names []string) policy.LabelSet {
+	switch len(names) {
+	case 0:
+		return policy.LabelSet{}
+	case 1:
+		return policy.Labels(policy.Label(names[0]))
+	}
+	ls := make([]policy.Label, len(names))
+	for i, n := range names {
+		ls[i] = policy.Label(n)
+	}
+	return policy.Labels(ls...)
+}
+
+// labelNames converts a set to sorted label names; nil for none.
+func labelNames(s policy.LabelSet) []string {
+	if s.Len() == 0 {
+		return nil
+	}
+	out := make([]string, 0, s.Len())
+	for _, l := range s.Slice() {
+		out = append(out, string(l))
+	}
+	return out
+}
+
+// unionNames is the sorted union of label name lists; nil for none.
+func unionNames(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// checkLabels checks that every name is a well-formed label.
+func checkLabels(names []string) error {
+	for _, n := range names {
+		if _, err := policy.ParseLabel(n); err != nil {
+			return fmt.Errorf("%w: %w", err, keel.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// labelTracker holds the context labels of the runs whose loops are
+// live, each updated as its label-bearing events are journaled.
+type labelTracker struct {
+	mu   sync.Mutex // guards runs; held across a run's append when it is not live
+	runs map[keel.RunID]*liveLabels
+}
+
+// liveLabels is one live run's context labels.
+type liveLabels struct {
+	mu   sync.Mutex // held across each label-bearing append of the run
+	ctx  policy.Context
+	refs int
+}
+
+// trackLabels makes run's context labels live for its loop: folded from
+// the journal now, then updated with every label-bearing event the
+// engine journals. The returned func stops tracking.
+func (e *Engine) trackLabels(ctx context.Context, run keel.Run) (func(), error) {
+	t := &e.labels
+	t.mu.Lock()
+	if t.runs == nil {
+		t.runs = map[keel.RunID]*liveLabels{}
+	}
+	l := t.runs[run.ID]
+	first := l == nil
+	if first {
+		l = &liveLabels{}
+		t.runs[run.ID] = l
+	}
+	l.refs++
+	l.mu.Lock()
+	t.mu.Unlock()
+	release := func() {
+		t.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(t.runs, run.ID)
+		}
+		t.mu.Unlock()
+	}
+	var err error
+	if first {
+		var evs []keel.Event
+		if evs, err = e.cfg.Store.Events(ctx, run.ID, 0); err == nil {
+			l.ctx, err = foldLabels(run, evs)
+		}
+	}
+	l.mu.Unlock()
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("read the run's labels: %w", err)
+	}
+	return release, nil
+}
+
+// lockLabels locks run id's labels for an append that changes them and
+// returns its live labels (nil when its loop is not live: then every
+// such append of the run waits) and the unlock.
+func (e *Engine) lockLabels(id keel.RunID) (*liveLabels, func()) {
+	t := &e.labels
+	t.mu.Lock()
+	l := t.runs[id]
+	if l == nil {
+		return nil, t.mu.Unlock
+	}
+	l.mu.Lock()
+	t.mu.Unlock()
+	return l, l.mu.Unlock
+}
+
+// contextLabels is what run id's context holds now: its live labels, or
+// the fold of its journal.
+func (e *Engine) contextLabels(ctx context.Context, run keel.Run) (policy.LabelSet, error) {
+	t := &e.labels
+	t.mu.Lock()
+	l := t.runs[run.ID]
+	if l != nil {
+		l.mu.Lock()
+		c := l.ctx
+		l.mu.Unlock()
+		t.mu.Unlock()
+		return c.Labels(), nil
+	}
+	t.mu.Unlock()
+	evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
+	if err != nil {
+		return policy.LabelSet{}, err
+	}
+	c, err := foldLabels(run, evs)
+	return c.Labels(), err
+}
+
+// ContextLabels returns the labels run id's context holds now, as its
+// journal says: sorted names, empty for none. Errors wrap
+// keel.ErrNotFound for an unknown run. Safe for concurrent use.
+func (e *Engine) ContextLabels(ctx context.Context, id keel.RunID) ([]string, error) {
+	run, err := e.cfg.Store.GetRun(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := e.cfg.Store.Events(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	c, err := foldLabels(run, evs)
+	if err != nil {
+		return nil, err
+	}
+	return append([]string{}, labelNames(c.Labels())...), nil
+}
+
+// Declassify clears a label from what a run's context holds now, for the
+// reason a person gives: it journals labels.declassified, and the run's
+// next model call and tool decision (a live run's too) see the cleared
+// set. Data that enters later with the label brings it back.
+//
+// Errors wrap keel.ErrInvalid (no reason or no one named, a malformed
+// label, or a label the context does not hold: the error names what it
+// holds), keel.ErrNotFound (no such run) or keel.ErrConflict (the run
+// has ended). Nothing is journaled on error.
+func (e *Engine) Declassify(ctx context.Context, req keel.DeclassifyRequest) (keel.DeclassifyData, error) {
+	d := keel.DeclassifyData{Label: req.Label, By: strings.TrimSpace(req.By), Reason: strings.TrimSpace(req.Reason)}
+	switch {
+	case d.Reason == "":
+		return keel.DeclassifyData{}, fmt.Errorf("a declassification needs a reason: %w", keel.ErrInvalid)
+	case d.By == "":
+		return keel.DeclassifyData{}, fmt.Errorf("a declassification needs who decides: %w", keel.ErrInvalid)
+	}
+	if err := checkLabels([]string{d.Label}); err != nil {
+		return keel.DeclassifyData{}, err
+	}
+	run, err := e.cfg.Store.GetRun(ctx, req.RunID)
+	if err != nil {
+		return keel.DeclassifyData{}, err
+	}
+	if run.Status.Terminal() {
+		return keel.DeclassifyData{}, fmt.Errorf("run %s already %s: %w", run.ID, run.Status, keel.ErrConflict)
+	}
+	l, unlock := e.lockLabels(run.ID)
+	defer unlock()
+	var c policy.Context
+	if l != nil {
+		c = l.ctx
+	} else {
+		evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
+		if err != nil {
+			return keel.DeclassifyData{}, err
+		}
+		if c, err = foldLabels(run, evs); err != nil {
+			return keel.DeclassifyData{}, err
+		}
+	}
+	if !c.Labels().Has(policy.Label(d.Label)) {
+		held := "no label"
+		if c.Labels().Len() > 0 {
+			held = strings.Join(labelNames(c.Labels()), ", ")
+		}
+		return keel.DeclassifyData{}, fmt.Errorf("run %s's context does not hold %s (it holds %s): %w", run.ID, d.Label, held, keel.ErrInvalid)
+	}
+	after := labelDelta{clear: &d}.apply(c)
+	d.Labels = labelNames(after.Labels())
+	if _, err := e.appendLocked(ctx, run.ID, keel.EventDeclassified, d, nil); err != nil {
+		return keel.DeclassifyData{}, err
+	}
+	if l != nil {
+		l.ctx = after
+	}
+	return d, nil
+}
