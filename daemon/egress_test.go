@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +21,7 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/openai/openaitest"
 	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // egressCanary is the text of a file that must not leave the machine
@@ -46,6 +50,9 @@ type egressConfig struct {
 	tools      []string        // bundled tools installed; readfile is granted
 	secret     string          // secret.txt's content; "": a line with the canary
 	ollama     map[string]any  // the "ollama" entry of models.json, if any
+	managed    string          // the managed policy file's content; "": none
+	user       string          // the user policy file's content; "": none
+	fetchNet   []string        // fetch's network grants (net:...); loopback is then reachable
 }
 
 func startEgress(t *testing.T, cfg egressConfig) egress {
@@ -67,8 +74,26 @@ func startEgress(t *testing.T, cfg egressConfig) egress {
 		mc["ollama"] = cfg.ollama
 	}
 	writeModelsConfig(t, dir, mc)
-	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: cfg.local})
+	managed := filepath.Join(t.TempDir(), "policy.json")
+	for file, content := range map[string]string{managed: cfg.managed, policy.UserPath(dir): cfg.user} {
+		if content == "" {
+			continue
+		}
+		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: cfg.local, ManagedPolicyFile: managed, ToolsAllowPrivateNetwork: len(cfg.fetchNet) > 0})
 	c := dial(t, d.dir)
+	if len(cfg.fetchNet) > 0 {
+		args := append([]string{"tools", "grant", "fetch"}, cfg.fetchNet...)
+		if out, errs, code := runCLI(context.Background(), d.dir, args...); code != 0 {
+			t.Fatalf("keel %s = %d:\n%s%s", strings.Join(args, " "), code, out, errs)
+		}
+	}
+	if !slices.Contains(cfg.tools, "readfile") {
+		return egress{d: d, c: c, cloud: cloud}
+	}
 	secrets := t.TempDir()
 	secret := cmpOr(cfg.secret, "Jane Roe's account: "+egressCanary+"\n")
 	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte(secret), 0o600); err != nil {
@@ -195,6 +220,93 @@ func needLabels(t *testing.T, what string) bool {
 	return labelsLanded
 }
 
+// egressLanded gates the assertions that need the tool host to ask the
+// policy before each network request a tool makes (issue 16: the egress
+// action), which is being built. To be removed when it lands.
+const egressLanded = false
+
+// needEgress reports whether egress decisions are wired, logging what is
+// not checked until they are; see egressLanded.
+func needEgress(t *testing.T, what string) bool {
+	t.Helper()
+	if !egressLanded {
+		t.Logf("not checked until the tool host asks the policy before each request: %s", what)
+	}
+	return egressLanded
+}
+
+// docExample returns the JSON example that follows heading in
+// docs/policy.md.
+func docExample(t *testing.T, heading string) string {
+	t.Helper()
+	page, err := os.ReadFile(filepath.Join("..", "docs", "policy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(page), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("docs/policy.md has no heading %q", heading)
+	}
+	_, block, ok := strings.Cut(after, "```json\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 {
+		t.Fatalf("docs/policy.md has no JSON example after %q", heading)
+	}
+	return block
+}
+
+// target is an HTTP server on loopback that a fetch may reach: it
+// counts the requests it receives.
+type target struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	got []string // request paths
+}
+
+func newTarget(t *testing.T) *target {
+	tg := &target{}
+	tg.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tg.mu.Lock()
+		tg.got = append(tg.got, r.URL.Path)
+		tg.mu.Unlock()
+		io.WriteString(w, "items: none")
+	}))
+	t.Cleanup(tg.srv.Close)
+	return tg
+}
+
+// requests returns the paths of the requests the target received.
+func (tg *target) requests() []string {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	return slices.Clone(tg.got)
+}
+
+// grant is the fetch grant that reaches the target.
+func (tg *target) grant() string { return "net:" + tg.srv.URL }
+
+// fetchResults returns the tool.result data of the run's fetch calls, in
+// order.
+func fetchResults(t *testing.T, evs []keel.Event) []keel.ToolResultData {
+	t.Helper()
+	var out []keel.ToolResultData
+	for _, ev := range evs {
+		var d keel.ToolResultData
+		if ev.Type == keel.EventToolResult && json.Unmarshal(ev.Data, &d) == nil && d.Name == "fetch" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// resultText shows a tool result in a failure message.
+func resultText(d keel.ToolResultData) string {
+	if d.Error != nil {
+		return fmt.Sprintf("error %s: %s", d.Error.Code, d.Error.Message)
+	}
+	return string(d.Output)
+}
+
 // hasLabel reports whether labels holds label.
 func hasLabel(labels []string, label string) bool { return slices.Contains(labels, label) }
 
@@ -206,7 +318,11 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // call goes local; the same run with the grant unlabelled does reach the
 // cloud (so the grep can fail); a fetch after the labelled read waits for
 // approval; a summary of the labelled text is labelled, and the cloud
-// stays refused after it.
+// stays refused after it. And docs/policy.md's two examples, read from
+// the page, in force in the daemon: under the "no data leaves this
+// laptop" managed file the cloud endpoint receives nothing and fetch
+// reaches nothing; under the project file fetch reaches the project's
+// API (a loopback server) and not another destination it is granted.
 func TestEgressEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -410,6 +526,70 @@ func TestEgressEndToEnd(t *testing.T) {
 		e.noLeak(t)
 		if n := len(e.chats()); n != 1 {
 			t.Errorf("the cloud endpoint received %d chat requests, want only the one before the labelled read", n)
+		}
+	})
+	// docs/policy.md's "no data leaves this laptop" managed file, as the
+	// daemon's managed layer: a run allowed to use the cloud sends the
+	// cloud endpoint nothing at all (the route goes local), and a fetch
+	// granted a destination reaches nothing.
+	t.Run("no data leaves this laptop", func(t *testing.T) {
+		t.Parallel()
+		api := newTarget(t)
+		local := scripted.New(nil, scripted.CallTool("fetch", `{"url":"`+api.srv.URL+`/v1/items"}`), scripted.Answer("done"))
+		e := startEgress(t, egressConfig{local: local, localModel: scripted.DefaultModel.Name, tools: []string{"fetch"},
+			managed: docExample(t, "### No data leaves this laptop (managed)"), fetchNet: []string{api.grant()}})
+		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "fetch the items", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
+		if got.Run.Status != keel.RunSucceeded {
+			t.Errorf("run = %s %q, want succeeded on the local model", got.Run.Status, got.Run.Error)
+		}
+		if n := len(e.chats()); n != 0 {
+			t.Errorf("the cloud endpoint received %d chat requests under the no-data-leaves managed file", n)
+		}
+		sp := modelSpans(got.Spans)[1]
+		if r := cloudRefusals(t, sp); len(r) == 0 || !strings.Contains(r[0], "no cloud model calls") || !strings.Contains(r[0], "managed") {
+			t.Errorf("step 1's refusals of the cloud = %q, want the managed file's cloud setting named", r)
+		}
+		if !needEgress(t, "fetch denied by the managed default") {
+			return
+		}
+		if reqs := api.requests(); len(reqs) != 0 {
+			t.Errorf("fetch reached %v under the no-data-leaves managed file", reqs)
+		}
+		if res := fetchResults(t, got.Events); len(res) != 1 || res[0].Error == nil || !strings.Contains(res[0].Error.Message, "policy") {
+			for _, r := range res {
+				t.Errorf("fetch result: %s", resultText(r))
+			}
+			t.Errorf("fetch results: %d, want one refused by the policy", len(res))
+		}
+	})
+
+	// docs/policy.md's project example, with its API at a loopback
+	// server, as the user layer: fetch reaches the project's API and not
+	// another destination it is granted.
+	t.Run("fetch only to the project's API", func(t *testing.T) {
+		t.Parallel()
+		api, other := newTarget(t), newTarget(t)
+		project := strings.ReplaceAll(docExample(t, "### A project whose `fetch` may only reach its own API (workspace)"), "https://api.myproject.dev", api.srv.URL)
+		local := scripted.New(nil, scripted.CallTool("fetch", `{"url":"`+api.srv.URL+`/v1/items"}`),
+			scripted.CallTool("fetch", `{"url":"`+other.srv.URL+`/v1/items"}`), scripted.Answer("done"))
+		e := startEgress(t, egressConfig{local: local, localModel: scripted.DefaultModel.Name, tools: []string{"fetch"},
+			user: project, fetchNet: []string{api.grant(), other.grant()}})
+		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "fetch the items", Model: scripted.DefaultModel.Name, MaxSteps: 4})
+		if got.Run.Status != keel.RunSucceeded {
+			t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
+		}
+		res := fetchResults(t, got.Events)
+		if len(res) != 2 {
+			t.Fatalf("fetch results = %+v, want 2", res)
+		}
+		if reqs := api.requests(); len(reqs) != 1 || res[0].Error != nil {
+			t.Errorf("fetch to the project's API: result %s, the API received %v; want one request answered", resultText(res[0]), reqs)
+		}
+		if !needEgress(t, "fetch to another destination denied") {
+			return
+		}
+		if reqs := other.requests(); len(reqs) != 0 || res[1].Error == nil || !strings.Contains(res[1].Error.Message, "policy") {
+			t.Errorf("fetch to another destination: result %s, it received %v; want refused by the policy, nothing sent", resultText(res[1]), reqs)
 		}
 	})
 }
