@@ -45,13 +45,13 @@ type egress struct {
 type egressConfig struct {
 	labelled   bool            // grant readfile's directory --private
 	local      models.Provider // the daemon's local provider ("ollama")
-	localModel string          // the route's fallback: a model of local
+	localModel string          // the route's fallback: a model of local; "": none
 	ctxLength  int             // of the cloud model; 0: 16384
 	tools      []string        // bundled tools installed; readfile is granted
 	secret     string          // secret.txt's content; "": a line with the canary
 	ollama     map[string]any  // the "ollama" entry of models.json, if any
 	managed    string          // the managed policy file's content; "": none
-	user       string          // the user policy file's content; "": none
+	user       string          // the user policy file's content ($SECRETS: readfile's directory); "": none
 	fetchNet   []string        // fetch's network grants (net:...); loopback is then reachable
 }
 
@@ -59,6 +59,10 @@ func startEgress(t *testing.T, cfg egressConfig) egress {
 	t.Helper()
 	cloud := openaitest.New(t)
 	dir := withTools(t, cfg.tools...)
+	route := map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}}}
+	if cfg.localModel != "" {
+		route["fallback"] = []any{map[string]any{"provider": "ollama", "model": cfg.localModel}}
+	}
 	mc := map[string]any{
 		"allow_cloud": true,
 		"providers": map[string]any{"cloud": map[string]any{
@@ -66,45 +70,48 @@ func startEgress(t *testing.T, cfg egressConfig) egress {
 			"models": []any{map[string]any{"name": openaitest.ChatModel, "context_length": cmpOr(cfg.ctxLength, 16384),
 				"capabilities": []string{"completion", "tools"}}},
 		}},
-		"routes": []any{map[string]any{"name": "default",
-			"targets":  []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}},
-			"fallback": []any{map[string]any{"provider": "ollama", "model": cfg.localModel}}}},
+		"routes": []any{route},
 	}
 	if cfg.ollama != nil {
 		mc["ollama"] = cfg.ollama
 	}
 	writeModelsConfig(t, dir, mc)
+	// secret.txt, in the directory readfile is granted.
+	secrets, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := cmpOr(cfg.secret, "Jane Roe's account: "+egressCanary+"\n")
+	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	managed := filepath.Join(t.TempDir(), "policy.json")
 	for file, content := range map[string]string{managed: cfg.managed, policy.UserPath(dir): cfg.user} {
 		if content == "" {
 			continue
 		}
-		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+		if err := os.WriteFile(file, []byte(strings.ReplaceAll(content, "$SECRETS", secrets)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: cfg.local, ManagedPolicyFile: managed, ToolsAllowPrivateNetwork: len(cfg.fetchNet) > 0})
 	c := dial(t, d.dir)
-	if len(cfg.fetchNet) > 0 {
-		args := append([]string{"tools", "grant", "fetch"}, cfg.fetchNet...)
+	grant := func(args ...string) {
+		t.Helper()
+		args = append([]string{"tools", "grant"}, args...)
 		if out, errs, code := runCLI(context.Background(), d.dir, args...); code != 0 {
 			t.Fatalf("keel %s = %d:\n%s%s", strings.Join(args, " "), code, out, errs)
 		}
 	}
-	if !slices.Contains(cfg.tools, "readfile") {
-		return egress{d: d, c: c, cloud: cloud}
+	if len(cfg.fetchNet) > 0 {
+		grant(append([]string{"fetch"}, cfg.fetchNet...)...)
 	}
-	secrets := t.TempDir()
-	secret := cmpOr(cfg.secret, "Jane Roe's account: "+egressCanary+"\n")
-	if err := os.WriteFile(filepath.Join(secrets, "secret.txt"), []byte(secret), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"tools", "grant", "readfile", "fs:/workspace=" + secrets}
-	if cfg.labelled {
-		args = append(args, "--private")
-	}
-	if out, errs, code := runCLI(context.Background(), d.dir, args...); code != 0 {
-		t.Fatalf("keel %s = %d:\n%s%s", strings.Join(args, " "), code, out, errs)
+	switch {
+	case !slices.Contains(cfg.tools, "readfile"):
+	case cfg.labelled:
+		grant("readfile", "fs:/workspace="+secrets, "--private")
+	default:
+		grant("readfile", "fs:/workspace="+secrets)
 	}
 	return egress{d: d, c: c, cloud: cloud}
 }
@@ -193,9 +200,15 @@ func modelSpans(spans []keel.Span) map[int]keel.Span {
 // the policy naming the label, and the call was served locally.
 func wantRefusedForLabel(t *testing.T, sp keel.Span, what string) {
 	t.Helper()
+	wantRefusedFor(t, sp, "private", what)
+}
+
+// wantRefusedFor is wantRefusedForLabel for the label label.
+func wantRefusedFor(t *testing.T, sp keel.Span, label, what string) {
+	t.Helper()
 	refusals := cloudRefusals(t, sp)
-	if len(refusals) == 0 || !strings.Contains(refusals[0], "private") {
-		t.Errorf("%s: model span (provider %q, attrs %s) records no policy refusal of the cloud naming the label private", what, sp.Provider, sp.Attrs)
+	if len(refusals) == 0 || !strings.Contains(refusals[0], label) {
+		t.Errorf("%s: model span (provider %q, attrs %s) records no policy refusal of the cloud naming the label %s", what, sp.Provider, sp.Attrs, label)
 	}
 	if sp.Provider != "ollama" {
 		t.Errorf("%s: served by %q, want the local fallback (ollama)", what, sp.Provider)
@@ -323,6 +336,9 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // laptop" managed file the cloud endpoint receives nothing and fetch
 // reaches nothing; under the project file fetch reaches the project's
 // API (a loopback server) and not another destination it is granted.
+// Also: on a route with no local target the call is denied, the reason
+// journaled; a label of one's own from the policy's sources keeps the
+// file off the cloud unless clear lets it go to that provider.
 func TestEgressEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -592,4 +608,66 @@ func TestEgressEndToEnd(t *testing.T) {
 			t.Errorf("fetch to another destination: result %s, it received %v; want refused by the policy, nothing sent", resultText(res[1]), reqs)
 		}
 	})
+	// With no local target on the route, the call after the labelled
+	// read is denied, and the journal says why.
+	t.Run("labelled read on a cloud-only route is denied", func(t *testing.T) {
+		t.Parallel()
+		e := startEgress(t, egressConfig{labelled: true, local: scripted.New(nil), tools: []string{"readfile"}})
+		e.cloud.Script(readCall)
+		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
+		readResult(t, got.Events)
+		e.noLeak(t)
+		if n := len(e.chats()); n != 1 {
+			t.Errorf("the cloud endpoint received %d chat requests, want only the one before the labelled read", n)
+		}
+		last := got.Events[len(got.Events)-1]
+		var end keel.RunEndData
+		if err := json.Unmarshal(last.Data, &end); err != nil {
+			t.Fatal(err)
+		}
+		if last.Type != keel.EventRunFailed || !strings.Contains(end.Reason, string(models.KindPolicy)) || !strings.Contains(end.Reason, "private") {
+			t.Errorf("the run's last event = %s %s, want run.failed by the policy naming the label private", last.Type, last.Data)
+		}
+	})
+
+	// Labels from the policy's sources (a path pattern in the user's
+	// policy file) rather than the grant: a label of one's own keeps the
+	// file off the cloud, and clearing it for the cloud provider lets it
+	// go there.
+	for _, tt := range []struct {
+		name, policy string
+		cleared      bool
+	}{
+		{"label from the policy's sources", `{"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}]}`, false},
+		{"label cleared for the provider", `{"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}], "clear": {"acme-confidential": ["cloud"]}}`, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if !needLabels(t, "labels from the policy's sources and clear") {
+				t.Skip("needs labels in the engine: the policy's path sources and clear")
+			}
+			e := startEgress(t, egressConfig{local: scripted.New(nil, scripted.Answer("done")), localModel: scripted.DefaultModel.Name,
+				tools: []string{"readfile"}, user: tt.policy})
+			e.cloud.Script(readCall)
+			got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
+			if got.Run.Status != keel.RunSucceeded {
+				t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
+			}
+			if res := readResult(t, got.Events); !slices.Equal(res.Labels, []string{"acme-confidential"}) {
+				t.Errorf("the read's tool.result has labels %v, want [acme-confidential] from the policy's sources", res.Labels)
+			}
+			if tt.cleared {
+				if len(e.cloud.Find(egressCanary)) == 0 {
+					t.Errorf("the label is cleared for the cloud provider, yet the file never reached it (%d chat requests)", len(e.chats()))
+				}
+				return
+			}
+			e.noLeak(t)
+			if sp, ok := modelSpans(got.Spans)[2]; !ok {
+				t.Errorf("no model span for step 2")
+			} else {
+				wantRefusedFor(t, sp, "acme-confidential", "step 2")
+			}
+		})
+	}
 }
