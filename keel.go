@@ -99,6 +99,11 @@ type Run struct {
 	// one step of a plan or DAG run, to that run and step.
 	ParentID   RunID  `json:"parent_id,omitempty"`
 	ParentStep string `json:"parent_step,omitempty"`
+	// Workspace is the directory the run works in (StartRequest.
+	// Workspace), an absolute path: its .keel/policy.json is the run's
+	// workspace policy layer. Empty: none. A fork and a sub-agent keep
+	// their run's.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // KindOrAgent returns the run's kind, KindAgent when unset.

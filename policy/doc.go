@@ -21,6 +21,11 @@
 // what a higher one set. The managed layer can lock a setting; a lower
 // layer that sets a locked setting to another value is refused.
 //
+// A Watcher keeps the managed and user files in force and, for each
+// workspace a live run names (Watcher.Use), that workspace's file with
+// them: one fsnotify watcher and one goroutine for all of them, a
+// workspace watched only while a run uses it.
+//
 // # Labels
 //
 // Data carries labels (private, secret, pii or names of one's own) from

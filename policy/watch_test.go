@@ -152,3 +152,98 @@ func TestLoad(t *testing.T) {
 		t.Error("DefaultManagedPath is empty")
 	}
 }
+
+// TestWatcherWorkspaces: the workspaces runs use share one watcher. A
+// workspace's policy is the watcher's files with its .keel/policy.json
+// added; a missing file is no layer; a broken one refuses Use with its
+// file and line; an edit of the workspace file or of the user file
+// reloads the workspace's policy with a new version; a broken edit keeps
+// the last good; the last release stops watching the workspace.
+func TestWatcherWorkspaces(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	user := filepath.Join(dir, "data", "policy.json")
+	writeAtomic(t, user, `{"rules": [{"action": "tool", "tool": "fetch", "decision": "allow"}]}`)
+	a, b, broken := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "broken")
+	for _, d := range []string{a, b} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAtomic(t, WorkspacePath(a), `{"rules": [{"action": "tool", "tool": "fetch", "decision": "deny"}]}`)
+	writeAtomic(t, WorkspacePath(broken), "{\n\"rules\": [}")
+
+	events := make(chan Event, 32)
+	w, err := NewWatcher(WatcherConfig{Paths: Paths{User: user}, Options: opts, OnEvent: func(e Event) { events <- e }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	_, err = w.Use(broken)
+	var fe *FileError
+	if !errors.As(err, &fe) || fe.File != WorkspacePath(broken) || fe.Line != 2 {
+		t.Fatalf("Use(broken) = %v, want an error at %s:2", err, WorkspacePath(broken))
+	}
+	relA, err := w.Use(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relA2, err := w.Use(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relB, err := w.Use(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fetchDecision(w.CurrentFor(a).Policy); got != Deny {
+		t.Errorf("CurrentFor(a) decides fetch %s, want deny (its workspace layer)", got)
+	}
+	if got, want := w.CurrentFor(b), w.Current(); got.Policy != want.Policy || got.Version != want.Version {
+		t.Errorf("CurrentFor(b) = v%d, want the watcher's own v%d: b has no workspace file", got.Version, want.Version)
+	}
+	if got := fetchDecision(w.Current().Policy); got != Allow {
+		t.Errorf("Current decides fetch %s, want allow", got)
+	}
+
+	// An edit of the workspace file reloads that workspace only.
+	va := w.CurrentFor(a).Version
+	writeAtomic(t, WorkspacePath(a), `{"rules": [{"action": "tool", "tool": "fetch", "decision": "ask"}]}`)
+	e := waitEvent(t, events, "a's edit", func(e Event) bool { return e.Workspace == a && e.Err == nil })
+	if fetchDecision(e.Policy) != Ask || e.Version <= va || w.CurrentFor(a).Version != e.Version {
+		t.Fatalf("after a's edit: v%d %s, want ask with a version after v%d", e.Version, e.Policy.Decide(fetch), va)
+	}
+
+	// A broken edit keeps the last good, with the error.
+	writeAtomic(t, WorkspacePath(a), "{\"rules\": [\n  {\"action\": \"tool\", \"tool\": \"fetch\", \"decision\": \"maybe\"}]}")
+	e = waitEvent(t, events, "a's broken edit", func(e Event) bool { return e.Workspace == a && e.Err != nil })
+	if s := w.CurrentFor(a); !errors.As(e.Err, &fe) || fe.Line != 2 || fetchDecision(s.Policy) != Ask || s.Err == nil {
+		t.Fatalf("after a's broken edit: %v, CurrentFor(a) %s err %v; want line 2 and the last good (ask)", e.Err, s.Policy.Decide(fetch), s.Err)
+	}
+
+	// An edit of the user file reloads the watcher's and b's.
+	writeAtomic(t, user, `{"rules": [{"action": "model", "where": "cloud", "decision": "deny"}]}`)
+	e = waitEvent(t, events, "b after the user edit", func(e Event) bool { return e.Workspace == b && e.Err == nil })
+	if fetchDecision(e.Policy) != Allow || e.Policy.Decide(&Action{Kind: KindModel, Provider: "openai", Cloud: true}).Outcome != Deny {
+		t.Fatalf("b after the user edit decides model %s", e.Policy.Decide(&Action{Kind: KindModel, Provider: "openai", Cloud: true}))
+	}
+
+	// Releasing every use stops watching: a's file may change unseen.
+	relA()
+	relA() // twice is once
+	if len(w.InUse()) != 2 {
+		t.Fatalf("InUse = %v after one of two releases of a, want a and b", w.InUse())
+	}
+	relA2()
+	relB()
+	if got := w.InUse(); len(got) != 0 {
+		t.Fatalf("InUse = %v after every release, want none", got)
+	}
+	w.mu.Lock()
+	watched := len(w.watched)
+	w.mu.Unlock()
+	if watched != 1 {
+		t.Errorf("the watcher watches %d directories, want 1 (the user file's)", watched)
+	}
+}

@@ -269,10 +269,10 @@ func createRunFunc(r keel.Run) (writeFunc, error) {
 		key = r.IdempotencyKey
 	}
 	return func(ctx context.Context, tx *wtx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step, num)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, (SELECT coalesce(max(num), 0) + 1 FROM runs))`,
+		_, err := tx.ExecContext(ctx, `INSERT INTO runs (id, goal, model, status, result, error, max_steps, created_at, updated_at, last_seq, policy, idempotency_key, kind, parent_id, parent_step, workspace, num)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, (SELECT coalesce(max(num), 0) + 1 FROM runs))`,
 			string(r.ID), r.Goal, r.Model, string(r.Status), r.Result, r.Error, r.MaxSteps, nanos(r.CreatedAt), nanos(r.UpdatedAt), policy, key,
-			string(r.KindOrAgent()), string(r.ParentID), r.ParentStep)
+			string(r.KindOrAgent()), string(r.ParentID), r.ParentStep, r.Workspace)
 		return err
 	}, nil
 }
@@ -399,14 +399,14 @@ func appendOp(id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Even
 const runCols = `id, goal, model, status, result, error, max_steps, created_at,
 	coalesce((SELECT time FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295 ORDER BY key DESC LIMIT 1), updated_at),
 	coalesce((SELECT max(key) FROM events WHERE key BETWEEN runs.num << 32 AND (runs.num << 32) | 4294967295) & 4294967295, 0),
-	policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step`
+	policy, coalesce(idempotency_key, ''), kind, parent_id, parent_step, workspace`
 
 func scanRun(sc interface{ Scan(...any) error }) (keel.Run, error) {
 	var r keel.Run
 	var id, status, policy, kind, parent string
 	var created, updated int64
 	if err := sc.Scan(&id, &r.Goal, &r.Model, &status, &r.Result, &r.Error, &r.MaxSteps, &created, &updated, &r.LastSeq, &policy, &r.IdempotencyKey,
-		&kind, &parent, &r.ParentStep); err != nil {
+		&kind, &parent, &r.ParentStep, &r.Workspace); err != nil {
 		return keel.Run{}, err
 	}
 	r.Kind, r.ParentID = keel.RunKind(kind), keel.RunID(parent)

@@ -548,7 +548,7 @@ func TestRunPolicyPersists(t *testing.T) {
 	r.Policy = keel.RunPolicy{AllowCloud: true, Private: true, BudgetTokens: 5000, BudgetUSD: 0.25,
 		Tools: []string{"readfile"}, Deadline: time.Unix(1800000000, 0).UTC(), StepTimeout: 3 * time.Second,
 		ModelRetries: 1, ToolRetries: 2, RetryBackoff: time.Second}
-	r.Kind, r.ParentID, r.ParentStep = keel.KindAgent, "parent", "s1"
+	r.Kind, r.ParentID, r.ParentStep, r.Workspace = keel.KindAgent, "parent", "s1", "/home/ada/proj"
 	if err := s.CreateRun(ctx, r); err != nil {
 		t.Fatal(err)
 	}
@@ -556,8 +556,8 @@ func TestRunPolicyPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.GetRun(ctx, "p")
-	if err != nil || !reflect.DeepEqual(got.Policy, r.Policy) || got.ParentID != "parent" || got.ParentStep != "s1" || got.Kind != keel.KindAgent {
-		t.Errorf("GetRun(p) = %+v, %v; want policy %+v, parent parent/s1", got, err, r.Policy)
+	if err != nil || !reflect.DeepEqual(got.Policy, r.Policy) || got.ParentID != "parent" || got.ParentStep != "s1" || got.Kind != keel.KindAgent || got.Workspace != r.Workspace {
+		t.Errorf("GetRun(p) = %+v, %v; want policy %+v, parent parent/s1, workspace %s", got, err, r.Policy, r.Workspace)
 	}
 	if kids, err := s.ChildRuns(ctx, "parent"); err != nil || len(kids) != 1 || kids[0].ID != "p" {
 		t.Errorf("ChildRuns(parent) = %v, %v; want [p]", kids, err)
