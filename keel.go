@@ -447,6 +447,19 @@ type ModelResultData struct {
 	// Labels are the labels of the context the model answered from: the
 	// answer carries them.
 	Labels []string `json:"labels,omitempty"`
+	// Policy are the policy's decisions about the targets the call was
+	// offered to, in order, where a rule or setting decided (a target the
+	// policy refused, then the one that answered if a rule allowed it),
+	// so that a replay shows the decisions of the time.
+	Policy []ModelDecision `json:"policy,omitempty"`
+}
+
+// ModelDecision is the policy's decision about one target of a model
+// call: a provider and model.
+type ModelDecision struct {
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
+	PolicyDecision
 }
 
 // ToolCallData is the payload of EventToolCall: the intent, recorded

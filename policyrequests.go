@@ -61,17 +61,27 @@ type PolicyShowResult struct {
 	Error string `json:"error,omitempty"`
 }
 
+// PolicyShowParams are the params of policy.show, all optional.
+type PolicyShowParams struct {
+	// Workspace, an absolute directory, shows the policy of the runs
+	// naming it: with its .keel/policy.json. Empty: the policy of runs
+	// that name no workspace.
+	Workspace string `json:"workspace,omitempty"`
+}
+
 // PolicyExplainParams name an action for policy.explain: a tool call
 // (Kind "tool": Tool and Args, a JSON object) or a model call (Kind
 // "model": Provider and Model). RunID, optional, decides it as for
-// that run (see docs/protocol.md).
+// that run (see docs/protocol.md); Workspace, optional, as for a run
+// naming that workspace (default: the run's, if RunID names one).
 type PolicyExplainParams struct {
-	Kind     string          `json:"kind"`
-	Tool     string          `json:"tool,omitempty"`
-	Args     json.RawMessage `json:"args,omitempty"`
-	Provider string          `json:"provider,omitempty"`
-	Model    string          `json:"model,omitempty"`
-	RunID    string          `json:"run_id,omitempty"`
+	Kind      string          `json:"kind"`
+	Tool      string          `json:"tool,omitempty"`
+	Args      json.RawMessage `json:"args,omitempty"`
+	Provider  string          `json:"provider,omitempty"`
+	Model     string          `json:"model,omitempty"`
+	RunID     string          `json:"run_id,omitempty"`
+	Workspace string          `json:"workspace,omitempty"`
 }
 
 // PolicyExplainResult is the policy's decision about an action and why.

@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/keel-runtime/keel/ipc/client"
@@ -18,14 +19,32 @@ func policyCmd() *cobra.Command {
 	return cmd
 }
 
+// absWorkspace makes a --workspace of the policy commands absolute;
+// empty stays empty (no workspace).
+func absWorkspace(dir string) (string, error) {
+	if dir == "" {
+		return "", nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", &exitError{code: ExitUsage, err: fmt.Errorf("--workspace %s: %w", dir, err)}
+	}
+	return abs, nil
+}
+
 func policyShowCmd() *cobra.Command {
 	var asJSON bool
+	var ws string
 	cmd := &cobra.Command{
 		Use:   "show",
 		Short: "Print the effective policy: each rule and lock with its layer and file:line",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, client.PolicyShow, client.None{}, func(r protocol.PolicyShowResult) error {
+			dir, err := absWorkspace(ws)
+			if err != nil {
+				return err
+			}
+			return call(cmd, client.PolicyShow, protocol.PolicyShowParams{Workspace: dir}, func(r protocol.PolicyShowResult) error {
 				if asJSON {
 					return writeJSON(cmd, r)
 				}
@@ -54,6 +73,7 @@ func policyShowCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.show result as JSON")
+	cmd.Flags().StringVar(&ws, "workspace", "", "show the policy of runs naming this workspace: with its .keel/policy.json")
 	return cmd
 }
 
@@ -78,6 +98,7 @@ func explainToolCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&run, "run", "", "decide as for this run")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
+	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace (default: the run's, with --run)")
 	return cmd
 }
 
@@ -98,12 +119,18 @@ func explainModelCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&run, "run", "", "decide as for this run (a private run's calls carry the label private)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
+	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace (default: the run's, with --run)")
 	return cmd
 }
 
 // explainCall asks policy.explain and prints the decision. A deny is
 // still ExitOK: the command answered the question.
 func explainCall(cmd *cobra.Command, p protocol.PolicyExplainParams, asJSON bool) error {
+	ws, _ := cmd.Flags().GetString("workspace")
+	var err error
+	if p.Workspace, err = absWorkspace(ws); err != nil {
+		return err
+	}
 	return call(cmd, client.PolicyExplain, p, func(r protocol.PolicyExplainResult) error {
 		if asJSON {
 			return writeJSON(cmd, r)

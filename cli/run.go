@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +20,7 @@ func runCmd() *cobra.Command {
 	var kind kindFlags
 	var detach bool
 	var tools []string
+	var ws workspaceFlags
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C detaches: the run goes on)",
@@ -34,6 +37,10 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 			}
 			if timeout > 0 {
 				p.Policy.Deadline = time.Now().Add(timeout)
+			}
+			var err error
+			if p.Workspace, err = ws.dir(); err != nil {
+				return err
 			}
 			return withClient(cmd, func(c *client.Client) error {
 				ctx := cmd.Context()
@@ -63,6 +70,7 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 			})
 		},
 	}
+	ws.add(cmd)
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the run, print its id and return; it goes on in the daemon (keel attach RUN follows it)")
 	cmd.Flags().StringSliceVar(&tools, "tools", nil, "the only tools the run may call, comma-separated (--tools= for none; default: every installed tool)")
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
@@ -199,4 +207,38 @@ func checkRunTools(cmd *cobra.Command, c *client.Client, names []string) error {
 		}
 	}
 	return nil
+}
+
+// workspaceFlags are a run's --workspace and --no-workspace: the
+// directory whose .keel/policy.json is the run's workspace policy layer.
+type workspaceFlags struct {
+	path string
+	none bool
+}
+
+func (f *workspaceFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.path, "workspace", "", "the run's workspace: its .keel/policy.json is a policy layer of the run (default: the current directory)")
+	cmd.Flags().BoolVar(&f.none, "no-workspace", false, "the run names no workspace: no workspace policy layer")
+	cmd.MarkFlagsMutuallyExclusive("workspace", "no-workspace")
+}
+
+// dir returns the workspace to send: "" with --no-workspace, else the
+// --workspace directory or the current one, made absolute.
+func (f *workspaceFlags) dir() (string, error) {
+	if f.none {
+		return "", nil
+	}
+	d := f.path
+	if d == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", fmt.Errorf("the current directory, the run's default workspace: %w (pass --workspace DIR or --no-workspace)", err)
+		}
+		return wd, nil
+	}
+	abs, err := filepath.Abs(d)
+	if err != nil {
+		return "", &exitError{code: ExitUsage, err: fmt.Errorf("--workspace %s: %w", d, err)}
+	}
+	return abs, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel/engine"
@@ -118,7 +119,14 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	})
 	l.closers = append(l.closers, l.closeTools)
 
-	pol, err := openPolicy(cfg, log.With(logkey.Component, "policy"))
+	// A reload is journaled in the runs it concerns, by the engine made
+	// below (the watcher starts first: the engine needs its policy).
+	var engRef atomic.Pointer[engine.Engine]
+	pol, err := openPolicy(cfg, log.With(logkey.Component, "policy"), func(ev policy.Event) {
+		if e := engRef.Load(); e != nil {
+			e.PolicyChanged(context.Background(), ev.Workspace)
+		}
+	})
 	if err != nil {
 		return l, err
 	}
@@ -133,6 +141,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		log.Info("runs left unfinished by a previous daemon are interrupted; they resume once tools are ready", logkey.Runs, n)
 	}
 	l.eng = eng
+	engRef.Store(eng)
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,

@@ -12,20 +12,26 @@ import (
 
 // openPolicy loads the policy files (the managed layer's, Config.
 // ManagedPolicyFile, and the user layer's, policy.json in the data
-// directory) and watches them: an edit applies from the next decision;
+// directory) and watches them, with the workspace files of the runs in
+// flight (the engine Uses them): an edit applies from the next decision;
 // a file that stops loading keeps the last good policy in force and is
-// logged with its file and line. A missing file is no file. Files that
-// do not load at start fail it: there is no last good policy to keep.
-func openPolicy(cfg Config, log *slog.Logger) (*policy.Watcher, error) {
+// logged with its file and line. changed, when set, is told of every
+// reload (to journal it in the runs it concerns). A missing file is no
+// file. Files that do not load at start fail it: there is no last good
+// policy to keep.
+func openPolicy(cfg Config, log *slog.Logger, changed func(policy.Event)) (*policy.Watcher, error) {
 	home, _ := os.UserHomeDir()
 	w, err := policy.NewWatcher(policy.WatcherConfig{
 		Paths:   policy.Paths{Managed: cfg.ManagedPolicyFile, User: policy.UserPath(cfg.DataDir)},
 		Options: policy.DefaultOptions(home),
 		OnEvent: func(ev policy.Event) {
 			if ev.Err != nil {
-				log.Error("the policy files do not load; the last good policy stays in force", logkey.Version, ev.Version, logkey.Err, ev.Err)
+				log.Error("the policy files do not load; the last good policy stays in force", logkey.Workspace, ev.Workspace, logkey.Version, ev.Version, logkey.Err, ev.Err)
 			} else {
-				log.Info("policy reloaded", logkey.Version, ev.Version, logkey.Digest, ev.Policy.Digest())
+				log.Info("policy reloaded", logkey.Workspace, ev.Workspace, logkey.Version, ev.Version, logkey.Digest, ev.Policy.Digest())
+			}
+			if changed != nil {
+				changed(ev)
 			}
 			if cfg.OnPolicy != nil {
 				cfg.OnPolicy(ev)

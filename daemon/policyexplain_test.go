@@ -92,7 +92,7 @@ func TestPolicyShowAndExplain(t *testing.T) {
 	_, err = client.Do(ctx, c, client.PolicyExplain, protocol.PolicyExplainParams{Kind: protocol.PolicyKindModel, Provider: "ollama", Model: "m", RunID: "nope"})
 	wantCode(t, err, protocol.CodeNotFound, "policy.explain --run nope")
 
-	show, err := client.Do(ctx, c, client.PolicyShow, client.None{})
+	show, err := client.Do(ctx, c, client.PolicyShow, protocol.PolicyShowParams{})
 	if err != nil {
 		t.Fatalf("policy.show: %v", err)
 	}
@@ -144,7 +144,7 @@ func TestPolicyShowRunLayer(t *testing.T) {
 		RequireApproval: []keel.SideEffect{keel.SideEffectExternal}})
 	c := dial(t, d.dir)
 	ctx := context.Background()
-	show, err := client.Do(ctx, c, client.PolicyShow, client.None{})
+	show, err := client.Do(ctx, c, client.PolicyShow, protocol.PolicyShowParams{})
 	if err != nil {
 		t.Fatalf("policy.show: %v", err)
 	}

@@ -42,7 +42,7 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 	case j != nil && j.intent[call.ID]:
 		outcome, pd = policy.Allow, j.policy[call.ID]
 	default:
-		outcome, pd = e.decideTool(ctx, call)
+		outcome, pd = e.decideTool(ctx, run, call)
 		if j != nil {
 			decided = j.approvals
 		}

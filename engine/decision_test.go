@@ -20,7 +20,9 @@ type swappable struct {
 	cur atomic.Pointer[policy.Snapshot]
 }
 
-func (s *swappable) Current() policy.Snapshot { return *s.cur.Load() }
+func (s *swappable) Current() policy.Snapshot               { return *s.cur.Load() }
+func (s *swappable) CurrentFor(string) policy.Snapshot      { return s.Current() }
+func (s *swappable) Use(string) (release func(), err error) { return func() {}, nil }
 
 func (s *swappable) set(t *testing.T, version uint64, file string) {
 	t.Helper()

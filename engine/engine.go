@@ -191,6 +191,7 @@ type Engine struct {
 	order   map[keel.RunID]*pubOrder    // runs with appends in flight or events to publish; made on first use
 	again   map[keel.RunID]bool         // answered while its loop was ending: launch again (see launchAnswered); made on first use
 	traces  map[keel.RunID]*runTrace    // the open root and step spans of each running loop (see trace.go)
+	runPol  map[keel.RunID]*runPolicy   // the policy of each running loop (see useWorkspace)
 	closed  bool
 	subs    map[int]func(keel.Event)
 	nextSub int
@@ -252,7 +253,7 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	e := &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, subs: map[int]func(keel.Event){}}
+	e := &Engine{cfg: cfg, log: log, active: map[keel.RunID]context.CancelCauseFunc{}, pausing: map[keel.RunID]bool{}, inbox: map[keel.RunID][]inboxMsg{}, held: map[keel.RunID][]keel.Event{}, traces: map[keel.RunID]*runTrace{}, runPol: map[keel.RunID]*runPolicy{}, subs: map[int]func(keel.Event){}}
 	e.fit = e.fitContext
 	if len(cfg.RequireApproval) > 0 {
 		f, err := policy.RequireApproval(cfg.RequireApproval...)
@@ -385,6 +386,10 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if len(req.IdempotencyKey) > 200 {
 		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
 	}
+	ws, err := checkWorkspace(req.Workspace)
+	if err != nil {
+		return keel.Run{}, err
+	}
 	plan, err := e.checkKind(ctx, req)
 	if err != nil {
 		return keel.Run{}, err
@@ -404,20 +409,34 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	req.Policy.Labels = unionNames(req.Policy.Labels, labelNames(e.labelPolicy().LabelsOf(policy.Source{Kind: policy.SourceInput})))
 	now := e.cfg.Now()
 	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Kind: req.Kind, Goal: req.Goal, Model: model, Status: keel.RunQueued,
-		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now}
+		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now, Workspace: ws}
+	rp, err := e.useWorkspace(run, "")
+	if err != nil {
+		return keel.Run{}, err
+	}
+	// The policy in force at the start: a change before the run's first
+	// decision is journaled.
+	if p, _ := e.effective(run.Workspace); p != nil {
+		rp.digest = p.Digest()
+	}
 
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		rp.release()
 		return keel.Run{}, fmt.Errorf("engine closed: %w", keel.ErrUnavailable)
 	}
 	runCtx, cancel := context.WithCancelCause(context.Background())
 	e.active[run.ID] = cancel
+	e.runPol[run.ID] = rp
 	e.wg.Add(1)
 	e.mu.Unlock()
 
 	fresh, err := e.create(ctx, &run, plan)
 	if err != nil {
+		e.mu.Lock()
+		e.dropPolicy(run.ID)
+		e.mu.Unlock()
 		e.finish(run.ID)
 		cancel(nil)
 		if req.IdempotencyKey != "" && errors.Is(err, keel.ErrConflict) {
@@ -439,16 +458,34 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 // or the engine is closed.
 func (e *Engine) launch(run keel.Run) error {
 	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return fmt.Errorf("engine closed: %w", keel.ErrUnavailable)
+	rp := e.runPol[run.ID] // a run that waited keeps its workspace in use
+	e.mu.Unlock()
+	fresh := rp == nil
+	if fresh {
+		var err error
+		if rp, err = e.useWorkspace(run, ""); err != nil {
+			return err
+		}
 	}
-	if _, busy := e.active[run.ID]; busy {
+	e.mu.Lock()
+	if e.closed || e.active[run.ID] != nil {
+		busy := !e.closed
 		e.mu.Unlock()
-		return fmt.Errorf("run %s is already running: %w", run.ID, keel.ErrConflict)
+		if fresh {
+			rp.release()
+		}
+		if busy {
+			return fmt.Errorf("run %s is already running: %w", run.ID, keel.ErrConflict)
+		}
+		return fmt.Errorf("engine closed: %w", keel.ErrUnavailable)
 	}
 	runCtx, cancel := context.WithCancelCause(context.Background())
 	e.active[run.ID] = cancel
+	if fresh && e.runPol[run.ID] == nil {
+		e.runPol[run.ID] = rp
+	} else if fresh {
+		rp.release() // another launch registered it meanwhile
+	}
 	e.wg.Add(1)
 	e.mu.Unlock()
 	go func() {

@@ -252,7 +252,7 @@ func (f *flowRun) startChild(ctx context.Context, s keel.PlanStep, d keel.StepDa
 	}
 	now := f.e.cfg.Now()
 	child := keel.Run{ID: d.Run, Kind: keel.KindAgent, Goal: f.childGoal(s), Model: f.run.Model, Status: keel.RunQueued,
-		MaxSteps: maxSteps, Policy: policy, CreatedAt: now, UpdatedAt: now, ParentID: f.run.ID, ParentStep: s.ID}
+		MaxSteps: maxSteps, Policy: policy, CreatedAt: now, UpdatedAt: now, ParentID: f.run.ID, ParentStep: s.ID, Workspace: f.run.Workspace}
 	if err := f.e.cfg.Store.CreateRun(context.WithoutCancel(ctx), child); err != nil {
 		if errors.Is(err, keel.ErrConflict) {
 			return nil // it exists: attach

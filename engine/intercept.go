@@ -14,16 +14,20 @@ import (
 // an *intercept.DeniedError and reaches no model.
 type interceptedModel struct {
 	e   *Engine
+	run keel.Run
 	inv keel.ModelInvocation
+	// decided, when set, collects the policy's decisions about the
+	// targets of each call (see admitModel).
+	decided *[]keel.ModelDecision
 }
 
 // model returns the engine's model for the calls of run's step.
 func (e *Engine) model(run keel.Run, step int) interceptedModel {
-	return interceptedModel{e: e, inv: keel.ModelInvocation{Run: run.ID, Step: step, Model: run.Model}}
+	return interceptedModel{e: e, run: run, inv: keel.ModelInvocation{Run: run.ID, Step: step, Model: run.Model}}
 }
 
 func (m interceptedModel) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
-	req.Admit = m.e.admitModel(req)
+	req.Admit = m.e.admitModel(ctx, m.run, req, m.decided)
 	chain := m.e.cfg.ModelInterceptors
 	if len(chain) == 0 {
 		return m.e.cfg.Model.Chat(ctx, req, onDelta)

@@ -91,6 +91,11 @@ func (e *Engine) appendLocked(ctx context.Context, id keel.RunID, typ keel.Event
 	if err != nil {
 		return keel.Event{}, err
 	}
+	if upd != nil && upd.Status.Terminal() {
+		e.mu.Lock()
+		e.dropPolicy(id) // the run's workspace is no longer in use by it
+		e.mu.Unlock()
+	}
 	return stored[len(stored)-1], nil
 }
 

@@ -46,6 +46,9 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		e.end(ctx, run.ID, err)
 		return
 	}
+	if fresh == nil {
+		e.notedInJournal(run.ID, j.policyDigest)
+	}
 	if j.private {
 		// A tool read private data in an earlier step.
 		run.Policy.Private = true
@@ -258,7 +261,10 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		return models.ChatResponse{}, fmt.Errorf("journal: %w", err)
 	}
 	start := e.cfg.Now()
-	resp, err := e.model(run, step).Chat(ctx, req, func(d models.Delta) {
+	var decided []keel.ModelDecision
+	m := e.model(run, step)
+	m.decided = &decided
+	resp, err := m.Chat(ctx, req, func(d models.Delta) {
 		if d.Content == "" {
 			return
 		}
@@ -266,12 +272,16 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 		e.publish(keel.Event{RunID: run.ID, Type: keel.EventModelDelta, Time: e.cfg.Now(), Data: raw})
 	})
 	e.endModelSpan(run.ID, &sp, start, req, resp, err)
-	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 {
+	if e.replay != nil {
+		decided = e.replay.modelDecisions(step)
+	}
+	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 || len(decided) > 0 {
 		sp.Attrs, _ = json.Marshal(struct {
-			Route    string           `json:"route,omitempty"`
-			Variant  string           `json:"variant,omitempty"`
-			Attempts []models.Attempt `json:"attempts,omitempty"`
-		}{m.Route, m.Variant, m.Attempts})
+			Route    string               `json:"route,omitempty"`
+			Variant  string               `json:"variant,omitempty"`
+			Attempts []models.Attempt     `json:"attempts,omitempty"`
+			Policy   []keel.ModelDecision `json:"policy,omitempty"`
+		}{m.Route, m.Variant, m.Attempts, decided})
 	}
 	// A successful call's usage is journaled in its model.result; a
 	// failed call's span is all that records what it spent (see Tracer).
@@ -291,7 +301,7 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	data := keel.ModelResultData{
 		Step: step, Model: resp.Model, Content: resp.Message.Content, ToolCalls: resp.Message.ToolCalls,
 		PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens, CostUSD: resp.Meta.CostUSD, DurationMS: sp.Duration.Milliseconds(),
-		HumanSeqs: humanSeqs,
+		HumanSeqs: humanSeqs, Policy: decided,
 	}
 	if holdResult {
 		err = e.hold(run.ID, keel.EventModelResult, data)

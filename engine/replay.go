@@ -16,7 +16,7 @@ import (
 // than what it did; a replay, which runs straight through, has none.
 var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResumed, keel.EventRunWaiting,
 	keel.EventRunPaused, keel.EventHumanDecision, keel.EventApprovalAsked, keel.EventApproval, keel.EventHumanMessage,
-	keel.EventTakeOver, keel.EventHandBack, keel.EventHumanTool, keel.EventRunForked}
+	keel.EventTakeOver, keel.EventHandBack, keel.EventHumanTool, keel.EventRunForked, keel.EventPolicyChanged}
 
 // Replay runs a finished run again from its journal without calling any
 // model or tool: the engine's own loop runs against the journaled model
@@ -48,7 +48,8 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	}
 	summaries := map[int][]keel.ContextSummaryData{}
 	// A replay does not decide again: it uses the decisions journaled.
-	dec := &recorded{policy: map[string]*keel.PolicyDecision{}, asked: map[string]bool{}, approvals: map[string]keel.ApprovalData{}}
+	dec := &recorded{policy: map[string]*keel.PolicyDecision{}, asked: map[string]bool{}, approvals: map[string]keel.ApprovalData{},
+		models: map[int][][]keel.ModelDecision{}}
 	for _, ev := range evs {
 		switch ev.Type {
 		case keel.EventToolCall:
@@ -84,6 +85,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			rec.steps = append(rec.steps, d)
+			dec.models[d.Step] = append(dec.models[d.Step], d.Policy)
 		case keel.EventToolResult:
 			var d keel.ToolResultData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {

@@ -35,6 +35,9 @@ type journal struct {
 	answer    *string                      // the final answer, when the last step gave one
 	model     string                       // the model that served the last step, when one did
 	private   bool                         // a tool result was private: so is the run from then on
+	// policyDigest is the digest of the policy the journal last shows in
+	// force (a policy.changed, a journaled decision); "" if none.
+	policyDigest string
 
 	// decided is the human.decision that answered each call's last
 	// run.waiting (a new wait on the call clears it); approvedBy is the
@@ -84,6 +87,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if d.Model != "" {
 				j.model = d.Model
 			}
+			if n := len(d.Policy); n > 0 {
+				j.policyDigest = d.Policy[n-1].Digest
+			}
 			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls})
 			if len(d.ToolCalls) == 0 {
 				answer := d.Content
@@ -97,6 +103,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			j.intent[d.Call.ID] = true
 			if d.Policy != nil {
 				j.policy[d.Call.ID] = d.Policy
+				j.policyDigest = d.Policy.Digest
 			}
 			delete(j.decision, d.Call.ID) // a retry decided before it is used up
 		case keel.EventToolResult:
@@ -106,6 +113,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			}
 			if d.Private {
 				run.Policy.Private, j.private = true, true
+			}
+			if d.Policy != nil {
+				j.policyDigest = d.Policy.Digest
 			}
 			j.msgs = append(j.msgs, toolMessage(run, d))
 			for i, c := range j.pending {
@@ -151,6 +161,15 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.asked[d.Call.ID], j.askedAt[d.Call.ID] = d, ev.Time
+			if d.Policy != nil {
+				j.policyDigest = d.Policy.Digest
+			}
+		case keel.EventPolicyChanged:
+			var d keel.PolicyChangeData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
+			}
+			j.policyDigest = d.Digest
 		case keel.EventApproval:
 			var d keel.ApprovalData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -367,6 +386,11 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 	for _, r := range runs {
 		if err := e.launch(r); errors.Is(err, keel.ErrConflict) {
 			continue // already going on (an answer given meanwhile launched it)
+		} else if errors.Is(err, keel.ErrInvalid) {
+			// Its workspace's policy does not load: it stays as it is
+			// until the file is fixed and the daemon starts again.
+			e.log.Error("resume", logkey.Run, r.ID, logkey.Err, err)
+			continue
 		} else if err != nil {
 			return n, fmt.Errorf("resume %s: %w", r.ID, err)
 		}

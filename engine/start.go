@@ -3,7 +3,11 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/keel-runtime/keel"
 )
@@ -61,4 +65,27 @@ func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) (*c
 func (e *Engine) toolsLoading() bool {
 	l, ok := e.cfg.Tools.(Loading)
 	return ok && l.Loading()
+}
+
+// checkWorkspace checks a run's workspace: empty (none), or an absolute
+// path of a directory that exists. It returns it cleaned; an error
+// wraps keel.ErrInvalid.
+func checkWorkspace(ws string) (string, error) {
+	if ws == "" {
+		return "", nil
+	}
+	if !filepath.IsAbs(ws) {
+		return "", fmt.Errorf("workspace %q is not an absolute path: %w", ws, keel.ErrInvalid)
+	}
+	ws = filepath.Clean(ws)
+	fi, err := os.Stat(ws)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("workspace %s does not exist: %w", ws, keel.ErrInvalid)
+	case err != nil:
+		return "", fmt.Errorf("workspace %s: %w: %w", ws, keel.ErrInvalid, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("workspace %s is not a directory: %w", ws, keel.ErrInvalid)
+	}
+	return ws, nil
 }

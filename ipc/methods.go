@@ -77,9 +77,9 @@ func init() {
 		protocol.MethodRunHandBack: {handleRunControl((RunSteering).HandBack), steering},
 		protocol.MethodRunTool:     {typed(handleRunTool), steering},
 		protocol.MethodRunFork:     {typed(handleRunFork), steering},
-		protocol.MethodPolicyShow: {func(ctx context.Context, c *conn, _ json.RawMessage) (any, error) {
-			return c.s.svc.Policy.ShowPolicy(ctx)
-		}, pol},
+		protocol.MethodPolicyShow: {typed(func(ctx context.Context, c *conn, p protocol.PolicyShowParams) (any, error) {
+			return c.s.svc.Policy.ShowPolicy(ctx, p)
+		}), pol},
 		protocol.MethodPolicyExplain: {typed(handlePolicyExplain), pol},
 	}
 }

@@ -164,9 +164,10 @@ type Environment interface {
 
 // Policy shows and explains the policy in force.
 type Policy interface {
-	// ShowPolicy returns the effective policy: every rule and lock with
-	// where it is written.
-	ShowPolicy(ctx context.Context) (protocol.PolicyShowResult, error)
+	// ShowPolicy returns the effective policy (of p.Workspace's runs, if
+	// set): every rule and lock with where it is written. A workspace
+	// that is not an absolute path wraps keel.ErrInvalid.
+	ShowPolicy(ctx context.Context, p protocol.PolicyShowParams) (protocol.PolicyShowResult, error)
 	// ExplainPolicy decides the action p names without doing it, and
 	// says why. p.Kind is checked to be "tool" (with a tool name) or
 	// "model" (with provider and model) before it is called. A run

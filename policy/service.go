@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 
 	"github.com/keel-runtime/keel"
 )
@@ -16,10 +17,10 @@ type Service struct {
 	// Watcher holds the layer files in force (and the error keeping newer
 	// ones out).
 	Watcher *Watcher
-	// Effective returns the policy runs are decided by (the engine's,
-	// with the --require-approval run layer) and its version; a nil
-	// policy means the Watcher's.
-	Effective func() (*Policy, uint64)
+	// Effective returns the policy runs of a workspace ("": none) are
+	// decided by (the engine's, with the --require-approval run layer)
+	// and its version; a nil policy means the Watcher's.
+	Effective func(workspace string) (*Policy, uint64)
 	// Runs finds a run named by policy.explain.
 	Runs interface {
 		GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
@@ -33,21 +34,35 @@ type Service struct {
 	IsCloud func(provider string) bool
 }
 
-// current returns the policy to show and explain with, its version and
-// the error keeping newer files out, if any.
-func (s *Service) current() (*Policy, uint64, error) {
-	snap := s.Watcher.Current()
-	p, version := s.Effective()
+// current returns the policy to show and explain with for runs of
+// workspace ws ("": none), its version and the error keeping newer
+// files out, if any. A workspace no run uses is read now (version 0).
+func (s *Service) current(ws string) (*Policy, uint64, error) {
+	if ws != "" && !filepath.IsAbs(ws) {
+		return nil, 0, fmt.Errorf("workspace %q is not an absolute path: %w", ws, keel.ErrInvalid)
+	}
+	ws = filepath.Clean(ws)
+	if ws == "." {
+		ws = ""
+	}
+	snap := s.Watcher.CurrentFor(ws)
+	p, version := s.Effective(ws)
 	if p == nil {
 		p, version = snap.Policy, snap.Version
 	}
 	return p, version, snap.Err
 }
 
-// ShowPolicy returns the effective policy: its files, rules, locks and
-// warnings, each with its origin.
-func (s *Service) ShowPolicy(ctx context.Context) (keel.PolicyShowResult, error) {
-	p, version, err := s.current()
+// ShowPolicy returns the effective policy of the runs of q.Workspace
+// (none if empty): its files, rules, locks and warnings, each with its
+// origin. A workspace that is not an absolute path is keel.ErrInvalid; a
+// workspace file that does not load is shown as Error, with the policy
+// without it.
+func (s *Service) ShowPolicy(ctx context.Context, q keel.PolicyShowParams) (keel.PolicyShowResult, error) {
+	p, version, err := s.current(q.Workspace)
+	if p == nil {
+		return keel.PolicyShowResult{}, err
+	}
 	res := keel.PolicyShowResult{Version: version, Digest: p.Digest(), Files: []keel.PolicyOrigin{},
 		Rules: []keel.PolicyRule{}, Locks: []keel.PolicySetting{}, Warnings: []string{}}
 	for _, f := range p.Files() {
@@ -78,6 +93,9 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 			return keel.PolicyExplainResult{}, err
 		}
 		run = r
+		if q.Workspace == "" {
+			q.Workspace = r.Workspace
+		}
 	}
 	a := Action{Provider: q.Provider, Model: q.Model, Tool: q.Tool}
 	switch q.Kind {
@@ -102,7 +120,10 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 	default:
 		return keel.PolicyExplainResult{}, fmt.Errorf("kind %q: %w", q.Kind, keel.ErrInvalid)
 	}
-	p, version, _ := s.current()
+	p, version, err := s.current(q.Workspace)
+	if p == nil {
+		return keel.PolicyExplainResult{}, err
+	}
 	d := p.Decide(&a)
 	res := keel.PolicyExplainResult{Decision: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}
 	if r := d.Rule(); r != nil {

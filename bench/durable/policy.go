@@ -28,6 +28,10 @@ func (sw *switchedPolicy) Current() policy.Snapshot {
 	return policy.Snapshot{Policy: p, Version: 1}
 }
 
+func (sw *switchedPolicy) CurrentFor(string) policy.Snapshot { return sw.Current() }
+
+func (sw *switchedPolicy) Use(string) (func(), error) { return func() {}, nil }
+
 // benchPolicy compiles a policy of policyRules rules over the managed and
 // user layers, none of which matches the workload (tool rules naming
 // other tools, some with a path or URL; rules for every tool with a path

@@ -71,6 +71,7 @@ const (
 	GuestPath   = "guest_path"   // a directory as a tool sees it
 	GrantDigest = "grant_digest" // the digest grants are bound to
 	Digest      = "digest"       // the digest of what was loaded (a policy)
+	Workspace   = "workspace"    // a run's workspace directory ("" none)
 	Env         = "env"          // an environment variable's name
 	What        = "what"         // what is retried: a model step, a tool call
 )

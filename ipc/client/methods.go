@@ -49,7 +49,7 @@ const (
 	ModelsList     Method[None, protocol.ModelsListResult]                            = protocol.MethodModelsList
 	ModelsPull     Method[protocol.ModelsPullParams, protocol.ModelsPullResult]       = protocol.MethodModelsPull
 	ModelsChat     Method[protocol.ModelsChatParams, protocol.ModelsChatResult]       = protocol.MethodModelsChat
-	PolicyShow     Method[None, protocol.PolicyShowResult]                            = protocol.MethodPolicyShow
+	PolicyShow     Method[protocol.PolicyShowParams, protocol.PolicyShowResult]       = protocol.MethodPolicyShow
 	PolicyExplain  Method[protocol.PolicyExplainParams, protocol.PolicyExplainResult] = protocol.MethodPolicyExplain
 )
 

@@ -20,6 +20,7 @@ type (
 	PolicyOrigin        = keel.PolicyOrigin
 	PolicyRule          = keel.PolicyRule
 	PolicySetting       = keel.PolicySetting
+	PolicyShowParams    = keel.PolicyShowParams
 	PolicyShowResult    = keel.PolicyShowResult
 	PolicyExplainParams = keel.PolicyExplainParams
 	PolicyExplainResult = keel.PolicyExplainResult
