@@ -258,11 +258,12 @@ func (e *Engine) dropPolicy(id keel.RunID) {
 	}
 }
 
-// labelPolicy is the policy labels are decided by: the effective one,
-// or with none, an empty one, whose built-in rules still hold (no label
-// is cleared for a cloud provider; egress after labelled data asks).
-func (e *Engine) labelPolicy() *policy.Policy {
-	if p, _ := e.effective(); p != nil {
+// labelPolicy is the policy labels of runs of workspace root ("": none)
+// are decided by: the effective one, or with none, an empty one, whose
+// built-in rules still hold (no label is cleared for a cloud provider;
+// egress after labelled data asks).
+func (e *Engine) labelPolicy(root string) *policy.Policy {
+	if p, _ := e.effective(root); p != nil {
 		return p
 	}
 	return e.emptyPolicy

@@ -403,10 +403,6 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err != nil {
 		return keel.Run{}, err
 	}
-	// The run's inputs carry the labels asked for and those the policy
-	// gives inputs; the run keeps them, so its journal alone says what
-	// its context holds.
-	req.Policy.Labels = unionNames(req.Policy.Labels, labelNames(e.labelPolicy().LabelsOf(policy.Source{Kind: policy.SourceInput})))
 	now := e.cfg.Now()
 	run := keel.Run{ID: keel.RunID("run_" + e.cfg.NewID()), Kind: req.Kind, Goal: req.Goal, Model: model, Status: keel.RunQueued,
 		MaxSteps: req.MaxSteps, Policy: req.Policy, IdempotencyKey: req.IdempotencyKey, CreatedAt: now, UpdatedAt: now, Workspace: ws}
@@ -414,6 +410,10 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err != nil {
 		return keel.Run{}, err
 	}
+	// The run's inputs carry the labels asked for and those the policy
+	// (of its workspace) gives inputs; the run keeps them, so its journal
+	// alone says what its context holds.
+	run.Policy.Labels = unionNames(run.Policy.Labels, labelNames(e.labelPolicy(ws).LabelsOf(policy.Source{Kind: policy.SourceInput})))
 	// The policy in force at the start: a change before the run's first
 	// decision is journaled.
 	if p, _ := e.effective(run.Workspace); p != nil {
