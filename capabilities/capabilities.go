@@ -15,22 +15,70 @@ type FSGrant struct {
 	// Private marks what lies in the directory as private: a run whose
 	// context holds the output of a tool with such a grant is treated as
 	// a private run from that step on (nothing of it reaches a cloud
-	// model). Default false.
+	// model). It is the label "private" (LabelPrivate): Labels of a
+	// checked grant never hold "private", which sets Private instead.
+	// Default false.
 	Private bool `json:"private,omitempty"`
+	// Labels are the labels the user gives what lies in the directory
+	// (docs/policy.md, Labels): "pii", "secret", or names of their own
+	// (CheckLabel). A tool call that opens a file through the grant
+	// carries them (keel.Touched.Labels). Sorted, without duplicates, once
+	// checked; nil: none but Private.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Modes names what f allows, in the short words grant listings use:
-// "ro" or "rw", then "private" if f is Private. Callers join them with
-// their own separator ("rw+private", "rw, private").
+// "ro" or "rw", then "private" if f is Private, then "label:NAME" for
+// each of its Labels. Callers join them with their own separator
+// ("rw+private+label:pii", "rw, private, label:pii").
 func (f FSGrant) Modes() []string {
 	mode := "rw"
 	if f.ReadOnly {
 		mode = "ro"
 	}
+	out := []string{mode}
 	if f.Private {
-		return []string{mode, "private"}
+		out = append(out, LabelPrivate)
 	}
-	return []string{mode}
+	for _, l := range f.Labels {
+		out = append(out, "label:"+l)
+	}
+	return out
+}
+
+// AllLabels returns the labels of what lies in f's directory: its Labels
+// and "private" if it is Private, sorted without duplicates. The result
+// is a new slice (nil when there are none).
+func (f FSGrant) AllLabels() []string {
+	if f.Private {
+		return UnionLabels(f.Labels, []string{LabelPrivate})
+	}
+	return UnionLabels(f.Labels, nil)
+}
+
+// Equal reports whether f and o grant the same directory the same way.
+func (f FSGrant) Equal(o FSGrant) bool {
+	return f.HostPath == o.HostPath && f.GuestPath == o.GuestPath && f.ReadOnly == o.ReadOnly &&
+		f.Private == o.Private && slices.Equal(f.Labels, o.Labels)
+}
+
+// WithLabels returns f with labels added (checked with CheckLabel):
+// "private" sets Private, the others join Labels, sorted without
+// duplicates. f is not modified.
+func (f FSGrant) WithLabels(labels ...string) (FSGrant, error) {
+	var more []string
+	for _, l := range append(slices.Clone(f.Labels), labels...) {
+		if err := CheckLabel(l); err != nil {
+			return f, err
+		}
+		if l == LabelPrivate {
+			f.Private = true
+			continue
+		}
+		more = append(more, l)
+	}
+	f.Labels = UnionLabels(more, nil)
+	return f, nil
 }
 
 // Grants is everything a tool may touch beyond its own memory, the clock
@@ -53,9 +101,10 @@ func (g Grants) Empty() bool {
 // present, filesystem grants that replace any grant of the same guest
 // path, and the limits more sets replacing g's. g is not modified.
 func (g Grants) Add(more Grants) Grants {
-	out := Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits.Add(more.Limits)}
+	out := Grants{FS: cloneFS(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits.Add(more.Limits)}
 	for _, f := range more.FS {
 		out.FS = slices.DeleteFunc(out.FS, func(e FSGrant) bool { return e.GuestPath == f.GuestPath })
+		f.Labels = slices.Clone(f.Labels)
 		out.FS = append(out.FS, f)
 	}
 	for _, n := range more.Network {
@@ -71,9 +120,30 @@ func (g Grants) Add(more Grants) Grants {
 	return out
 }
 
+// cloneFS copies fs deeply enough that no Labels slice is shared.
+func cloneFS(fs []FSGrant) []FSGrant {
+	out := slices.Clone(fs)
+	for i := range out {
+		out[i].Labels = slices.Clone(out[i].Labels)
+	}
+	return out
+}
+
+// Clone returns a copy of g that shares no slice with it.
+func (g Grants) Clone() Grants {
+	return Grants{FS: cloneFS(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits}
+}
+
 // HasPrivate reports whether g grants a directory marked private.
 func (g Grants) HasPrivate() bool {
-	return slices.ContainsFunc(g.FS, func(f FSGrant) bool { return f.Private })
+	return slices.ContainsFunc(g.FS, func(f FSGrant) bool { return f.Private || slices.Contains(f.Labels, LabelPrivate) })
+}
+
+// Equal reports whether g and o grant exactly the same things, in the
+// same order.
+func (g Grants) Equal(o Grants) bool {
+	return slices.EqualFunc(g.FS, o.FS, FSGrant.Equal) && slices.Equal(g.Network, o.Network) &&
+		slices.Equal(g.Env, o.Env) && g.Limits == o.Limits
 }
 
 // GuestPathAllowed reports whether a guest path lies inside a granted

@@ -12,7 +12,11 @@ type ToolInfo struct {
 	keel.ToolSpec
 	Requests Grants `json:"requests"`
 	Grants   Grants `json:"grants"`
-	SHA256   string `json:"sha256,omitempty"` // of the .wasm file
+	// Labels are the labels the tool's manifest declares its output
+	// carries, whatever it reads (sorted; none: omitted). A call's result
+	// carries them, besides those of the grants it read through.
+	Labels []string `json:"labels,omitempty"`
+	SHA256 string   `json:"sha256,omitempty"` // of the .wasm file
 	// GrantDigest is what the tool's grants are bound to: SHA256 when it
 	// has no sidecar manifest, else a digest over SHA256 and the
 	// sidecar's bytes, so a new sidecar beside the same module is another

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -30,5 +31,39 @@ func TestGrantsLine(t *testing.T) {
 	describeGrants(&b, "  ", capabilities.Grants{Network: []string{"https://example.com:443"}, Limits: capabilities.Limits{OutputBytes: 4 << 20}})
 	if want := "  net https://example.com:443\n  limit output=4MiB\n"; b.String() != want {
 		t.Errorf("describeGrants = %q, want %q", b.String(), want)
+	}
+}
+
+// TestLabelDirs: --private and --label give every directory granted its
+// labels, checked, "private" as Private; listings show them.
+func TestLabelDirs(t *testing.T) {
+	g, err := parseGrants([]string{"fs-ro:/workspace=/home/you/notes", "net:https://example.com:443"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := labelDirs(g, false, []string{"secret", "pii", "private", "pii"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := capabilities.FSGrant{GuestPath: "/workspace", HostPath: "/home/you/notes", ReadOnly: true, Private: true, Labels: []string{"pii", "secret"}}
+	if len(got.FS) != 1 || !got.FS[0].Equal(want) {
+		t.Errorf("labelDirs = %+v, want %+v", got.FS, want)
+	}
+	if m, want := fsMode(got.FS[0]), "read-only, private, labels pii, secret"; m != want {
+		t.Errorf("fsMode = %q, want %q", m, want)
+	}
+	if l, want := grantsLine(capabilities.Grants{FS: got.FS}), "fs /workspace=/home/you/notes (ro, private, label:pii, label:secret)"; l != want {
+		t.Errorf("grantsLine = %q, want %q", l, want)
+	}
+	for _, bad := range [][]string{{"PII"}, {"9lives"}, {""}, {"a b"}} {
+		if _, err := labelDirs(g, false, bad); !errors.Is(err, capabilities.ErrLabel) {
+			t.Errorf("labelDirs(%q) = %v, want ErrLabel", bad, err)
+		}
+	}
+	if _, err := labelDirs(capabilities.Grants{Network: []string{"https://example.com:443"}}, false, []string{"pii"}); err == nil {
+		t.Error("labelDirs without a directory accepted a label")
+	}
+	if same, err := labelDirs(g, false, nil); err != nil || !same.Equal(g) {
+		t.Errorf("labelDirs with no labels = %+v, %v; want the grants unchanged", same, err)
 	}
 }

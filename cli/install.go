@@ -24,7 +24,11 @@ const grantHelp = `Grant specs:
                          output=4MiB or write_quota=2GiB
 (revoke takes fs:/GUEST without the host directory, and limit:KIND without a value)
 --private marks the directories granted (fs, fs-ro) private: once a run reads the output of a tool
-with a private directory, the run is private from that step on and nothing reaches a cloud model.`
+with a private directory, the run is private from that step on and nothing reaches a cloud model.
+--label NAME gives the directories granted a label of your own (pii, secret, ...; a lower-case letter,
+then letters, digits, - or _; repeat it or separate with commas): a tool call that opens a file there
+carries the label into the run, where the policy decides where it may go (docs/policy.md).
+--label private is --private. Granting a directory again replaces its labels.`
 
 // parseGrants turns grant specs into Grants. withHost is false for revoke.
 func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
@@ -68,12 +72,42 @@ func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
 	return g, nil
 }
 
-// markPrivate marks every directory g grants private.
-func markPrivate(g capabilities.Grants) capabilities.Grants {
-	for i := range g.FS {
-		g.FS[i].Private = true
+// labelDirs gives every directory g grants the labels (and private,
+// if private is set). The labels are checked: an error names the bad one.
+func labelDirs(g capabilities.Grants, private bool, labels []string) (capabilities.Grants, error) {
+	if private {
+		labels = append(labels, capabilities.LabelPrivate)
 	}
-	return g
+	if len(labels) == 0 {
+		return g, nil
+	}
+	if len(g.FS) == 0 {
+		return g, fmt.Errorf("--private and --label mark directories: name one with fs:/GUEST=HOSTDIR")
+	}
+	for i := range g.FS {
+		f, err := g.FS[i].WithLabels(labels...)
+		if err != nil {
+			return g, fmt.Errorf("--label: %w", err)
+		}
+		g.FS[i] = f
+	}
+	return g, nil
+}
+
+// fsMode describes how f grants its directory, for people:
+// "read-only", "read-write, private", "read-only, labels pii, secret".
+func fsMode(f capabilities.FSGrant) string {
+	mode := "read-write"
+	if f.ReadOnly {
+		mode = "read-only"
+	}
+	if f.Private {
+		mode += ", private"
+	}
+	if len(f.Labels) > 0 {
+		mode += ", labels " + strings.Join(f.Labels, ", ")
+	}
+	return mode
 }
 
 func expandHome(p string) string {
@@ -88,13 +122,7 @@ func expandHome(p string) string {
 // describeGrants renders grants one per line, for people.
 func describeGrants(w io.Writer, prefix string, g capabilities.Grants) {
 	for _, f := range g.FS {
-		mode := "read-write"
-		if f.ReadOnly {
-			mode = "read-only"
-		}
-		if f.Private {
-			mode += ", private"
-		}
+		mode := fsMode(f)
 		if f.HostPath != "" {
 			fmt.Fprintf(w, "%sfs  %s → %s (%s)\n", prefix, f.GuestPath, f.HostPath, mode)
 		} else {
@@ -168,7 +196,7 @@ func ungranted(req, g capabilities.Grants) capabilities.Grants {
 }
 
 func installCmd() *cobra.Command {
-	var specs []string
+	var specs, labels []string
 	var all, replace, keep, private bool
 	cmd := &cobra.Command{
 		Use:   "install PATH.wasm",
@@ -204,6 +232,9 @@ func installCmd() *cobra.Command {
 					fmt.Fprintln(out, "requests:")
 					describeGrants(out, "  ", info.Requests)
 				}
+				if len(info.Labels) > 0 {
+					fmt.Fprintf(out, "output labels: %s (its results carry them, whatever it reads)\n", strings.Join(info.Labels, ", "))
+				}
 				if all {
 					g = g.Add(capabilities.Grants{Network: info.Requests.Network, Env: info.Requests.Env})
 					for _, f := range info.Requests.FS {
@@ -212,8 +243,8 @@ func installCmd() *cobra.Command {
 						}
 					}
 				}
-				if private {
-					g = markPrivate(g)
+				if g, err = labelDirs(g, private, labels); err != nil {
+					return &exitError{code: ExitUsage, err: err}
 				}
 				installed, err := client.Do(context.WithoutCancel(ctx), c, client.ToolsInstall, protocol.ToolsInstallParams{Path: file, Grants: g, Replace: replace, KeepGrants: keep})
 				if err != nil {
@@ -238,6 +269,7 @@ func installCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&all, "grant-all", false, "grant every network and environment request (directories still need --grant fs:…)")
 	cmd.Flags().BoolVar(&replace, "replace", false, "replace an installed tool of the same name (its grants are not kept)")
 	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
+	cmd.Flags().StringSliceVar(&labels, "label", nil, "give the directories granted this label (repeatable; see --help)")
 	cmd.Flags().BoolVar(&keep, "keep-grants", false, "with --replace: give the new module the grants of the one it replaces (those it still requests)")
 	return cmd
 }
@@ -258,6 +290,7 @@ func removeCmd() *cobra.Command {
 
 func grantCmd() *cobra.Command {
 	var confirm string
+	var labels []string
 	var private bool
 	cmd := &cobra.Command{
 		Use:   "grant NAME [SPEC...]",
@@ -275,16 +308,14 @@ func grantCmd() *cobra.Command {
 			if err != nil {
 				return &exitError{code: ExitUsage, err: err}
 			}
-			if private {
-				if len(g.FS) == 0 {
-					return &exitError{code: ExitUsage, err: fmt.Errorf("--private marks directories: name one with fs:/GUEST=HOSTDIR")}
-				}
-				g = markPrivate(g)
+			if g, err = labelDirs(g, private, labels); err != nil {
+				return &exitError{code: ExitUsage, err: err}
 			}
 			return call(cmd, client.ToolsGrant, protocol.ToolsGrantParams{Name: args[0], Grants: g, Confirm: confirm}, printGrants(cmd))
 		},
 	}
 	cmd.Flags().BoolVar(&private, "private", false, "mark the directories granted private (see --help)")
+	cmd.Flags().StringSliceVar(&labels, "label", nil, "give the directories granted this label (repeatable; see --help)")
 	cmd.Flags().StringVar(&confirm, "confirm", "", "give the installed tool, of this grant digest, the grants its name had before it was replaced")
 	return cmd
 }

@@ -50,15 +50,11 @@ func toolsCmd() *cobra.Command {
 					if t.Grants.Empty() {
 						fmt.Fprintln(out, "  grants: none")
 					}
+					if len(t.Labels) > 0 {
+						fmt.Fprintf(out, "  output labels: %s\n", strings.Join(t.Labels, ", "))
+					}
 					for _, g := range t.Grants.FS {
-						mode := "read-write"
-						if g.ReadOnly {
-							mode = "read-only"
-						}
-						if g.Private {
-							mode += ", private"
-						}
-						fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, mode)
+						fmt.Fprintf(out, "  grants: %s → %s (%s)\n", g.GuestPath, g.HostPath, fsMode(g))
 					}
 					for _, n := range t.Grants.Network {
 						fmt.Fprintf(out, "  grants: network %s\n", n)

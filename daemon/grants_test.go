@@ -130,7 +130,7 @@ func TestGrantsBoundToDigest(t *testing.T) {
 		t.Errorf("replaced writefile has grants %+v, want none", info.Grants)
 	}
 	want := &protocol.PendingGrants{SHA256: origSum, Grants: capabilities.Grants{FS: []capabilities.FSGrant{{HostPath: out, GuestPath: "/workspace"}}}}
-	if p := info.PendingGrants; p == nil || p.SHA256 != want.SHA256 || !slices.Equal(p.Grants.FS, want.Grants.FS) {
+	if p := info.PendingGrants; p == nil || p.SHA256 != want.SHA256 || !slices.EqualFunc(p.Grants.FS, want.Grants.FS, capabilities.FSGrant.Equal) {
 		t.Errorf("pending grants = %+v, want %+v", p, want)
 	}
 	if err := write("b.txt"); err == nil || !strings.Contains(err.Error(), "permission_denied") || written("b.txt") {

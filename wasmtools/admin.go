@@ -226,7 +226,7 @@ func (m *Admin) Info(t Tool) capabilities.ToolInfo {
 }
 
 func toolInfo(t Tool) capabilities.ToolInfo {
-	return capabilities.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, SHA256: t.SHA256, GrantDigest: t.GrantDigest, Compiling: t.Compiling}
+	return capabilities.ToolInfo{ToolSpec: t.Spec, Requests: t.Requests, Grants: t.Grants, Labels: t.Labels, SHA256: t.SHA256, GrantDigest: t.GrantDigest, Compiling: t.Compiling}
 }
 
 // withPending adds to info the grants its name holds for another module.

@@ -53,17 +53,37 @@ import (
 // Config.Interceptors see the call before and after it runs (package
 // intercept): a call one of them denies does not run and fails with
 // permission_denied. inv.Run, Step and CallID say who calls (zero for a
-// direct call); the registry itself reads only Name and Args.
+// direct call); the registry itself reads Name and Args, and:
+//
+//   - Touched, when not nil, is set to what the call reached once it
+//     has ended (also when it failed; zero when the tool did not run):
+//     the host paths it opened through its grants, resolved as the
+//     sandbox resolved them, deduplicated in first-open order, at most
+//     keel.MaxTouchedPaths (then Truncated); the host:port of every
+//     network request it made or tried, allowed or refused; and the
+//     labels of the grants its instance opened files through (a pooled
+//     instance's earlier calls included: what they read may still be in
+//     its memory) with those its manifest declares. Nothing is written
+//     to it after Call returns.
+//   - Egress, when not nil, is asked before each network request and
+//     each redirect the grants allow, with the destination URL; an error
+//     refuses the request: the tool sees a permission_denied network
+//     error giving the reason, and the call fails with permission_denied
+//     naming the destination and the reason (or with the code of the
+//     error, if it is a *keel.ToolError).
 func (r *Registry) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	if inv.Touched != nil {
+		*inv.Touched = keel.Touched{}
+	}
 	if len(r.cfg.Interceptors) == 0 {
-		out, _, terr := r.call(ctx, inv.Name, inv.Args)
+		out, _, terr := r.call(ctx, inv)
 		if terr != nil {
 			return nil, terr
 		}
 		return out, nil
 	}
 	o := r.cfg.Interceptors.Call(ctx, inv, func(ctx context.Context) intercept.ToolOutcome {
-		out, t, terr := r.call(ctx, inv.Name, inv.Args)
+		out, t, terr := r.call(ctx, inv)
 		o := intercept.ToolOutcome{Output: out, Err: terr}
 		if t != nil {
 			o.Build = intercept.ToolBuild{Version: t.info.Spec.Version, SHA256: t.info.SHA256, Grants: grantStrings(t.info.Grants)}
@@ -76,9 +96,10 @@ func (r *Registry) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawM
 	return o.Output, nil
 }
 
-// call runs the named tool on input (see Call); t is the tool that ran,
-// nil when there is none by that name.
-func (r *Registry) call(ctx context.Context, name string, input json.RawMessage) (_ json.RawMessage, t *tool, _ *keel.ToolError) {
+// call runs the tool inv names on its input (see Call); t is the tool
+// that ran, nil when there is none by that name.
+func (r *Registry) call(ctx context.Context, inv keel.ToolInvocation) (_ json.RawMessage, t *tool, _ *keel.ToolError) {
+	name, input := inv.Name, inv.Args
 	t, err := r.lookup(ctx, name)
 	if err != nil {
 		return nil, nil, &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s is still being compiled: %v", name, err)}
@@ -118,25 +139,33 @@ func (r *Registry) call(ctx context.Context, name string, input json.RawMessage)
 	defer cancel()
 	defer context.AfterFunc(r.ctx, cancel)()
 
-	ctx, nc := r.withNet(ctx, t)
+	var touch *callTouch
+	if inv.Touched != nil {
+		touch = new(callTouch)
+	}
+	ctx, nc := r.withNet(ctx, t, touch, inv.Egress)
 	start := time.Now()
 	var o outcome
 	var inst *instance
 	var disk diskUse
+	var use *fsUse
 	if t.pool == nil {
 		var mc wazero.ModuleConfig
-		mc, disk = r.instanceConfig(t)
-		o = r.run(ctx, compiled, mc, input, t.limits)
+		mc, disk, use = r.instanceConfig(t)
+		o = r.run(ctx, compiled, mc, input, t.limits, use, touch)
 	} else {
-		if inst, o = r.callReactor(ctx, t, compiled, input); inst != nil {
-			disk = inst.disk
+		if inst, o = r.callReactor(ctx, t, compiled, input, touch); inst != nil {
+			disk, use = inst.disk, inst.fs
 		}
 	}
+	if touch != nil {
+		touch.fill(inv.Touched, use, t.info.Labels)
+	}
 	out, terr := r.result(ctx, t, o, late)
-	if denied := nc.denial(); denied != "" {
+	if denied := nc.denial(); denied != nil {
 		// A refused request fails the call as a whole, whatever the tool
 		// made of the refusal, so the denial is never swallowed.
-		terr = &keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s tried to reach %s, which is not granted", name, denied)}
+		terr = denied
 	} else if full := disk.refusal(); full != nil {
 		// So is a write refused by a disk limit (see disk.go).
 		terr = &keel.ToolError{Code: keel.ToolResourceExhausted, Message: full.Error()}
@@ -188,7 +217,10 @@ type outcome struct {
 // run instantiates compiled and runs its _start to the end, with the
 // given stdin and fresh stdout, stderr and memory, capped by lim. ctx's
 // end interrupts the guest.
-func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, stdin []byte, lim limits) outcome {
+//
+// use records what the instance opens through its grants, and touch,
+// when not nil, what the call opens (see touched.go).
+func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc wazero.ModuleConfig, stdin []byte, lim limits, use *fsUse, touch *callTouch) outcome {
 	mem := &memoryCap{limit: lim.memoryBytes()}
 	stdout := &limitedWriter{limit: lim.output, fail: true}
 	stderr := &limitedWriter{limit: stderrLimit}
@@ -200,11 +232,13 @@ func (r *Registry) run(ctx context.Context, compiled wazero.CompiledModule, mc w
 	mod, err := r.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, mem), compiled, mc)
 	if err == nil {
 		mem.bind(mod)
+		use.begin(touch)
 		disarm := armInterrupt(ctx, interruptOf(mod))
 		if err = callStart(ctx, mod); err == nil {
 			_, err = mod.ExportedFunction("_start").Call(ctx)
 		}
 		disarm()
+		use.end()
 		var exit *sys.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 0 {
 			err = nil // proc_exit(0) is a clean end
@@ -245,8 +279,9 @@ func armInterrupt(ctx context.Context, g api.MutableGlobal) (disarm func() bool)
 
 // callReactor runs one call on an instance of a reactor tool: an idle one
 // from the pool, or a new one. It returns the instance, nil if it could
-// not be started, for the caller to put back or close.
-func (r *Registry) callReactor(ctx context.Context, t *tool, compiled wazero.CompiledModule, input []byte) (*instance, outcome) {
+// not be started, for the caller to put back or close. touch, when not
+// nil, records what the call opens (see touched.go).
+func (r *Registry) callReactor(ctx context.Context, t *tool, compiled wazero.CompiledModule, input []byte, touch *callTouch) (*instance, outcome) {
 	var inst *instance
 	if !t.fresh {
 		inst = t.pool.get()
@@ -254,12 +289,17 @@ func (r *Registry) callReactor(ctx context.Context, t *tool, compiled wazero.Com
 	if inst == nil {
 		t.pool.instantiations.Add(1)
 		var o outcome
-		mc, disk := r.instanceConfig(t)
+		mc, disk, use := r.instanceConfig(t)
 		if inst, o = r.instantiate(ctx, compiled, mc, t.limits); inst == nil {
 			return nil, o
 		}
-		inst.disk = disk
+		inst.disk, inst.fs = disk, use
 	}
+	if r.cfg.testHookInstance != nil {
+		r.cfg.testHookInstance(t.info.Spec.Name)
+	}
+	inst.fs.begin(touch)
+	defer inst.fs.end()
 	return inst, r.invoke(ctx, inst, input)
 }
 

@@ -39,6 +39,9 @@
 // files or fetch URLs.
 //
 //	isolation      "pooled" (default) or "fresh"; see Reactors below
+//	labels         optional labels every result carries, whatever the
+//	               tool reads (capabilities.CheckLabel names); see
+//	               What a call touched below
 //
 // requests may also hold "limits": {"timeout_ms", "memory_mib",
 // "output_bytes", "write_quota_bytes"}, the tool's own call limits (see
@@ -104,6 +107,9 @@
 // addresses after DNS resolution unless [Config.AllowPrivateNetwork]. A
 // refused request fails the whole call with permission_denied naming the
 // destination, whatever the tool does with the refusal.
+// A caller's egress check (keel.ToolInvocation.Egress) is asked about
+// each request and redirect the grants allow, and may refuse it the same
+// way.
 //
 // A read-write grant has a disk quota: a write that would take what one
 // call wrote (and added to files by truncating or writing past their
@@ -138,6 +144,38 @@
 // stack of wasm frames is bounded by wazero, not by the cap: it grows to
 // at most about 100 MB, and a pooled instance keeps the stack its
 // deepest call grew. Overflowing it is resource_exhausted (see Call).
+//
+// # What a call touched
+//
+// A caller that sets keel.ToolInvocation.Touched learns what the call
+// reached (touched.go): the host paths it opened through its grants,
+// resolved as os.Root resolved them (symbolic links followed, beneath the
+// grant's host directory, itself resolved), deduplicated in first-open
+// order and capped at keel.MaxTouchedPaths; the host:port of every
+// network request it made or tried; and labels: those of each grant it
+// opened a file through (capabilities.FSGrant.Labels, and "private") with
+// those its manifest declares. A mount's root is recorded when the tool
+// lists it, not when it is opened, because wazero opens each root itself
+// to tell the guest which directories it has.
+//
+// Mounts are made once per instance, and a pooled instance serves call
+// after call, so the recording cannot live in the mounts: they share a
+// per-instance record (fsUse) that the call running on the instance
+// points at its own recorder while the guest runs, and clears before the
+// instance goes back to the pool. An instance serves one call at a time
+// on one goroutine, so calls of one tool on different instances never
+// see each other's paths, and a call that asks for nothing pays a nil
+// check per open. Which grants an instance ever opened files through is
+// kept for its life, initialization included: a reactor may keep what a
+// call read in its memory and return it later, so every later call on
+// the instance carries those grants' labels. A tool with fresh isolation
+// carries only its own call's.
+//
+// keel.ToolInvocation.Egress, when set, is asked before each request and
+// each redirect the grants allow (netcap.go); a refusal is what the
+// guest sees for an ungranted destination, a permission_denied network
+// error, with the check's reason, and fails the call as a denial does
+// (with the check's code when its error is a *keel.ToolError).
 //
 // # Errors
 //

@@ -45,7 +45,9 @@ func CarryGrants(req, g capabilities.Grants) capabilities.Grants {
 
 // CheckGrants returns g normalized if it grants only what req requests:
 // a filesystem grant names a requested guest path and an existing host
-// directory, and is read-only where the request is; network and
+// directory, and is read-only where the request is; its labels are
+// label names (capabilities.CheckLabel), kept sorted without duplicates,
+// "private" as Private; network and
 // environment grants name requested entries exactly; a limit grant names
 // a limit the manifest asks for. Anything else is refused, naming the
 // offending entry, with an error wrapping keel.ErrInvalid.
@@ -68,7 +70,11 @@ func CheckGrants(req, g capabilities.Grants) (capabilities.Grants, error) {
 		case !fi.IsDir():
 			return out, fmt.Errorf("grant fs:%s: host path %s is not a directory: %w", guest, f.HostPath, keel.ErrInvalid)
 		}
-		out.FS = append(out.FS, capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly, Private: f.Private})
+		labelled, err := capabilities.FSGrant{HostPath: filepath.Clean(f.HostPath), GuestPath: guest, ReadOnly: f.ReadOnly || req.FS[i].ReadOnly, Private: f.Private}.WithLabels(f.Labels...)
+		if err != nil {
+			return out, fmt.Errorf("grant fs:%s: %w: %w", guest, err, keel.ErrInvalid)
+		}
+		out.FS = append(out.FS, labelled)
 	}
 	for _, n := range g.Network {
 		if !slices.ContainsFunc(req.Network, func(r string) bool { return capabilities.PatternCovers(r, n) }) {

@@ -63,3 +63,21 @@ func TestCheckGrantsLimits(t *testing.T) {
 		t.Fatalf("carryGrants to a module that asks for no limit = %+v, want none", got.Limits)
 	}
 }
+
+// TestCheckGrantsLabels: a filesystem grant's labels are checked and
+// kept sorted without duplicates, "private" as Private.
+func TestCheckGrantsLabels(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	req := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace"}}}
+	g := capabilities.Grants{FS: []capabilities.FSGrant{{GuestPath: "/workspace", HostPath: dir, Labels: []string{"secret", "private", "pii", "pii"}}}}
+	out, err := wasmtools.CheckGrants(req, g)
+	want := capabilities.FSGrant{GuestPath: "/workspace", HostPath: dir, Private: true, Labels: []string{"pii", "secret"}}
+	if err != nil || len(out.FS) != 1 || !out.FS[0].Equal(want) {
+		t.Fatalf("CheckGrants(labels) = %+v, %v; want %+v", out.FS, err, want)
+	}
+	g.FS[0].Labels = []string{"pii", "Bad Label"}
+	if _, err := wasmtools.CheckGrants(req, g); !errors.Is(err, keel.ErrInvalid) || !errors.Is(err, capabilities.ErrLabel) || !strings.Contains(err.Error(), "Bad Label") {
+		t.Errorf("CheckGrants(bad label) = %v, want ErrInvalid and ErrLabel naming it", err)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/keel-runtime/keel/capabilities"
@@ -26,7 +25,7 @@ func (r *Registry) grantsFor(name, sum string) capabilities.Grants {
 
 // sameGrants reports whether a and b grant exactly the same things.
 func sameGrants(a, b capabilities.Grants) bool {
-	return slices.Equal(a.FS, b.FS) && slices.Equal(a.Network, b.Network) && slices.Equal(a.Env, b.Env) && a.Limits == b.Limits
+	return a.Equal(b)
 }
 
 // Inspect compiles and validates the tool file NAME.wasm (with its
@@ -147,6 +146,7 @@ func FileDigests(file string) (sum, grantDigest string, err error) {
 
 // grantStrings renders grants as the audit trail and interceptors see
 // them (intercept.ToolBuild): "fs:/workspace=ro", "fs:/notes=rw+private",
+// "fs:/hr=ro+label:pii",
 // "net:https://example.com:443", "env:NAME".
 func grantStrings(g capabilities.Grants) []string {
 	var out []string

@@ -149,6 +149,7 @@ func describe(m *parsedManifest, sha256 string, sidecar []byte, file string) Too
 			SideEffects:  m.SideEffects,
 		},
 		Requests:    m.Requests,
+		Labels:      m.Labels,
 		SHA256:      sha256,
 		GrantDigest: GrantDigest(sha256, sidecar),
 		Path:        abs,

@@ -578,7 +578,7 @@ func (r *Registry) printManifest(ctx context.Context, name string, compiled waze
 	ctx, cancel := context.WithTimeout(ctx, lim.timeout)
 	defer cancel()
 	mc := baseModuleConfig().WithArgs(name, "--manifest")
-	o := r.run(ctx, compiled, mc, nil, lim)
+	o := r.run(ctx, compiled, mc, nil, lim, nil, nil)
 	if f := r.failure(ctx, o, fmt.Sprintf("did not finish within %s", lim.timeout), lim); f != nil {
 		return nil, fmt.Errorf("print manifest (no sidecar %s.manifest.json either): %s", name, f.Message)
 	}

@@ -40,6 +40,9 @@ type manifest struct {
 	SideEffects  keel.SideEffect     `json:"side_effects"`
 	Requests     capabilities.Grants `json:"requests"`
 	Isolation    string              `json:"isolation"` // "" (pooled) or "fresh"
+	// Labels are the labels the tool declares its output carries,
+	// whatever it reads (data from a private service, say).
+	Labels []string `json:"labels"`
 }
 
 // parsedManifest is a validated manifest with its schemas compiled.
@@ -82,11 +85,15 @@ func parseManifest(data []byte) (*parsedManifest, error) {
 	if err := checkRequests(m.Requests); err != nil {
 		return nil, err
 	}
+	labels, err := capabilities.NormalizeLabels(m.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("manifest labels: %w", err)
+	}
+	m.Labels = labels
 	p := &parsedManifest{manifest: m}
 	if len(m.InputSchema) == 0 || string(m.InputSchema) == "null" {
 		return nil, errors.New("manifest input_schema is required")
 	}
-	var err error
 	if p.input, err = schema.Compile("tools/"+m.Name+"/input_schema", "input_schema", m.InputSchema); err != nil {
 		return nil, fmt.Errorf("manifest %w", err)
 	}
@@ -115,6 +122,8 @@ func checkRequests(r capabilities.Grants) error {
 			return fmt.Errorf("manifest requests.fs guest_path %q must be an absolute, clean path such as /workspace", fs.GuestPath)
 		case seen[fs.GuestPath]:
 			return fmt.Errorf("manifest requests.fs guest_path %q is requested twice", fs.GuestPath)
+		case len(fs.Labels) > 0:
+			return fmt.Errorf("manifest requests.fs %q: a tool cannot label a directory; the user labels grants, and a tool declares its output's labels in the top-level labels", fs.GuestPath)
 		}
 		seen[fs.GuestPath] = true
 	}

@@ -35,6 +35,14 @@ func TestParseManifest(t *testing.T) {
 		t.Errorf("Requests mismatch (-want +got):\n%s", diff)
 	}
 
+	if m.Labels != nil {
+		t.Errorf("Labels = %q, want none", m.Labels)
+	}
+	labelled, err := parseManifest([]byte(strings.Replace(validManifest, `"side_effects": "read_only",`, `"side_effects": "read_only", "labels": ["secret", "pii", "secret"],`, 1)))
+	if err != nil || !cmp.Equal(labelled.Labels, []string{"pii", "secret"}) {
+		t.Errorf("parseManifest(labels) = %v, %v; want labels [pii secret]", labelled, err)
+	}
+
 	tests := []struct {
 		name    string
 		edit    func(string) string
@@ -65,6 +73,12 @@ func TestParseManifest(t *testing.T) {
 		{"unclean guest path", func(s string) string { return strings.Replace(s, `"/workspace"`, `"/workspace/../etc"`, 1) }, "clean"},
 		{"host path", func(s string) string { return strings.Replace(s, `"guest_path"`, `"host_path": "/", "guest_path"`, 1) }, "host_path"},
 		{"bad env name", func(s string) string { return strings.Replace(s, `"HOME"`, `"A=B"`, 1) }, "environment"},
+		{"bad label", func(s string) string {
+			return strings.Replace(s, `"side_effects": "read_only",`, `"side_effects": "read_only", "labels": ["pii", "Secret"],`, 1)
+		}, "labels"},
+		{"labelled request", func(s string) string {
+			return strings.Replace(s, `"read_only": true}`, `"read_only": true, "labels": ["pii"]}`, 1)
+		}, "cannot label"},
 		{"unknown isolation", func(s string) string {
 			return strings.Replace(s, `"side_effects": "read_only",`, `"side_effects": "read_only", "isolation": "shared",`, 1)
 		}, "isolation"},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 )
 
@@ -65,40 +66,100 @@ type hostError struct {
 }
 
 // netCall is the per-call network state, carried in the call's context to
-// the host functions: the tool's grants, the pending response, and the
-// first denial, which turns the whole call into permission_denied.
+// the host functions: the tool's grants, the call's egress check and
+// recorder (keel.ToolInvocation's Egress and Touched; nil when it has
+// none), the pending response, and the first denial, which turns the
+// whole call into a permission_denied error.
 type netCall struct {
 	tool         string
 	grants       []string
 	allowPrivate bool
+	egress       keel.EgressCheck
+	touch        *callTouch
 
 	mu     sync.Mutex
 	resp   []byte
-	denied string
+	denied *keel.ToolError
 }
 
 type netCallKey struct{}
 
-// withNet returns ctx carrying the network state of one call of t.
-func (r *Registry) withNet(ctx context.Context, t *tool) (context.Context, *netCall) {
-	nc := &netCall{tool: t.info.Spec.Name, grants: t.info.Grants.Network, allowPrivate: r.cfg.AllowPrivateNetwork}
+// withNet returns ctx carrying the network state of one call of t, which
+// asks egress before each request (if not nil) and records the hosts it
+// reaches in touch (if not nil).
+func (r *Registry) withNet(ctx context.Context, t *tool, touch *callTouch, egress keel.EgressCheck) (context.Context, *netCall) {
+	nc := &netCall{tool: t.info.Spec.Name, grants: t.info.Grants.Network, allowPrivate: r.cfg.AllowPrivateNetwork, egress: egress, touch: touch}
 	return context.WithValue(ctx, netCallKey{}, nc), nc
 }
 
-// denial returns what the call was refused, or "".
-func (nc *netCall) denial() string {
+// denial returns the error the call fails with for what it was refused,
+// or nil.
+func (nc *netCall) denial() *keel.ToolError {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	return nc.denied
 }
 
+// deny records that the call was refused network access to what, unless
+// it was refused before: the call fails with permission_denied.
 func (nc *netCall) deny(what string) {
+	nc.refuse(&keel.ToolError{Code: keel.ToolPermissionDenied, Message: fmt.Sprintf("tool %s tried to reach %s, which is not granted", nc.tool, what)})
+}
+
+// denyEgress records that the egress check refused the request to dest
+// with err: the call fails with permission_denied giving the reason, or
+// with err's code if err is a *keel.ToolError.
+func (nc *netCall) denyEgress(dest capabilities.Destination, err error) {
+	te := &keel.ToolError{Code: keel.ToolPermissionDenied}
+	var cause *keel.ToolError
+	if errors.As(err, &cause) {
+		te.Code = cause.Code
+	}
+	te.Message = fmt.Sprintf("tool %s tried to reach %s, which was refused: %v", nc.tool, dest, err)
+	nc.refuse(te)
+}
+
+func (nc *netCall) refuse(te *keel.ToolError) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	if nc.denied == "" {
-		nc.denied = what
+	if nc.denied == nil {
+		nc.denied = te
 	}
 }
+
+// reached records that the call sends a request to d, or tries to.
+func (nc *netCall) reached(d capabilities.Destination) {
+	if nc.touch != nil {
+		nc.touch.reached(d)
+	}
+}
+
+// checkEgress asks the call's egress check about a request to u, whose
+// destination is d; nil when there is no check or it allows.
+func (nc *netCall) checkEgress(ctx context.Context, d capabilities.Destination, u string) error {
+	if nc.egress == nil {
+		return nil
+	}
+	if err := nc.egress(ctx, u); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err() // the call ended while the check waited: a timeout, not a refusal
+		}
+		return &egressRefused{dest: d, err: err}
+	}
+	return nil
+}
+
+// egressRefused is a request the call's egress check refused.
+type egressRefused struct {
+	dest capabilities.Destination
+	err  error
+}
+
+func (e *egressRefused) Error() string {
+	return "egress to " + e.dest.String() + " refused: " + e.err.Error()
+}
+
+func (e *egressRefused) Unwrap() error { return e.err }
 
 // instantiateHost adds the keel host module to the runtime.
 func (r *Registry) instantiateHost(ctx context.Context) error {
@@ -156,6 +217,15 @@ func (r *Registry) doHTTP(ctx context.Context, nc *netCall, mod api.Module, ptr,
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return fail("invalid_request", "request is not JSON: %v", err)
 	}
+	return nc.perform(ctx, req)
+}
+
+// perform makes the guest's request req, if the grants and the egress
+// check allow it, and returns what the guest sees.
+func (nc *netCall) perform(ctx context.Context, req httpRequest) httpResponse {
+	fail := func(code, format string, args ...any) httpResponse {
+		return httpResponse{Error: &hostError{Code: code, Message: fmt.Sprintf(format, args...)}}
+	}
 	if req.Method == "" {
 		req.Method = http.MethodGet
 	}
@@ -163,6 +233,7 @@ func (r *Registry) doHTTP(ctx context.Context, nc *netCall, mod api.Module, ptr,
 	if err != nil {
 		return fail("invalid_request", "url: %v", err)
 	}
+	nc.reached(dest)
 	if !capabilities.MatchNetwork(nc.grants, dest) {
 		nc.deny("network " + dest.String())
 		return fail("permission_denied", "%s is not granted to %s", dest, nc.tool)
@@ -170,6 +241,11 @@ func (r *Registry) doHTTP(ctx context.Context, nc *netCall, mod api.Module, ptr,
 	hreq, err := http.NewRequestWithContext(ctx, req.Method, req.URL, strings.NewReader(req.Body))
 	if err != nil {
 		return fail("invalid_request", "%v", err)
+	}
+	var refused *egressRefused
+	if err := nc.checkEgress(ctx, dest, hreq.URL.String()); errors.As(err, &refused) {
+		nc.denyEgress(refused.dest, refused.err)
+		return fail("permission_denied", "%v", refused)
 	}
 	for k, v := range req.Headers {
 		if strings.EqualFold(k, "Host") {
@@ -181,10 +257,14 @@ func (r *Registry) doHTTP(ctx context.Context, nc *netCall, mod api.Module, ptr,
 	res, err := client.Do(hreq)
 	if err != nil {
 		var denied *redirectDenied
+		var refused *egressRefused
 		switch {
 		case errors.As(err, &denied):
 			nc.deny("network " + denied.dest.String() + " (redirect)")
 			return fail("permission_denied", "redirect to %s is not granted to %s", denied.dest, nc.tool)
+		case errors.As(err, &refused):
+			nc.denyEgress(refused.dest, refused.err)
+			return fail("permission_denied", "redirect: %v", refused)
 		case errors.Is(err, errPrivateAddress):
 			nc.deny("network " + dest.String() + " (private address)")
 			return fail("permission_denied", "%s: %v; tools may not reach the local machine or private networks", dest, errPrivateAddress)
@@ -218,7 +298,8 @@ type redirectDenied struct{ dest capabilities.Destination }
 func (e *redirectDenied) Error() string { return "redirect to " + e.dest.String() + " is not granted" }
 
 // httpClient builds the client of one call: no proxy, no cookies, every
-// redirect checked against the grants, and every connection's resolved
+// redirect checked against the grants and by the call's egress check,
+// and every connection's resolved
 // address checked at dial time, so DNS cannot point a granted name at the
 // local machine.
 func httpClient(nc *netCall) *http.Client {
@@ -248,10 +329,13 @@ func httpClient(nc *netCall) *http.Client {
 				return errors.New("more than 5 redirects")
 			}
 			d, err := capabilities.ParseDestination(req.URL.String())
+			if err == nil {
+				nc.reached(d)
+			}
 			if err != nil || !capabilities.MatchNetwork(nc.grants, d) {
 				return &redirectDenied{dest: d}
 			}
-			return nil
+			return nc.checkEgress(req.Context(), d, req.URL.String())
 		},
 	}
 }

@@ -74,6 +74,7 @@ type instance struct {
 	call   api.Function
 	mem    *memoryCap
 	disk   diskUse // what it writes through read-write grants
+	fs     *fsUse  // what it opens through its grants; nil: no grants
 	stdout *limitedWriter
 	stderr *limitedWriter
 	// ctx is the context of the call using the instance, for the guest's

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -146,6 +147,9 @@ type Config struct {
 	// testHookCall, set by tests, runs in each Call once the call is in
 	// flight (counted, its module held), before the guest runs.
 	testHookCall func(name string)
+	// testHookInstance, set by tests, runs in each call of a reactor
+	// tool once the call holds its instance, before the guest runs.
+	testHookInstance func(name string)
 	// testCache, set by tests with a CacheDir, is the compilation cache
 	// (on that directory) that the registry uses instead of its own and
 	// leaves open at Close: tests share one, so that a module compiled
@@ -158,7 +162,10 @@ type Tool struct {
 	Spec     keel.ToolSpec
 	Requests capabilities.Grants // what the manifest asked for
 	Grants   capabilities.Grants // what it was given
-	SHA256   string              // hex digest of the .wasm file
+	// Labels are the labels its manifest declares its output carries
+	// (sorted); every call's keel.Touched.Labels holds them.
+	Labels []string
+	SHA256 string // hex digest of the .wasm file
 	// GrantDigest is what grants are bound to (Config.GrantsFor): SHA256
 	// when the tool has no sidecar manifest, else a digest over SHA256
 	// and the sidecar's bytes (see GrantDigest).
@@ -458,13 +465,18 @@ func (r *Registry) grant(t *tool, g capabilities.Grants) {
 			continue
 		}
 		fg.GuestPath = path.Clean(fg.GuestPath)
+		fg, err := fg.WithLabels()
+		if err != nil {
+			r.log.Error("wasmtools: grant dropped: bad label", logkey.Tool, name, logkey.GuestPath, fg.GuestPath, logkey.Err, err)
+			continue
+		}
 		root, err := os.OpenRoot(fg.HostPath)
 		if err != nil {
 			r.log.Error("wasmtools: grant dropped: host directory unusable", logkey.Tool, name, logkey.GuestPath, fg.GuestPath, logkey.Err, err)
 			continue
 		}
 		t.roots = append(t.roots, root)
-		t.mounts = append(t.mounts, mount{root: root, guest: fg.GuestPath, readOnly: fg.ReadOnly})
+		t.mounts = append(t.mounts, mount{root: root, guest: fg.GuestPath, readOnly: fg.ReadOnly, real: realDir(fg.HostPath), labels: fg.AllLabels()})
 		given.FS = append(given.FS, fg)
 	}
 	mc := baseModuleConfig().WithArgs(name)
@@ -488,32 +500,53 @@ type mount struct {
 	root     *os.Root
 	guest    string
 	readOnly bool
+	// real is the host directory with its symbolic links resolved, the
+	// base of the paths a call records (keel.Touched.Paths).
+	real string
+	// labels are the grant's labels, "private" included.
+	labels []string
+}
+
+// realDir returns the absolute host directory dir with its symbolic
+// links resolved, or as absolute as it can be made.
+func realDir(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		return real
+	}
+	return dir
 }
 
 // instanceConfig returns t's module configuration with its granted
-// directories mounted, for one new instance, and the meters counting
-// what that instance writes through its read-write grants (see disk.go).
-func (r *Registry) instanceConfig(t *tool) (wazero.ModuleConfig, diskUse) {
+// directories mounted, for one new instance, the meters counting what
+// that instance writes through its read-write grants (see disk.go), and
+// the record of what it opens through them (see touched.go; nil when it
+// has no mounts).
+func (r *Registry) instanceConfig(t *tool) (wazero.ModuleConfig, diskUse, *fsUse) {
 	if len(t.mounts) == 0 {
-		return t.module, nil
+		return t.module, nil, nil
 	}
 	fsc := wazero.NewFSConfig()
 	var disk diskUse
-	for _, m := range t.mounts {
+	use := newFSUse(t.mounts)
+	for i, m := range t.mounts {
+		rfs := rootFS{root: m.root, use: &mountUse{use: use, idx: i, real: m.real}}
 		var fs experimentalsys.FS
 		switch {
 		case m.readOnly:
-			fs = &sysfs.ReadFS{FS: rootFS{root: m.root}}
+			fs = &sysfs.ReadFS{FS: rfs}
 		case t.limits.writeQuota < 0 && r.cfg.MinFreeDiskBytes < 0:
-			fs = rootFS{root: m.root}
+			fs = rfs
 		default:
-			meter := &diskMeter{guest: m.guest, quota: t.limits.writeQuota, floor: r.cfg.MinFreeDiskBytes}
-			disk = append(disk, meter)
-			fs = rootFS{root: m.root, meter: meter}
+			rfs.meter = &diskMeter{guest: m.guest, quota: t.limits.writeQuota, floor: r.cfg.MinFreeDiskBytes}
+			disk = append(disk, rfs.meter)
+			fs = rfs
 		}
 		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(fs, m.guest)
 	}
-	return t.module.WithFSConfig(fsc), disk
+	return t.module.WithFSConfig(fsc), disk, use
 }
 
 // baseModuleConfig is what every instance gets: clocks and randomness,
@@ -592,12 +625,11 @@ func (t Tool) clone() Tool {
 	t.Spec.OutputSchema = slices.Clone(t.Spec.OutputSchema)
 	t.Requests = cloneGrants(t.Requests)
 	t.Grants = cloneGrants(t.Grants)
+	t.Labels = slices.Clone(t.Labels)
 	return t
 }
 
-func cloneGrants(g capabilities.Grants) capabilities.Grants {
-	return capabilities.Grants{FS: slices.Clone(g.FS), Network: slices.Clone(g.Network), Env: slices.Clone(g.Env), Limits: g.Limits}
-}
+func cloneGrants(g capabilities.Grants) capabilities.Grants { return g.Clone() }
 
 // ErrCloseTimeout is what Close returns when ctx ended before the calls
 // and loads it stopped had returned.

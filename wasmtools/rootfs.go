@@ -25,11 +25,13 @@ import (
 //
 // Paths arrive from wazero cleaned and relative to the mount. meter,
 // set on a read-write grant, counts what the files opened through it
-// write (see disk.go).
+// write (see disk.go). use records what is opened through it (see
+// touched.go); nil records nothing.
 type rootFS struct {
 	experimentalsys.UnimplementedFS
 	root  *os.Root
 	meter *diskMeter
+	use   *mountUse
 }
 
 func (r rootFS) String() string { return r.root.Name() }
@@ -106,6 +108,11 @@ func (r rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode)
 			}
 			return nil, errno
 		}
+	}
+	if name == "." {
+		file.listed = r.use // recorded when read, see mountUse.opened
+	} else {
+		r.use.opened(name)
 	}
 	return file, 0
 }
@@ -212,6 +219,14 @@ type rootFile struct {
 	name   string
 	append bool
 	meter  *diskMeter // nil: nothing counted (read-only or unlimited)
+	// listed, set on the mount's root, records it when it is read.
+	listed *mountUse
+}
+
+// Readdir lists the directory; listing the mount's root records it.
+func (f *rootFile) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
+	f.listed.opened(".")
+	return f.File.Readdir(n)
 }
 
 // openedFS hands wazero's adapter the file rootFS already opened, and

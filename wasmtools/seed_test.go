@@ -40,7 +40,7 @@ func TestSeedOnce(t *testing.T) {
 	}
 	got := g["readfile"]
 	want := capabilities.FSGrant{HostPath: ws, GuestPath: "/workspace", ReadOnly: true}
-	if got.SHA256 == "" || len(got.Grants.FS) != 1 || got.Grants.FS[0] != want {
+	if got.SHA256 == "" || len(got.Grants.FS) != 1 || !got.Grants.FS[0].Equal(want) {
 		t.Fatalf("readfile's grant = %+v, want %+v bound to its digest", got, want)
 	}
 	readfile := filepath.Join(dir, "readfile.wasm")

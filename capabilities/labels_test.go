@@ -1,0 +1,63 @@
+package capabilities
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestCheckLabel(t *testing.T) {
+	for _, ok := range []string{"private", "pii", "a", "team-7_x", "z0"} {
+		if err := CheckLabel(ok); err != nil {
+			t.Errorf("CheckLabel(%q) = %v, want nil", ok, err)
+		}
+	}
+	long := "a"
+	for len(long) <= 64 {
+		long += "b"
+	}
+	for _, bad := range []string{"", "PII", "Pii", "9a", "-a", "_a", "a b", "a.b", "ä", "a/b", long} {
+		if err := CheckLabel(bad); !errors.Is(err, ErrLabel) {
+			t.Errorf("CheckLabel(%q) = %v, want ErrLabel", bad, err)
+		}
+	}
+}
+
+func TestFSGrantLabels(t *testing.T) {
+	f := FSGrant{HostPath: "/h", GuestPath: "/g", ReadOnly: true}
+	g, err := f.WithLabels("secret", "private", "pii", "secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Private || !slices.Equal(g.Labels, []string{"pii", "secret"}) {
+		t.Errorf("WithLabels = %+v, want private and [pii secret]", g)
+	}
+	if f.Private || f.Labels != nil {
+		t.Errorf("WithLabels modified its receiver: %+v", f)
+	}
+	if all := g.AllLabels(); !slices.Equal(all, []string{"pii", "private", "secret"}) {
+		t.Errorf("AllLabels = %q", all)
+	}
+	if m := g.Modes(); !slices.Equal(m, []string{"ro", "private", "label:pii", "label:secret"}) {
+		t.Errorf("Modes = %q", m)
+	}
+	if _, err := f.WithLabels("ok", "Not-OK"); !errors.Is(err, ErrLabel) {
+		t.Errorf("WithLabels(Not-OK) = %v, want ErrLabel", err)
+	}
+	if f.Equal(g) || !g.Equal(g) {
+		t.Error("Equal does not tell labelled grants apart")
+	}
+	// A grant written with "private" among its labels is private.
+	if !(Grants{FS: []FSGrant{{Labels: []string{"private"}}}}).HasPrivate() {
+		t.Error("HasPrivate ignores the label private")
+	}
+	// Clone and Add share no label slice with their source.
+	gs := Grants{FS: []FSGrant{g}}
+	c := gs.Clone()
+	c.FS[0].Labels[0] = "changed"
+	a := Grants{}.Add(gs)
+	a.FS[0].Labels[1] = "changed"
+	if !slices.Equal(gs.FS[0].Labels, []string{"pii", "secret"}) {
+		t.Errorf("Clone or Add shared labels: %q", gs.FS[0].Labels)
+	}
+}
