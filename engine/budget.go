@@ -27,6 +27,9 @@ var errBudgetWait = errors.New("the running sub-agents hold what is left of the 
 func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep, share int) (keel.RunPolicy, error) {
 	p := f.run.Policy
 	p.Tools = append([]string{}, s.Tools...) // non-nil: an empty subset is no tools
+	// Its goal holds the parent's goal and earlier steps' results: its
+	// inputs carry the labels the parent's context holds.
+	p.Labels = labelNames(f.e.labelsNow(ctx, f.run))
 	p.BudgetTokens, p.BudgetUSD = s.BudgetTokens, 0
 	if f.run.Policy.BudgetTokens <= 0 && f.run.Policy.BudgetUSD <= 0 {
 		return p, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // Context assembly. Each model step sends the system prompt, the goal,
@@ -39,9 +40,10 @@ const refitLimit = 2
 // summaryIntro opens the message that stands for summarized steps.
 const summaryIntro = "Summary of the earlier steps of this run (they no longer fit the context):\n"
 
-// summaryMessage is the message that replaces summarized steps.
-func summaryMessage(run keel.Run, text string) models.Message {
-	return models.Message{Role: models.RoleUser, Content: summaryIntro + text, Private: run.Policy.Private}
+// summaryMessage is the message that replaces summarized steps: it
+// carries the labels of the context it was made from.
+func summaryMessage(d keel.ContextSummaryData) models.Message {
+	return models.Message{Role: models.RoleUser, Content: summaryIntro + d.Summary, Labels: d.Labels}
 }
 
 // applySummary replaces the n messages after the system prompt and goal
@@ -53,7 +55,7 @@ func applySummary(run keel.Run, msgs []models.Message, d keel.ContextSummaryData
 	}
 	out := append([]models.Message(nil), msgs[:2]...)
 	if d.Messages > 0 {
-		out = append(out, summaryMessage(run, d.Summary))
+		out = append(out, summaryMessage(d))
 	}
 	out = append(out, msgs[2+d.Messages:]...)
 	for _, c := range d.Cuts {
@@ -127,11 +129,14 @@ func (e *Engine) fitContext(ctx context.Context, run keel.Run, step int, model s
 	d := keel.ContextSummaryData{Step: step, TokensBefore: before}
 	out := msgs
 	if cut := summaryCut(msgs, room/2, tokens); cut > 2 {
-		sum, err := e.summarize(ctx, run, step, model, limit, msgs[2:cut], budget)
+		// A summary derives from the context: it carries what the
+		// context holds, and so does the request that makes it.
+		labels := e.labelsNow(ctx, run)
+		sum, err := e.summarize(ctx, run, step, model, limit, scopeLabels(msgs[2:cut], labels), labels, budget)
 		if err != nil {
 			return nil, err
 		}
-		d.Messages, d.Summary = cut-2, sum
+		d.Messages, d.Summary, d.Labels = cut-2, sum, labelNames(labels)
 		out, _ = applySummary(run, msgs, d)
 	}
 	if over := tokens(out) - room; over > 0 {
@@ -154,7 +159,7 @@ func (e *Engine) fitContext(ctx context.Context, run keel.Run, step int, model s
 }
 
 // summarize asks the model for a summary of msgs, as a span.
-func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model string, limit int, msgs []models.Message, budget *models.Budget) (string, error) {
+func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model string, limit int, msgs []models.Message, labels policy.LabelSet, budget *models.Budget) (string, error) {
 	var text strings.Builder
 	for _, m := range msgs {
 		fmt.Fprintf(&text, "[%s] %s", m.Role, m.Content)
@@ -167,8 +172,8 @@ func (e *Engine) summarize(ctx context.Context, run keel.Run, step int, model st
 	_ = e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp)
 	start := e.cfg.Now()
 	sum, err := models.Summarize(ctx, e.model(run, step), models.SummarizeRequest{
-		// A summary of private content is private.
-		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Private: models.ChatRequest{Private: run.Policy.Private, Messages: msgs}.IsPrivate(), Budget: budget},
+		// A summary of labelled content carries its labels.
+		Chat: models.ChatRequest{Model: run.Model, AllowCloud: run.Policy.AllowCloud, Labels: models.ChatRequest{Labels: labelNames(labels), Messages: msgs}.LabelSet(), Budget: budget},
 		Text: text.String(), ContextLength: limit, MaxTokens: max(128, limit/8), Ratio: e.calib.Ratio(model),
 		Focus: "what was tried, what the tools returned, what is decided and what is left to do for the goal: " + run.Goal,
 	})

@@ -106,7 +106,12 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 	}
 	call := keel.ToolCall{ID: "human_" + e.cfg.NewID(), Name: name, Arguments: args}
 	d := keel.HumanToolData{Call: call, Private: e.readsPrivate(name)}
-	out, err := e.cfg.Tools.Call(ctx, keel.ToolInvocation{Run: id, Step: max(step, 1), CallID: call.ID, Name: name, Args: args})
+	// A person makes the call: its egress needs no one else's approval,
+	// but what the policy denies stays denied.
+	touched, egress := &keel.Touched{}, &egressLog{}
+	out, err := e.cfg.Tools.Call(ctx, keel.ToolInvocation{Run: id, Step: max(step, 1), CallID: call.ID, Name: name, Args: args,
+		Touched: touched, Egress: e.egressCheck(r, call, true, egress)})
+	d.Labels = e.resultLabels(r, call, touched, d.Private)
 	if err != nil {
 		var te *keel.ToolError
 		if !errors.As(err, &te) {

@@ -77,6 +77,7 @@ type recorded struct {
 	asked     map[string]bool
 	approvals map[string]keel.ApprovalData
 	models    map[int][][]keel.ModelDecision
+	labels    map[string][]string // the labels journaled with each tool result
 }
 
 // modelDecisions returns the decisions journaled with the next model
@@ -269,10 +270,16 @@ func (e *Engine) labelPolicy(root string) *policy.Policy {
 	return e.emptyPolicy
 }
 
-// decideTool asks the policy about a call: allow, ask or deny, and the
-// decision to record, nil when no rule or setting had anything to say
-// (the built-in allow), so that a user without policy files journals
-// what they always did. A replay decides nothing: it reads the journal.
+// decideTool asks the policy about a call of run: allow, ask or deny,
+// and the decision to record, nil when no rule or setting had anything
+// to say (the built-in allow), so that a user without policy files
+// journals what they always did. The action carries the labels run's
+// context holds; a call of a tool that may reach the network
+// (NetworkRequester) while the context holds labels is also decided as
+// egress, to each URL the call names (or to an unknown destination when
+// it names none), and the strictest decision stands: by default ask
+// (egress_after_labels), also with no policy files. A replay decides
+// nothing: it reads the journal.
 func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCall) (policy.Outcome, *keel.PolicyDecision) {
 	if e.replay != nil {
 		pd := e.replay.policy[call.ID]
@@ -284,17 +291,33 @@ func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCal
 		}
 		return policy.Allow, pd
 	}
+	labels := e.labelsNow(ctx, run)
+	egress := labels.Len() > 0 && e.requestsNetwork(call.Name)
 	p, version := e.policyFor(ctx, run)
 	if p == nil {
-		return policy.Allow, nil
+		if !egress {
+			return policy.Allow, nil
+		}
+		p = e.emptyPolicy // its built-in egress_after_labels
 	}
 	class, _ := e.sideEffects(ctx, call.Name)
-	a := policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments}
+	a := policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments, Labels: labels}
 	if ct, ok := e.cfg.Tools.(CallTargeter); ok {
 		t := ct.CallTargets(call.Name, call.Arguments)
 		a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
 	}
 	d := p.Decide(&a)
+	if egress {
+		dests := a.URLs
+		if len(dests) == 0 {
+			dests = []string{""} // unknown: matches only rules that ask or deny
+		}
+		for _, dest := range dests {
+			if ed := p.Decide(&policy.Action{Kind: policy.KindEgress, Tool: call.Name, Destination: dest, Labels: labels}); ed.Outcome > d.Outcome {
+				d = ed
+			}
+		}
+	}
 	if d.Rule() == nil && d.Setting() == nil && d.Outcome == policy.Allow {
 		return policy.Allow, nil
 	}
@@ -333,23 +356,25 @@ func policyAttrs(pd *keel.PolicyDecision) json.RawMessage {
 // admitModel returns the check the model layer makes before a call of
 // req, by run, goes to each target (models.ChatRequest.Admit): the
 // policy's decision about that provider and model, local or cloud, with
-// the labels the request's context holds (private, when the run or a
-// message of it is private). Anything but allow refuses the target: a
-// model call cannot wait for a person. A decision a rule or setting made
-// is appended to *decided, when set, to be recorded with the call. Nil
-// when there is no policy, and in a replay (which reads the decisions
-// from the journal).
+// every label the request carries (models.ChatRequest.LabelSet: the
+// labels of the context it was built from). Anything but allow refuses
+// the target: a model call cannot wait for a person. A decision a rule
+// or setting made is appended to *decided, when set, to be recorded with
+// the call. With no policy files, a request that carries labels is
+// decided by the built-in rules (no label is cleared for a cloud
+// provider); one that carries none is admitted everywhere (nil), as in a
+// replay (which reads the decisions from the journal).
 func (e *Engine) admitModel(ctx context.Context, run keel.Run, req models.ChatRequest, decided *[]keel.ModelDecision) func(provider, model string, cloud bool) error {
 	if e.replay != nil {
 		return nil
 	}
+	labels := labelSet(req.LabelSet())
 	p, version := e.policyFor(ctx, run)
 	if p == nil {
-		return nil
-	}
-	var labels policy.LabelSet
-	if req.IsPrivate() {
-		labels = policy.Labels(policy.Private)
+		if labels.Len() == 0 {
+			return nil
+		}
+		p = e.emptyPolicy
 	}
 	return func(provider, model string, cloud bool) error {
 		d := p.Decide(&policy.Action{Kind: policy.KindModel, Provider: provider, Model: model, Cloud: cloud, Labels: labels})

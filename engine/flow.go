@@ -12,6 +12,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // Orchestration: plan and DAG runs (see docs/orchestration.md).
@@ -97,9 +98,6 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 		log.Error("restore run", logkey.Err, err)
 		e.end(ctx, run.ID, err)
 		return
-	}
-	if f.st.private {
-		f.run.Policy.Private = true
 	}
 	if err := f.begin(ctx); err != nil {
 		log.Error("journal run start", logkey.Err, err)
@@ -325,16 +323,17 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 			continue
 		}
 		d.Status, d.Result, d.Error = child.Status, child.Result, child.Error
-		if d.Private, err = f.e.journalPrivate(ctx, child.ID); err != nil {
+		// Its result derives from its context: the parent's gains its
+		// labels.
+		labels, err := f.e.ContextLabels(ctx, child.ID)
+		if err != nil {
 			return err
 		}
+		d.Labels, d.Private = labels, slices.Contains(labels, string(policy.Private))
 		if err := f.appendEvent(ctx, keel.EventStepFinished, d, nil); err != nil {
 			return err
 		}
 		f.endStepSpan(ctx, d)
-		if d.Private {
-			f.run.Policy.Private = true // its synthesis and later sub-agents too
-		}
 	}
 	return nil
 }
@@ -409,12 +408,14 @@ func (f *flowRun) answer(ctx context.Context) (string, bool, error) {
 	if f.e.paused(ctx, f.run.ID) {
 		return "", true, nil
 	}
+	// The goal and the steps' results carry the context's labels.
+	labels := labelNames(f.e.labelsNow(ctx, f.run))
 	msgs := []models.Message{
 		{Role: models.RoleSystem, Content: composePrompt},
-		{Role: models.RoleUser, Content: "Goal: " + f.run.Goal + "\n\n" + f.resultsText(), Private: f.run.Policy.Private},
+		{Role: models.RoleUser, Content: "Goal: " + f.run.Goal + "\n\n" + f.resultsText(), Labels: labels},
 	}
 	resp, err := f.e.modelStep(ctx, f.run, f.st.modelSteps+1, models.ChatRequest{Model: f.run.Model, Messages: msgs,
-		AllowCloud: f.run.Policy.AllowCloud, Private: f.run.Policy.Private, Budget: f.budget(ctx)}, nil, false)
+		AllowCloud: f.run.Policy.AllowCloud, Labels: labels, Budget: f.budget(ctx)}, nil, false)
 	if err != nil {
 		return "", false, fmt.Errorf("compose the answer: %w", err)
 	}

@@ -22,7 +22,6 @@ type stepResult struct {
 // flowState is where a plan or DAG run stands according to its journal.
 type flowState struct {
 	started    bool // run.started is journaled
-	private    bool // a sub-agent read private data: so does the run
 	lastSeq    int64
 	modelSteps int                   // model.result events (planner and composer)
 	pending    *keel.ModelResultData // a model.result no plan.proposed followed yet
@@ -107,7 +106,6 @@ func (st *flowState) apply(ev keel.Event) error {
 		if st.running[d.StepID].Run == d.Run {
 			delete(st.running, d.StepID)
 		}
-		st.private = st.private || d.Private
 		if d.Status == keel.RunSucceeded {
 			st.succeeded[d.StepID] = stepResult{goal: st.goals[d.Run], result: d.Result, run: d.Run}
 			break

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
 )
 
@@ -347,4 +349,170 @@ func (e *Engine) Declassify(ctx context.Context, req keel.DeclassifyRequest) (ke
 		l.ctx = after
 	}
 	return d, nil
+}
+
+// labelsNow is what run's context holds now (see contextLabels). When
+// the journal cannot be read it fails closed: the run's inputs' labels
+// and private, which keeps every model call local.
+func (e *Engine) labelsNow(ctx context.Context, run keel.Run) policy.LabelSet {
+	ls, err := e.contextLabels(ctx, run)
+	if err != nil {
+		e.log.Warn("read the run's labels; treating its context as private", logkey.Run, run.ID, logkey.Err, err)
+		return inputLabels(run).Union(policy.Labels(policy.Private))
+	}
+	return ls
+}
+
+// scopeLabels returns msgs with each message's labels limited to held,
+// what the context holds now: a label a person declassified leaves every
+// message the context held then. msgs is copied only when a message
+// changes.
+func scopeLabels(msgs []models.Message, held policy.LabelSet) []models.Message {
+	out := msgs
+	for i, m := range msgs {
+		stale := m.Private && !held.Has(policy.Private)
+		for _, l := range m.Labels {
+			stale = stale || !held.Has(policy.Label(l))
+		}
+		if !stale {
+			continue
+		}
+		if &out[0] == &msgs[0] {
+			out = slices.Clone(msgs)
+		}
+		out[i].Private = m.Private && held.Has(policy.Private)
+		out[i].Labels = slices.DeleteFunc(slices.Clone(m.Labels), func(l string) bool { return !held.Has(policy.Label(l)) })
+	}
+	return out
+}
+
+// resultLabels are the labels of a tool call's output: those the tool
+// host gives it (touched.Labels), the policy's sources for every path it
+// opened (all of the policy's path sources when it opened more than it
+// could list) and for the tool, and private for a tool with a private
+// grant. A replay takes them from the journal.
+func (e *Engine) resultLabels(run keel.Run, call keel.ToolCall, touched *keel.Touched, private bool) []string {
+	if e.replay != nil {
+		return e.replay.labels[call.ID]
+	}
+	p := e.labelPolicy(run.Workspace)
+	ls := labelSet(touched.Labels).Union(p.LabelsOf(policy.Source{Kind: policy.SourceTool, Name: call.Name}))
+	for _, path := range touched.Paths {
+		ls = ls.Union(p.LabelsOf(policy.Source{Kind: policy.SourcePath, Name: path}))
+	}
+	if touched.Truncated {
+		ls = ls.Union(p.PathLabels())
+	}
+	if private {
+		ls = ls.Union(policy.Labels(policy.Private))
+	}
+	return labelNames(ls)
+}
+
+// touchedOrNil is t, or nil when the tool host recorded nothing.
+func touchedOrNil(t *keel.Touched) *keel.Touched {
+	if t == nil || len(t.Paths) == 0 && len(t.Hosts) == 0 && len(t.Labels) == 0 && !t.Truncated {
+		return nil
+	}
+	return t
+}
+
+// NetworkRequester is implemented by Tools that can say whether a tool
+// may reach the network (its manifest requests it). The engine asks it
+// before every tool call: a call of such a tool after labelled data
+// entered the run's context is also decided as egress (see decideTool).
+// It must be safe for concurrent use. Tools that do not implement it
+// are taken to reach no network; their requests still pass the call's
+// egress check, if their host asks it (keel.ToolInvocation.Egress).
+type NetworkRequester interface {
+	RequestsNetwork(name string) bool
+}
+
+// requestsNetwork reports whether the tool name may reach the network.
+func (e *Engine) requestsNetwork(name string) bool {
+	nr, ok := e.cfg.Tools.(NetworkRequester)
+	return ok && nr.RequestsNetwork(name)
+}
+
+// EgressRefusal is why the policy refused a tool's network request: its
+// decision about the destination with the labels the run's context held
+// (deny, or ask for a call no person approved).
+type EgressRefusal struct {
+	Tool, Destination string
+	Decision          keel.PolicyDecision
+}
+
+func (e *EgressRefusal) Error() string {
+	return fmt.Sprintf("the policy refused %s's request to %s (policy version %d): %s", e.Tool, e.Destination, e.Decision.Version, e.Decision.Explanation)
+}
+
+// egressRecord is one egress decision of a call, on its span.
+type egressRecord struct {
+	Destination string               `json:"destination"`
+	Policy      *keel.PolicyDecision `json:"policy"`
+}
+
+// egressLog collects a call's non-trivial egress decisions for its span.
+type egressLog struct {
+	mu  sync.Mutex
+	log []egressRecord
+}
+
+func (l *egressLog) add(r egressRecord) {
+	l.mu.Lock()
+	l.log = append(l.log, r)
+	l.mu.Unlock()
+}
+
+func (l *egressLog) records() []egressRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.log)
+}
+
+// egressCheck is the check the tool host asks before each network
+// request of call (keel.ToolInvocation.Egress): the policy's egress
+// decision about the destination, with the labels run's context holds
+// at that moment. Allow lets the request go; ask lets it go only if a
+// person approved this call (approved: it ran after asking, or a person
+// made it);
+// anything else refuses it with an *EgressRefusal. Decisions a rule or
+// setting made are recorded in log, for the call's span. A replay makes
+// no request.
+func (e *Engine) egressCheck(run keel.Run, call keel.ToolCall, approved bool, log *egressLog) keel.EgressCheck {
+	return func(ctx context.Context, dest string) error {
+		if e.replay != nil {
+			return nil
+		}
+		labels := e.labelsNow(ctx, run)
+		p, version := e.policyFor(ctx, run)
+		if p == nil {
+			p = e.emptyPolicy
+		}
+		d := p.Decide(&policy.Action{Kind: policy.KindEgress, Tool: call.Name, Destination: dest, Labels: labels})
+		if d.Rule() == nil && d.Setting() == nil && d.Outcome == policy.Allow {
+			return nil
+		}
+		rec := &keel.PolicyDecision{Outcome: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}
+		log.add(egressRecord{Destination: dest, Policy: rec})
+		if d.Outcome == policy.Allow || d.Outcome == policy.Ask && approved {
+			return nil
+		}
+		return &EgressRefusal{Tool: call.Name, Destination: dest, Decision: *rec}
+	}
+}
+
+// toolAttrs are a tool call span's attributes: the policy's decision
+// that let it run, the labels of its result, its egress decisions; nil
+// for none.
+func toolAttrs(pd *keel.PolicyDecision, labels []string, egress []egressRecord) json.RawMessage {
+	if pd == nil && len(labels) == 0 && len(egress) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(struct {
+		Policy *keel.PolicyDecision `json:"policy,omitempty"`
+		Labels []string             `json:"labels,omitempty"`
+		Egress []egressRecord       `json:"egress,omitempty"`
+	}{pd, labels, egress})
+	return b
 }

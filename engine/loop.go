@@ -12,6 +12,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // created is what Start hands the loop of a run it just created: it has
@@ -30,6 +31,13 @@ type created struct {
 func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	e.openTrace(ctx, run)
 	defer e.closeTrace(ctx, run.ID)
+	release, err := e.trackLabels(ctx, run)
+	if err != nil {
+		e.log.Error("restore run", logkey.Run, run.ID, logkey.Err, err)
+		e.end(ctx, run.ID, err)
+		return
+	}
+	defer release()
 	if run.KindOrAgent() != keel.KindAgent {
 		e.flow(ctx, run)
 		return
@@ -37,7 +45,7 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	log := e.log.With(logkey.Run, run.ID)
 	ctx, cancelDeadline := withDeadline(ctx, run)
 	defer cancelDeadline()
-	j, err := e.newJournal(run), error(nil)
+	j := e.newJournal(run)
 	if fresh == nil {
 		j, err = e.restore(ctx, run)
 	}
@@ -48,10 +56,6 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	}
 	if fresh == nil {
 		e.notedInJournal(run.ID, j.policyDigest)
-	}
-	if j.private {
-		// A tool read private data in an earlier step.
-		run.Policy.Private = true
 	}
 	var specs []keel.ToolSpec
 	switch {
@@ -108,9 +112,6 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		case wait:
 			return
 		}
-		if msg.Private {
-			run.Policy.Private = true
-		}
 		msgs = append(msgs, msg)
 	}
 	e.endStep(ctx, run.ID)
@@ -136,9 +137,12 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 				return
 			}
 			sent := slices.Concat(msgs, human)
+			// The request carries what the context holds now, a
+			// person's declassifications included.
+			labels := e.labelsNow(ctx, run)
 			resp, err = e.modelStepWithRetries(ctx, run, step, models.ChatRequest{
-				Model: run.Model, Messages: sent, Tools: specs,
-				AllowCloud: run.Policy.AllowCloud, Private: run.Policy.Private, Budget: budget,
+				Model: run.Model, Messages: scopeLabels(sent, labels), Tools: specs,
+				AllowCloud: run.Policy.AllowCloud, Labels: labelNames(labels), Budget: budget,
 			}, seqsOf(unread))
 			estimate := models.EstimateTokens(sent, specs)
 			if err == nil || models.KindOf(err) != models.KindContextTooLong || ctxLimit <= 0 || refit >= refitLimit {
@@ -187,9 +191,6 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 			if err != nil {
 				e.end(ctx, run.ID, err)
 				return
-			}
-			if res.Private {
-				run.Policy.Private = true // from this step on, as restore does
 			}
 			msgs = append(msgs, toolMessage(run, res))
 		}
@@ -275,13 +276,15 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 	if e.replay != nil {
 		decided = e.replay.modelDecisions(step)
 	}
-	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 || len(decided) > 0 {
+	labels := req.LabelSet()
+	if m := resp.Meta; m.Route != "" || m.Variant != "" || len(m.Attempts) > 0 || len(decided) > 0 || len(labels) > 0 {
 		sp.Attrs, _ = json.Marshal(struct {
 			Route    string               `json:"route,omitempty"`
 			Variant  string               `json:"variant,omitempty"`
 			Attempts []models.Attempt     `json:"attempts,omitempty"`
 			Policy   []keel.ModelDecision `json:"policy,omitempty"`
-		}{m.Route, m.Variant, m.Attempts, decided})
+			Labels   []string             `json:"labels,omitempty"`
+		}{m.Route, m.Variant, m.Attempts, decided, labels})
 	}
 	// A successful call's usage is journaled in its model.result; a
 	// failed call's span is all that records what it spent (see Tracer).
@@ -297,11 +300,12 @@ func (e *Engine) modelStep(ctx context.Context, run keel.Run, step int, req mode
 			resp.Message.ToolCalls[i].ID = fmt.Sprintf("call_%d_%d", step, i+1)
 		}
 	}
-	resp.Message.Role = models.RoleAssistant
+	// The answer derives from the whole context: it carries its labels.
+	resp.Message.Role, resp.Message.Labels = models.RoleAssistant, labels
 	data := keel.ModelResultData{
 		Step: step, Model: resp.Model, Content: resp.Message.Content, ToolCalls: resp.Message.ToolCalls,
 		PromptTokens: resp.Usage.PromptTokens, CompletionTokens: resp.Usage.CompletionTokens, CostUSD: resp.Meta.CostUSD, DurationMS: sp.Duration.Milliseconds(),
-		HumanSeqs: humanSeqs, Policy: decided,
+		HumanSeqs: humanSeqs, Policy: decided, Labels: labels,
 	}
 	if holdResult {
 		err = e.hold(run.ID, keel.EventModelResult, data)
@@ -368,11 +372,15 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		}
 		sctx, cancel := stepContext(ctx, run)
 		start := e.cfg.Now()
-		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments})
+		touched, egress := &keel.Touched{}, &egressLog{}
+		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments,
+			Touched: touched, Egress: e.egressCheck(run, call, pd != nil && pd.Outcome == policy.Ask.String(), egress)})
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
 		sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: e.readsPrivate(call.Name)}
+		res.Labels, res.Touched = e.resultLabels(run, call, touched, res.Private), touchedOrNil(touched)
+		sp.Attrs = toolAttrs(pd, res.Labels, egress.records())
 		if err != nil {
 			sp.Status, sp.Error = keel.SpanError, err.Error()
 		}

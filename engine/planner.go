@@ -76,14 +76,15 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 			fmt.Fprintf(&catalog, "\n- %s: %s", s.Name, s.Description)
 		}
 	}
-	private := f.run.Policy.Private
+	// The goal and the steps' results carry the context's labels.
+	labels := labelNames(f.e.labelsNow(ctx, f.run))
 	msgs := []models.Message{
 		{Role: models.RoleSystem, Content: plannerPrompt + fmt.Sprintf(" Use at most %d steps.", MaxPlanSteps)},
-		{Role: models.RoleUser, Content: "Goal: " + f.run.Goal + catalog.String(), Private: private},
+		{Role: models.RoleUser, Content: "Goal: " + f.run.Goal + catalog.String(), Labels: labels},
 	}
 	if why != "" {
 		prev, _ := json.Marshal(f.st.plan)
-		msgs = append(msgs, models.Message{Role: models.RoleUser, Private: private, Content: fmt.Sprintf(
+		msgs = append(msgs, models.Message{Role: models.RoleUser, Labels: labels, Content: fmt.Sprintf(
 			"The plan so far (revision %d) was:\n%s\n\n%s\n\nThe run stopped at: %s.\n\n"+
 				"Propose a revised plan for the whole goal. A step whose id and goal are exactly those of a step that succeeded "+
 				"is not run again: its result is reused.", f.st.revision, prev, f.resultsText(), why)})
@@ -91,7 +92,7 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 	schemaJSON := planSchema(specs)
 	step := f.st.modelSteps + 1
 	chat := &spanChatter{f: f, step: step}
-	req := models.ChatRequest{Model: f.run.Model, Messages: msgs, AllowCloud: f.run.Policy.AllowCloud, Private: private, Budget: f.budget(ctx)}
+	req := models.ChatRequest{Model: f.run.Model, Messages: msgs, AllowCloud: f.run.Policy.AllowCloud, Labels: labels, Budget: f.budget(ctx)}
 	for attempt := 0; ; attempt++ {
 		res, err := models.Structured(ctx, chat, req, schemaJSON, models.DefaultRepairs)
 		if err != nil {

@@ -49,7 +49,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	summaries := map[int][]keel.ContextSummaryData{}
 	// A replay does not decide again: it uses the decisions journaled.
 	dec := &recorded{policy: map[string]*keel.PolicyDecision{}, asked: map[string]bool{}, approvals: map[string]keel.ApprovalData{},
-		models: map[int][][]keel.ModelDecision{}}
+		models: map[int][][]keel.ModelDecision{}, labels: map[string][]string{}}
 	for _, ev := range evs {
 		switch ev.Type {
 		case keel.EventToolCall:
@@ -92,6 +92,7 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 				return nil, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			rec.results[d.CallID] = d
+			dec.labels[d.CallID] = d.Labels
 			if d.Policy != nil {
 				dec.policy[d.CallID] = d.Policy
 			}
@@ -246,6 +247,9 @@ func (r *recording) Call(_ context.Context, inv keel.ToolInvocation) (json.RawMe
 		return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: f[0]}
 	}
 	r.mu.Unlock()
+	if ok && res.Touched != nil && inv.Touched != nil {
+		*inv.Touched = *res.Touched
+	}
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("the journal has no result for call %s of %s", inv.CallID, inv.Name)

@@ -11,6 +11,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // journal is where a run stands according to its events: the messages
@@ -34,7 +35,6 @@ type journal struct {
 	unread    []inboxMsg                   // human messages no model step has read yet
 	answer    *string                      // the final answer, when the last step gave one
 	model     string                       // the model that served the last step, when one did
-	private   bool                         // a tool result was private: so is the run from then on
 	// policyDigest is the digest of the policy the journal last shows in
 	// force (a policy.changed, a journaled decision); "" if none.
 	policyDigest string
@@ -90,7 +90,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if n := len(d.Policy); n > 0 {
 				j.policyDigest = d.Policy[n-1].Digest
 			}
-			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls})
+			j.msgs = append(j.msgs, models.Message{Role: models.RoleAssistant, Content: d.Content, ToolCalls: d.ToolCalls, Labels: d.Labels})
 			if len(d.ToolCalls) == 0 {
 				answer := d.Content
 				j.answer = &answer
@@ -111,9 +111,6 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
-			if d.Private {
-				run.Policy.Private, j.private = true, true
-			}
 			if d.Policy != nil {
 				j.policyDigest = d.Policy.Digest
 			}
@@ -129,7 +126,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
-			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content})
+			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content, labels: d.Labels})
 		case keel.EventContextSummary:
 			var d keel.ContextSummaryData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -143,10 +140,7 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
-			if d.Private {
-				run.Policy.Private, j.private = true, true
-			}
-			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: humanToolText(d)})
+			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: humanToolText(d), labels: withPrivate(d.Labels, d.Private)})
 		case keel.EventHandBack:
 			var d keel.HumanControlData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {
@@ -200,20 +194,21 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 	return j, nil
 }
 
-// initialMessages opens a run's conversation.
+// initialMessages opens a run's conversation; the goal carries the
+// labels of the run's inputs.
 func initialMessages(system string, run keel.Run) []models.Message {
 	return []models.Message{
 		{Role: models.RoleSystem, Content: system},
-		{Role: models.RoleUser, Content: run.Goal, Private: run.Policy.Private},
+		{Role: models.RoleUser, Content: run.Goal, Labels: labelNames(inputLabels(run))},
 	}
 }
 
 // humanMessages turns a person's words into the user messages the model
-// reads.
+// reads, with their labels.
 func humanMessages(run keel.Run, ms []inboxMsg) []models.Message {
 	out := make([]models.Message, len(ms))
 	for i, m := range ms {
-		out[i] = models.Message{Role: models.RoleUser, Content: "Message from the person supervising this run: " + m.text, Private: run.Policy.Private}
+		out[i] = models.Message{Role: models.RoleUser, Content: "Message from the person supervising this run: " + m.text, Labels: m.labels}
 	}
 	return out
 }
@@ -246,31 +241,7 @@ func toolMessage(run keel.Run, res keel.ToolResultData) models.Message {
 		b, _ := json.Marshal(map[string]any{"error": res.Error})
 		content = string(b)
 	}
-	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Private: run.Policy.Private || res.Private}
-}
-
-// journalPrivate reports whether the run id read private data: a result
-// of its journal is marked private.
-func (e *Engine) journalPrivate(ctx context.Context, id keel.RunID) (bool, error) {
-	evs, err := e.cfg.Store.Events(ctx, id, 0)
-	if err != nil {
-		return false, err
-	}
-	for _, ev := range evs {
-		if ev.Type != keel.EventToolResult && ev.Type != keel.EventHumanTool {
-			continue
-		}
-		var d struct {
-			Private bool `json:"private"`
-		}
-		if err := json.Unmarshal(ev.Data, &d); err != nil {
-			return false, fmt.Errorf("journal event %d: %w", ev.Seq, err)
-		}
-		if d.Private {
-			return true, nil
-		}
-	}
-	return false, nil
+	return models.Message{Role: models.RoleTool, ToolCallID: res.CallID, ToolName: res.Name, Content: content, Labels: withPrivate(res.Labels, res.Private)}
 }
 
 // readsPrivate reports whether the tool name may read private data (see
@@ -460,10 +431,23 @@ func (e *Engine) Decide(ctx context.Context, id keel.RunID, callID, decision str
 
 // Say gives a run a person's message, which the model reads before its
 // next step (a running run at its next step boundary; a paused or
-// waiting one when it goes on). It is journaled as human.message.
+// waiting one when it goes on). It is journaled as human.message. It is
+// SayLabeled with no labels of its own.
 func (e *Engine) Say(ctx context.Context, id keel.RunID, text string) (keel.Run, error) {
+	return e.SayLabeled(ctx, id, text, nil)
+}
+
+// SayLabeled is Say for a message that carries labels: those given and
+// those the policy gives human messages (sources "human") enter the
+// run's context with it (keel.HumanMessageData.Labels). Errors wrap
+// keel.ErrInvalid (an empty message, a malformed label), keel.ErrNotFound
+// or keel.ErrConflict (the run has ended).
+func (e *Engine) SayLabeled(ctx context.Context, id keel.RunID, text string, labels []string) (keel.Run, error) {
 	if text == "" {
 		return keel.Run{}, fmt.Errorf("the message is empty: %w", keel.ErrInvalid)
+	}
+	if err := checkLabels(labels); err != nil {
+		return keel.Run{}, err
 	}
 	run, err := e.cfg.Store.GetRun(ctx, id)
 	if err != nil {
@@ -475,7 +459,8 @@ func (e *Engine) Say(ctx context.Context, id keel.RunID, text string) (keel.Run,
 	if run.KindOrAgent() != keel.KindAgent {
 		return run, fmt.Errorf("run %s is a %s run, whose steps are its sub-agents: say it to the sub-agent of the step (keel show %s lists them): %w", id, run.KindOrAgent(), id, keel.ErrInvalid)
 	}
-	ev, err := e.appendEvent(ctx, id, keel.EventHumanMessage, keel.HumanMessageData{Content: text}, nil)
+	labels = unionNames(labels, labelNames(e.labelPolicy(run.Workspace).LabelsOf(policy.Source{Kind: policy.SourceHuman})))
+	ev, err := e.appendEvent(ctx, id, keel.EventHumanMessage, keel.HumanMessageData{Content: text, Labels: labels}, nil)
 	if err != nil {
 		return run, err
 	}
@@ -484,16 +469,18 @@ func (e *Engine) Say(ctx context.Context, id keel.RunID, text string) (keel.Run,
 	// started in between from reading it twice (see readInbox).
 	e.mu.Lock()
 	if _, active := e.active[id]; active {
-		e.inbox[id] = append(e.inbox[id], inboxMsg{seq: ev.Seq, text: text})
+		e.inbox[id] = append(e.inbox[id], inboxMsg{seq: ev.Seq, text: text, labels: labels})
 	}
 	e.mu.Unlock()
 	return e.cfg.Store.GetRun(ctx, id)
 }
 
-// inboxMsg is a human message for a running loop, with its journal seq.
+// inboxMsg is a human message for a running loop, with its journal seq
+// and its labels.
 type inboxMsg struct {
-	seq  int64
-	text string
+	seq    int64
+	text   string
+	labels []string
 }
 
 // readInbox returns and clears the messages said to a running run,

@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -85,8 +86,16 @@ type Message struct {
 	// Images are attached pictures (PNG or JPEG bytes) for vision models.
 	Images [][]byte `json:"images,omitempty"`
 	// Private marks content that must never leave this machine: a
-	// request holding a private message goes to local models only.
+	// request holding a private message goes to local models only. It is
+	// the label private (see Labels).
 	Private bool `json:"private,omitempty"`
+	// Labels are the data labels the message's content carries (see
+	// package policy: "private", "secret", "pii" or a name of one's
+	// own): where it came from, or for a message derived from a run's
+	// context (a model's answer, a summary), the context's labels.
+	// Sorted names; providers ignore them, the Router's check
+	// (ChatRequest.Admit) sees them through ChatRequest.LabelSet.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // ChatRequest asks a model for the next message.
@@ -113,6 +122,9 @@ type ChatRequest struct {
 	AllowCloud bool `json:"allow_cloud,omitempty"`
 	// Private marks the whole request as private (see Message.Private).
 	Private bool `json:"private,omitempty"`
+	// Labels are data labels of the whole request, beyond its messages'
+	// (see Message.Labels): the labels of the context it was built from.
+	Labels []string `json:"labels,omitempty"`
 	// Budget, when set, is charged for the call (a run's budget).
 	Budget *Budget `json:"-"`
 	// Admit, when set, is asked before the call goes to each target the
@@ -123,17 +135,40 @@ type ChatRequest struct {
 	Admit func(provider, model string, cloud bool) error `json:"-"`
 }
 
-// IsPrivate reports whether req, or any of its messages, is private.
+// labelPrivate is the label Private stands for.
+const labelPrivate = "private"
+
+// IsPrivate reports whether req, or any of its messages, is private:
+// marked Private or carrying the label private.
 func (req ChatRequest) IsPrivate() bool {
-	if req.Private {
+	if req.Private || slices.Contains(req.Labels, labelPrivate) {
 		return true
 	}
 	for _, m := range req.Messages {
-		if m.Private {
+		if m.Private || slices.Contains(m.Labels, labelPrivate) {
 			return true
 		}
 	}
 	return false
+}
+
+// LabelSet returns every data label req carries: its Labels, each
+// message's, and private when it IsPrivate. Sorted, without duplicates;
+// nil for none. This is what a check of the request (Admit) decides on.
+func (req ChatRequest) LabelSet() []string {
+	var out []string
+	out = append(out, req.Labels...)
+	for _, m := range req.Messages {
+		out = append(out, m.Labels...)
+	}
+	if req.IsPrivate() {
+		out = append(out, labelPrivate)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Usage counts the tokens of one call as the provider reported them.

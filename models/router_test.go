@@ -167,6 +167,11 @@ func TestRouterPolicyKeepsPrivateContentLocal(t *testing.T) {
 	private := hello()
 	private.AllowCloud = true
 	private.Messages = append(private.Messages, models.Message{Role: models.RoleTool, Content: "secret file", Private: true})
+	privateLabel := hello()
+	privateLabel.AllowCloud = true
+	privateLabel.Messages = append(privateLabel.Messages, models.Message{Role: models.RoleTool, Content: "notes", Labels: []string{"pii", "private"}})
+	privateRequest := hello()
+	privateRequest.AllowCloud, privateRequest.Labels = true, []string{"private"}
 	notAllowed := hello()
 	offCfg := cfg
 	offCfg.AllowCloud = false
@@ -179,6 +184,8 @@ func TestRouterPolicyKeepsPrivateContentLocal(t *testing.T) {
 		want string
 	}{
 		{"private message", cfg, private, "private"},
+		{"message labelled private", cfg, privateLabel, "private"},
+		{"request labelled private", cfg, privateRequest, "private"},
 		{"run does not allow cloud", cfg, notAllowed, "does not allow cloud"},
 		{"cloud switched off", offCfg, allowed, "switched off"},
 	}
@@ -562,4 +569,25 @@ func BenchmarkRouterOverhead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestChatRequestLabelSet: a request's labels are its own, its
+// messages', and private when it or a message is marked private.
+func TestChatRequestLabelSet(t *testing.T) {
+	tests := []struct {
+		name string
+		req  models.ChatRequest
+		want []string
+	}{
+		{"none", hello(), nil},
+		{"request", models.ChatRequest{Labels: []string{"secret", "pii"}}, []string{"pii", "secret"}},
+		{"messages", models.ChatRequest{Messages: []models.Message{{Labels: []string{"pii"}}, {Labels: []string{"pii", "hr"}}}}, []string{"hr", "pii"}},
+		{"private request", models.ChatRequest{Private: true, Labels: []string{"pii"}}, []string{"pii", "private"}},
+		{"private message", models.ChatRequest{Messages: []models.Message{{Private: true}}}, []string{"private"}},
+	}
+	for _, tt := range tests {
+		if got := tt.req.LabelSet(); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: LabelSet() = %q, want %q", tt.name, got, tt.want)
+		}
+	}
 }

@@ -212,3 +212,16 @@ func (c Context) Declassify(d Declassification) (Context, error) {
 // Declassifications is the record of every declassification, oldest
 // first, in a new slice.
 func (c Context) Declassifications() []Declassification { return slices.Clone(c.log) }
+
+// PathLabels returns every label the policy's path sources give, joined
+// over every layer: the labels of data read from paths one cannot list
+// (a call that opened more files than were recorded).
+func (p *Policy) PathLabels() LabelSet {
+	var out LabelSet
+	for _, s := range p.sources {
+		if s.kind == SourcePath {
+			out = out.Union(s.labels)
+		}
+	}
+	return out
+}

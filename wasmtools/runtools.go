@@ -56,6 +56,11 @@ func (a RunTools) ReadsPrivate(name string) bool {
 	return a.reg.GrantedPrivate(name)
 }
 
+// RequestsNetwork reports whether the tool name's manifest requests the
+// network (engine.NetworkRequester): a call of it after labelled data
+// entered a run's context is also decided as egress.
+func (a RunTools) RequestsNetwork(name string) bool { return a.reg.RequestsNetwork(name) }
+
 // Loading reports whether Specs would wait for tools still compiling.
 func (a RunTools) Loading() bool { return !a.reg.Listed() }
 
