@@ -215,39 +215,6 @@ func wantRefusedFor(t *testing.T, sp keel.Span, label, what string) {
 	}
 }
 
-// labelsLanded gates the assertions that need labels to follow data in
-// the engine (issue 16: tool results, model results and summaries carry
-// labels; a tool's egress after labelled data asks), which are being
-// built. Until then those assertions are skipped, with a message; the
-// rest of the test (nothing labelled reaches the cloud, the unlabelled
-// control does) runs. To be removed when they land.
-const labelsLanded = false
-
-// needLabels skips the rest of t unless labels follow data in the
-// engine; see labelsLanded.
-func needLabels(t *testing.T, what string) bool {
-	t.Helper()
-	if !labelsLanded {
-		t.Logf("not checked until labels follow data in the engine: %s", what)
-	}
-	return labelsLanded
-}
-
-// egressLanded gates the assertions that need the tool host to ask the
-// policy before each network request a tool makes (issue 16: the egress
-// action), which is being built. To be removed when it lands.
-const egressLanded = false
-
-// needEgress reports whether egress decisions are wired, logging what is
-// not checked until they are; see egressLanded.
-func needEgress(t *testing.T, what string) bool {
-	t.Helper()
-	if !egressLanded {
-		t.Logf("not checked until the tool host asks the policy before each request: %s", what)
-	}
-	return egressLanded
-}
-
 // docExample returns the JSON example that follows heading in
 // docs/policy.md.
 func docExample(t *testing.T, heading string) string {
@@ -338,7 +305,8 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // API (a loopback server) and not another destination it is granted.
 // Also: on a route with no local target the call is denied, the reason
 // journaled; a label of one's own from the policy's sources keeps the
-// file off the cloud unless clear lets it go to that provider.
+// file off the cloud, the decision journaled on model.result, unless
+// clear lets it go to that provider.
 func TestEgressEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -357,7 +325,7 @@ func TestEgressEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		evs := follow(t, e.c, run.ID)
-		if res := readResult(t, evs); needLabels(t, "tool.result labels") && !hasLabel(res.Labels, "private") {
+		if res := readResult(t, evs); !hasLabel(res.Labels, "private") {
 			t.Errorf("the labelled read's tool.result has labels %v, want private", res.Labels)
 		}
 		e.noLeak(t)
@@ -378,7 +346,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		}
 		for _, ev := range evs {
 			var d keel.ModelResultData
-			if ev.Type == keel.EventModelResult && json.Unmarshal(ev.Data, &d) == nil && d.Step == 2 && needLabels(t, "model.result labels") && !hasLabel(d.Labels, "private") {
+			if ev.Type == keel.EventModelResult && json.Unmarshal(ev.Data, &d) == nil && d.Step == 2 && !hasLabel(d.Labels, "private") {
 				t.Errorf("model.result of step 2 (answered from the labelled context) has labels %v, want private", d.Labels)
 			}
 		}
@@ -389,9 +357,6 @@ func TestEgressEndToEnd(t *testing.T) {
 	// labelled data is in the context.
 	t.Run("labelled read stays local and fetch asks", func(t *testing.T) {
 		t.Parallel()
-		if !needLabels(t, "egress after labelled data asks") {
-			t.Skip("needs labels in the engine: egress after labelled data asks")
-		}
 		local := scripted.New(nil, scripted.CallTool("fetch", fetchArgs), scripted.Answer("done"))
 		e := startEgress(t, egressConfig{labelled: true, local: local, localModel: scripted.DefaultModel.Name, tools: []string{"readfile", "fetch"}})
 		e.cloud.Script(readCall)
@@ -521,7 +486,7 @@ func TestEgressEndToEnd(t *testing.T) {
 			if first == 0 {
 				first = d.Step
 			}
-			if needLabels(t, "summary labels") && !hasLabel(d.Labels, "private") {
+			if !hasLabel(d.Labels, "private") {
 				t.Errorf("context.summarized of step %d holds the labelled text but has labels %v, want private", d.Step, d.Labels)
 			}
 		}
@@ -565,9 +530,6 @@ func TestEgressEndToEnd(t *testing.T) {
 		if r := cloudRefusals(t, sp); len(r) == 0 || !strings.Contains(r[0], "no cloud model calls") || !strings.Contains(r[0], "managed") {
 			t.Errorf("step 1's refusals of the cloud = %q, want the managed file's cloud setting named", r)
 		}
-		if !needEgress(t, "fetch denied by the managed default") {
-			return
-		}
 		if reqs := api.requests(); len(reqs) != 0 {
 			t.Errorf("fetch reached %v under the no-data-leaves managed file", reqs)
 		}
@@ -600,9 +562,6 @@ func TestEgressEndToEnd(t *testing.T) {
 		}
 		if reqs := api.requests(); len(reqs) != 1 || res[0].Error != nil {
 			t.Errorf("fetch to the project's API: result %s, the API received %v; want one request answered", resultText(res[0]), reqs)
-		}
-		if !needEgress(t, "fetch to another destination denied") {
-			return
 		}
 		if reqs := other.requests(); len(reqs) != 0 || res[1].Error == nil || !strings.Contains(res[1].Error.Message, "policy") {
 			t.Errorf("fetch to another destination: result %s, it received %v; want refused by the policy, nothing sent", resultText(res[1]), reqs)
@@ -643,9 +602,6 @@ func TestEgressEndToEnd(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if !needLabels(t, "labels from the policy's sources and clear") {
-				t.Skip("needs labels in the engine: the policy's path sources and clear")
-			}
 			e := startEgress(t, egressConfig{local: scripted.New(nil, scripted.Answer("done")), localModel: scripted.DefaultModel.Name,
 				tools: []string{"readfile"}, user: tt.policy})
 			e.cloud.Script(readCall)
@@ -667,6 +623,20 @@ func TestEgressEndToEnd(t *testing.T) {
 				t.Errorf("no model span for step 2")
 			} else {
 				wantRefusedFor(t, sp, "acme-confidential", "step 2")
+			}
+			// The journal records the decision that kept the call local.
+			var journaled bool
+			for _, ev := range got.Events {
+				var d keel.ModelResultData
+				if ev.Type != keel.EventModelResult || json.Unmarshal(ev.Data, &d) != nil || d.Step != 2 {
+					continue
+				}
+				for _, md := range d.Policy {
+					journaled = journaled || md.Provider == "cloud" && md.Outcome == "deny" && strings.Contains(md.Explanation, "acme-confidential")
+				}
+			}
+			if !journaled {
+				t.Errorf("step 2's model.result journals no policy decision denying the cloud for the label acme-confidential")
 			}
 		})
 	}
