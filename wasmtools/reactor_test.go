@@ -184,7 +184,14 @@ func BenchmarkCallWarm(b *testing.B) {
 // BenchmarkCallHost is BenchmarkCallWarm's input and output schemas on a
 // reactor that does nothing (cannedReactor): the host's part of a warm
 // call, from lookup and validation to the result, without guest code.
-func BenchmarkCallHost(b *testing.B) {
+func BenchmarkCallHost(b *testing.B) { benchCallHost(b, nil) }
+
+// BenchmarkCallHostTouched is BenchmarkCallHost with each call asking
+// what it touched (keel.ToolInvocation.Touched), as a run's calls do:
+// the price of the recording on a call that opens nothing.
+func BenchmarkCallHostTouched(b *testing.B) { benchCallHost(b, new(keel.Touched)) }
+
+func benchCallHost(b *testing.B, touched *keel.Touched) {
 	dir := b.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "canned.wasm"), cannedReactor(`{"output":{"words":9,"lines":2,"chars":44}}`), 0o644); err != nil {
 		b.Fatal(err)
@@ -207,7 +214,7 @@ func BenchmarkCallHost(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "canned", Args: input}); err != nil {
+		if _, err := r.Call(context.Background(), keel.ToolInvocation{Name: "canned", Args: input, Touched: touched}); err != nil {
 			b.Fatal(err)
 		}
 	}
