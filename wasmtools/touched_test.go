@@ -388,3 +388,36 @@ func TestEgressSeesRefusal(t *testing.T) {
 		t.Errorf("call denial = %v, want permission_denied", te)
 	}
 }
+
+// TestTouchedListing: listing a directory records it, the granted root
+// included, for a command tool (a fresh instance per call, whose guest
+// runtime asks for its directories inside the call) and a reactor; a
+// call that touches no file records nothing, although wazero opens the
+// root to answer that question.
+func TestTouchedListing(t *testing.T) {
+	t.Parallel()
+	ws := realTempDir(t)
+	writeFile(t, filepath.Join(ws, "sub", "a.txt"), "alpha")
+	grants := map[string]capabilities.Grants{"hostile": {FS: []capabilities.FSGrant{{HostPath: ws, GuestPath: "/data", ReadOnly: true}}}}
+	for _, tt := range []struct{ name, dir string }{{"command", hostileDir}, {"reactor", reactorDir}} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := openRegistry(t, Config{Dir: tt.dir, Grants: grants})
+			for _, c := range []struct {
+				input string
+				want  []string
+			}{
+				{`{"mode":"ok"}`, nil},
+				{`{"mode":"ls","path":"/data"}`, []string{ws}},
+				{`{"mode":"ls","path":"/data/sub"}`, []string{filepath.Join(ws, "sub")}},
+				{`{"mode":"read","path":"/data/sub/a.txt"}`, []string{filepath.Join(ws, "sub", "a.txt")}},
+				{`{"mode":"ok"}`, nil},
+			} {
+				touched, _, terr := touchedCall(t, r, "hostile", c.input, nil)
+				if terr != nil || !slices.Equal(touched.Paths, c.want) {
+					t.Errorf("hostile %s: Touched = %+v, %v; want paths %q", c.input, touched, terr, c.want)
+				}
+			}
+		})
+	}
+}
