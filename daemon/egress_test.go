@@ -44,6 +44,7 @@ type egress struct {
 // egressConfig says how to set up an egress daemon.
 type egressConfig struct {
 	labelled   bool            // grant readfile's directory --private
+	grantLabel string          // grant readfile's directory --label grantLabel
 	local      models.Provider // the daemon's local provider ("ollama")
 	localModel string          // the route's fallback: a model of local; "": none
 	ctxLength  int             // of the cloud model; 0: 16384
@@ -106,12 +107,15 @@ func startEgress(t *testing.T, cfg egressConfig) egress {
 	if len(cfg.fetchNet) > 0 {
 		grant(append([]string{"fetch"}, cfg.fetchNet...)...)
 	}
-	switch {
-	case !slices.Contains(cfg.tools, "readfile"):
-	case cfg.labelled:
-		grant("readfile", "fs:/workspace="+secrets, "--private")
-	default:
-		grant("readfile", "fs:/workspace="+secrets)
+	if slices.Contains(cfg.tools, "readfile") {
+		args := []string{"readfile", "fs:/workspace=" + secrets}
+		if cfg.labelled {
+			args = append(args, "--private")
+		}
+		if cfg.grantLabel != "" {
+			args = append(args, "--label", cfg.grantLabel)
+		}
+		grant(args...)
 	}
 	return egress{d: d, c: c, cloud: cloud}
 }
@@ -304,9 +308,9 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // reaches nothing; under the project file fetch reaches the project's
 // API (a loopback server) and not another destination it is granted.
 // Also: on a route with no local target the call is denied, the reason
-// journaled; a label of one's own from the policy's sources keeps the
-// file off the cloud, the decision journaled on model.result, unless
-// clear lets it go to that provider.
+// journaled; a label of one's own, from the grant (--label) or the
+// policy's sources, keeps the file off the cloud, the decision journaled
+// on model.result, unless clear lets it go to that provider.
 func TestEgressEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -589,28 +593,31 @@ func TestEgressEndToEnd(t *testing.T) {
 		}
 	})
 
-	// Labels from the policy's sources (a path pattern in the user's
-	// policy file) rather than the grant: a label of one's own keeps the
-	// file off the cloud, and clearing it for the cloud provider lets it
-	// go there.
+	// A label of one's own, given by the policy's sources (a path
+	// pattern in the user's policy file) or by the grant (--label),
+	// keeps the file off the cloud, and clearing it for the cloud
+	// provider lets it go there.
+	const sources, clear = `"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}]`, `"clear": {"acme-confidential": ["cloud"]}`
 	for _, tt := range []struct {
-		name, policy string
-		cleared      bool
+		name, grantLabel, policy string
+		cleared                  bool
 	}{
-		{"label from the policy's sources", `{"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}]}`, false},
-		{"label cleared for the provider", `{"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}], "clear": {"acme-confidential": ["cloud"]}}`, true},
+		{"label from the policy's sources", "", "{" + sources + "}", false},
+		{"label from the policy's sources cleared for the provider", "", "{" + sources + ", " + clear + "}", true},
+		{"label of the grant", "acme-confidential", "", false},
+		{"label of the grant cleared for the provider", "acme-confidential", "{" + clear + "}", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e := startEgress(t, egressConfig{local: scripted.New(nil, scripted.Answer("done")), localModel: scripted.DefaultModel.Name,
-				tools: []string{"readfile"}, user: tt.policy})
+				tools: []string{"readfile"}, user: tt.policy, grantLabel: tt.grantLabel})
 			e.cloud.Script(readCall)
 			got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "What is in secret.txt?", Model: "default", MaxSteps: 3, Policy: keel.RunPolicy{AllowCloud: true}})
 			if got.Run.Status != keel.RunSucceeded {
 				t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
 			}
 			if res := readResult(t, got.Events); !slices.Equal(res.Labels, []string{"acme-confidential"}) {
-				t.Errorf("the read's tool.result has labels %v, want [acme-confidential] from the policy's sources", res.Labels)
+				t.Errorf("the read's tool.result has labels %v, want [acme-confidential]", res.Labels)
 			}
 			if tt.cleared {
 				if len(e.cloud.Find(egressCanary)) == 0 {
