@@ -19,6 +19,17 @@
 // deciding again. A model call carries the policy's check of each
 // target to the model layer (models.ChatRequest.Admit).
 //
+// Labels follow data through a run (labels.go): the run's inputs, tool
+// results, a person's messages and a sub-agent's result bring their
+// labels into the run's context, journaled with them; a declassification
+// takes one out. The labels a context holds are one fold over the
+// journal, which resume and replay use and which a live run applies event
+// by event as it journals them. Every model request carries them
+// (admitModel refuses a cloud target for a label not cleared for it), as
+// do model results and summaries; a network-capable tool's call after
+// labelled data entered the context is also decided as egress, and each
+// of its requests is checked (ToolInvocation.Egress).
+//
 // Plan and DAG runs (flow.go, docs/orchestration.md) run a plan's steps
 // as sub-agents: agent runs of their own, linked to the parent, with
 // their own budget and tool subset, at most Config.MaxParallelSteps at

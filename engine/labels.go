@@ -446,6 +446,16 @@ func (e *EgressRefusal) Error() string {
 	return fmt.Sprintf("the policy refused %s's request to %s (policy version %d): %s", e.Tool, e.Destination, e.Decision.Version, e.Decision.Explanation)
 }
 
+// As lets errors.As see the refusal as the *keel.ToolError the call
+// fails with: policy_denied, with the refusal as its message.
+func (e *EgressRefusal) As(target any) bool {
+	if t, ok := target.(**keel.ToolError); ok {
+		*t = &keel.ToolError{Code: keel.ToolPolicyDenied, Message: e.Error()}
+		return true
+	}
+	return false
+}
+
 // egressRecord is one egress decision of a call, on its span.
 type egressRecord struct {
 	Destination string               `json:"destination"`

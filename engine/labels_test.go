@@ -559,6 +559,9 @@ func TestEgressAfterLabelsAsks(t *testing.T) {
 	if !ran || !errors.As(err, &refusal) || refusal.Decision.Outcome != "ask" || refusal.Destination != "https://api.test/c" {
 		t.Errorf("sneaky's request after labelled data: egress check %v (ran %v), want an ask refusal naming the destination", err, ran)
 	}
+	if te := (*keel.ToolError)(nil); !errors.As(err, &te) || te.Code != keel.ToolPolicyDenied {
+		t.Errorf("the refusal as a tool error = %v, want policy_denied", te)
+	}
 
 	// A deny rule on the destination: the call does not run.
 	pol.set(t, 2, `{"sources": [{"path": "/data/hr/**", "labels": ["pii"]}], "rules": [{"action": "egress", "host": "evil.test", "decision": "deny"}]}`)

@@ -108,7 +108,7 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 		if problem == "" {
 			// The accepted reply is journaled before it is used.
 			if err := f.appendEvent(ctx, keel.EventModelResult, keel.ModelResultData{Step: step, Model: res.Response.Model,
-				Content: string(res.Value), PromptTokens: res.Usage.PromptTokens, CompletionTokens: res.Usage.CompletionTokens,
+				Content: string(res.Value), PromptTokens: res.Usage.PromptTokens, CompletionTokens: res.Usage.CompletionTokens, Labels: req.LabelSet(),
 				DurationMS: chat.took.Milliseconds()}, nil); err != nil {
 				return keel.Plan{}, err
 			}
