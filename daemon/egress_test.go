@@ -537,7 +537,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		if reqs := api.requests(); len(reqs) != 0 {
 			t.Errorf("fetch reached %v under the no-data-leaves managed file", reqs)
 		}
-		if res := fetchResults(t, got.Events); len(res) != 1 || res[0].Error == nil || !strings.Contains(res[0].Error.Message, "policy") {
+		if res := fetchResults(t, got.Events); len(res) != 1 || res[0].Error == nil || res[0].Error.Code != keel.ToolPolicyDenied {
 			for _, r := range res {
 				t.Errorf("fetch result: %s", resultText(r))
 			}
@@ -567,7 +567,7 @@ func TestEgressEndToEnd(t *testing.T) {
 		if reqs := api.requests(); len(reqs) != 1 || res[0].Error != nil {
 			t.Errorf("fetch to the project's API: result %s, the API received %v; want one request answered", resultText(res[0]), reqs)
 		}
-		if reqs := other.requests(); len(reqs) != 0 || res[1].Error == nil || !strings.Contains(res[1].Error.Message, "policy") {
+		if reqs := other.requests(); len(reqs) != 0 || res[1].Error == nil || res[1].Error.Code != keel.ToolPolicyDenied {
 			t.Errorf("fetch to another destination: result %s, it received %v; want refused by the policy, nothing sent", resultText(res[1]), reqs)
 		}
 	})
