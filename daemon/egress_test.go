@@ -310,7 +310,8 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // Also: on a route with no local target the call is denied, the reason
 // journaled; a label of one's own, from the grant (--label) or the
 // policy's sources, keeps the file off the cloud, the decision journaled
-// on model.result, unless clear lets it go to that provider.
+// on model.result, unless clear lets it go to that provider; clear does
+// not let private data go.
 func TestEgressEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -597,15 +598,19 @@ func TestEgressEndToEnd(t *testing.T) {
 	// pattern in the user's policy file) or by the grant (--label),
 	// keeps the file off the cloud, and clearing it for the cloud
 	// provider lets it go there.
-	const sources, clear = `"sources": [{"path": "$SECRETS/**", "labels": ["acme-confidential"]}]`, `"clear": {"acme-confidential": ["cloud"]}`
+	sources := func(label string) string { return `"sources": [{"path": "$SECRETS/**", "labels": ["` + label + `"]}]` }
+	clear := func(label string) string { return `"clear": {"` + label + `": ["cloud"]}` }
+	const own = "acme-confidential"
 	for _, tt := range []struct {
-		name, grantLabel, policy string
-		cleared                  bool
+		name, label, grantLabel, policy string
+		cleared                         bool
 	}{
-		{"label from the policy's sources", "", "{" + sources + "}", false},
-		{"label from the policy's sources cleared for the provider", "", "{" + sources + ", " + clear + "}", true},
-		{"label of the grant", "acme-confidential", "", false},
-		{"label of the grant cleared for the provider", "acme-confidential", "{" + clear + "}", true},
+		{"label from the policy's sources", own, "", "{" + sources(own) + "}", false},
+		{"label from the policy's sources cleared for the provider", own, "", "{" + sources(own) + ", " + clear(own) + "}", true},
+		{"label of the grant", own, own, "", false},
+		{"label of the grant cleared for the provider", own, own, "{" + clear(own) + "}", true},
+		// private is the one label clear cannot clear (docs/policy.md).
+		{"private is never cleared", "private", "", "{" + sources("private") + ", " + clear("private") + "}", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -616,8 +621,8 @@ func TestEgressEndToEnd(t *testing.T) {
 			if got.Run.Status != keel.RunSucceeded {
 				t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
 			}
-			if res := readResult(t, got.Events); !slices.Equal(res.Labels, []string{"acme-confidential"}) {
-				t.Errorf("the read's tool.result has labels %v, want [acme-confidential]", res.Labels)
+			if res := readResult(t, got.Events); !slices.Equal(res.Labels, []string{tt.label}) {
+				t.Errorf("the read's tool.result has labels %v, want [%s]", res.Labels, tt.label)
 			}
 			if tt.cleared {
 				if len(e.cloud.Find(egressCanary)) == 0 {
@@ -629,7 +634,10 @@ func TestEgressEndToEnd(t *testing.T) {
 			if sp, ok := modelSpans(got.Spans)[2]; !ok {
 				t.Errorf("no model span for step 2")
 			} else {
-				wantRefusedFor(t, sp, "acme-confidential", "step 2")
+				wantRefusedFor(t, sp, tt.label, "step 2")
+			}
+			if tt.label == "private" {
+				return // refused by the model layer before the policy is asked: no policy decision to journal
 			}
 			// The journal records the decision that kept the call local.
 			var journaled bool
@@ -639,11 +647,11 @@ func TestEgressEndToEnd(t *testing.T) {
 					continue
 				}
 				for _, md := range d.Policy {
-					journaled = journaled || md.Provider == "cloud" && md.Outcome == "deny" && strings.Contains(md.Explanation, "acme-confidential")
+					journaled = journaled || md.Provider == "cloud" && md.Outcome == "deny" && strings.Contains(md.Explanation, tt.label)
 				}
 			}
 			if !journaled {
-				t.Errorf("step 2's model.result journals no policy decision denying the cloud for the label acme-confidential")
+				t.Errorf("step 2's model.result journals no policy decision denying the cloud for the label %s", tt.label)
 			}
 		})
 	}
