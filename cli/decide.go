@@ -149,16 +149,41 @@ func approvalCmd(approve bool) *cobra.Command {
 }
 
 func sayCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "say RUN MESSAGE",
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "say RUN [--label LABEL]... MESSAGE",
 		Short: "Tell a run something: the model reads it before its next step (to correct its direction)",
 		Args:  usageArgs(cobra.MinimumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := protocol.RunSayParams{RunID: keel.RunID(args[0]), Message: strings.Join(args[1:], " ")}
+			p := protocol.RunSayParams{RunID: keel.RunID(args[0]), Message: strings.Join(args[1:], " "), Labels: labels}
 			return call(cmd, client.RunSay, p, func(r keel.Run) error {
 				fmt.Fprintf(cmd.OutOrStdout(), "run %s: message recorded; the model reads it before its next step (now %s)\n", r.ID, r.Status)
 				return nil
 			})
 		},
 	}
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "a label of the message (private, secret, pii or one of your own; repeat for more): it enters the run's context with it")
+	return cmd
+}
+
+func declassifyCmd() *cobra.Command {
+	var reason, by string
+	cmd := &cobra.Command{
+		Use:   "declassify RUN LABEL --reason TEXT [--by NAME]",
+		Short: "Clear a label from what a run's context holds, saying why (journaled with who and why; data read later with the label brings it back)",
+		Args:  usageArgs(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("--reason is required: say why %s may be cleared (see %s --help)", args[1], cmd.CommandPath())}
+			}
+			p := protocol.RunDeclassifyParams{RunID: keel.RunID(args[0]), Label: args[1], Reason: reason, By: by}
+			return call(cmd, client.RunDeclassify, p, func(d protocol.RunDeclassifyResult) error {
+				fmt.Fprintf(cmd.OutOrStdout(), "run %s: label %s cleared by %s; the context now holds %s\n", p.RunID, d.Label, d.By, labelSet(d.Labels))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the label may be cleared (required; journaled)")
+	cmd.Flags().StringVar(&by, "by", "", "who decides (default: the client's name, keel-cli)")
+	return cmd
 }

@@ -52,7 +52,7 @@ func (p *eventPrinter) print(ev keel.Event) {
 		p.closeStream()
 		var d keel.ModelResultData
 		_ = json.Unmarshal(ev.Data, &d)
-		fmt.Fprintf(p.w, "%3d model step %d  %s  tokens %d in / %d out  %s\n", ev.Seq, d.Step, d.Model, d.PromptTokens, d.CompletionTokens, ms(d.DurationMS))
+		fmt.Fprintf(p.w, "%3d model step %d  %s  tokens %d in / %d out  %s%s\n", ev.Seq, d.Step, d.Model, d.PromptTokens, d.CompletionTokens, ms(d.DurationMS), labelNote(d.Labels))
 		if !p.streamed && d.Content != "" {
 			fmt.Fprintf(p.w, "      │ %s\n", clip(d.Content, 2000))
 		}
@@ -68,9 +68,9 @@ func (p *eventPrinter) print(ev keel.Event) {
 		var d keel.ToolResultData
 		_ = json.Unmarshal(ev.Data, &d)
 		if d.Error != nil {
-			fmt.Fprintf(p.w, "%3d tool  ← %s failed (%s): %s  %s\n", ev.Seq, d.Name, d.Error.Code, d.Error.Message, ms(d.DurationMS))
+			fmt.Fprintf(p.w, "%3d tool  ← %s failed (%s): %s  %s%s\n", ev.Seq, d.Name, d.Error.Code, d.Error.Message, ms(d.DurationMS), labelNote(d.Labels))
 		} else {
-			fmt.Fprintf(p.w, "%3d tool  ← %s %s  %s\n", ev.Seq, d.Name, clip(string(d.Output), 300), ms(d.DurationMS))
+			fmt.Fprintf(p.w, "%3d tool  ← %s %s  %s%s\n", ev.Seq, d.Name, clip(string(d.Output), 300), ms(d.DurationMS), labelNote(d.Labels))
 		}
 	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted, keel.EventRunPaused:
 		p.closeStream()
@@ -118,7 +118,20 @@ func (p *eventPrinter) print(ev keel.Event) {
 		p.closeStream()
 		var d keel.HumanMessageData
 		_ = json.Unmarshal(ev.Data, &d)
-		fmt.Fprintf(p.w, "%3d person says: %s\n", ev.Seq, clip(d.Content, 2000))
+		fmt.Fprintf(p.w, "%3d person says: %s%s\n", ev.Seq, clip(d.Content, 2000), labelNote(d.Labels))
+	case keel.EventContextSummary:
+		p.closeStream()
+		var d keel.ContextSummaryData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d context summarized at step %d: %d messages, ~%d → ~%d tokens%s\n", ev.Seq, d.Step, d.Messages, d.TokensBefore, d.TokensAfter, labelNote(d.Labels))
+		if d.Summary != "" {
+			fmt.Fprintf(p.w, "      │ %s\n", clip(d.Summary, 300))
+		}
+	case keel.EventDeclassified:
+		p.closeStream()
+		var d keel.DeclassifyData
+		_ = json.Unmarshal(ev.Data, &d)
+		fmt.Fprintf(p.w, "%3d label %s cleared by %s: %s\n      │ the context now holds %s\n", ev.Seq, d.Label, d.By, clip(d.Reason, 300), labelSet(d.Labels))
 	case keel.EventHumanDecision:
 		var d keel.HumanDecisionData
 		_ = json.Unmarshal(ev.Data, &d)
@@ -131,6 +144,18 @@ func (p *eventPrinter) print(ev keel.Event) {
 		fmt.Fprintf(p.w, "%3d %s %s\n", ev.Seq, ev.Type, clip(string(ev.Data), 300))
 	}
 }
+
+// labelNote is what an event line ends with when the data it shows
+// carries labels: "  labels {pii,private}"; nothing when none.
+func labelNote(labels []string) string {
+	if len(labels) == 0 {
+		return ""
+	}
+	return "  labels " + labelSet(labels)
+}
+
+// labelSet renders a set of labels as "{pii,private}".
+func labelSet(labels []string) string { return "{" + strings.Join(labels, ",") + "}" }
 
 func ms(n int64) string { return (time.Duration(n) * time.Millisecond).String() }
 

@@ -77,6 +77,7 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 	cmd.Flags().IntVar(&p.MaxSteps, "max-steps", 0, "most model calls the run may make (default 8)")
 	cmd.Flags().BoolVar(&p.Policy.AllowCloud, "allow-cloud", false, "let this run use cloud models, where the daemon's models configuration allows cloud")
 	cmd.Flags().BoolVar(&p.Policy.Private, "private", false, "treat everything in this run as private: it never leaves this machine")
+	cmd.Flags().StringArrayVar(&p.Policy.Labels, "label", nil, "a label of the goal (private, secret, pii or one of your own; repeat for more): it is in the run's context from the start (docs/policy.md)")
 	cmd.Flags().Int64Var(&p.Policy.BudgetTokens, "budget-tokens", 0, "most tokens the run's model calls may spend (0: no cap)")
 	cmd.Flags().Float64Var(&p.Policy.BudgetUSD, "budget-usd", 0, "most US dollars the run's model calls may spend (0: no cap)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "fail the run if it has not ended this long after it starts, across daemon restarts (0: no limit)")

@@ -73,7 +73,7 @@ func showCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "show RUN",
-		Short: "Show one run: its events and its trace spans with tokens and durations",
+		Short: "Show one run: the labels its context holds, its events (with the labels of their data) and its trace spans with tokens and durations",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(cmd, func(c *client.Client) error {
@@ -89,6 +89,13 @@ func showCmd() *cobra.Command {
 				fmt.Fprintf(out, "run     %s\nstatus  %s\nmodel   %s\ngoal    %s\nstarted %s\n", r.ID, r.Status, r.Model, r.Goal, r.CreatedAt.Local().Format(time.DateTime))
 				if r.Error != "" {
 					fmt.Fprintf(out, "reason  %s\n", r.Error)
+				}
+				if d.Labels != nil { // nil: the daemon does not follow labels
+					held := "none"
+					if len(d.Labels) > 0 {
+						held = labelSet(d.Labels)
+					}
+					fmt.Fprintf(out, "labels: %s\n", held)
 				}
 				printShape(cmd.Context(), c, out, d)
 				fmt.Fprintf(out, "\nevents (%d)\n", len(d.Events))

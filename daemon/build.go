@@ -144,14 +144,14 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	engRef.Store(eng)
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
+	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, Runs: st, SideEffects: reg.SideEffects,
+		Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud, ContextLabels: eng.ContextLabels}
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
 		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
 	// The limits declared are those in effect: flags, then tools.json.
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.env.policy = pol.Current
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
-		Models: ms, Chat: ms, Env: l.env,
-		Policy: &policy.Service{Watcher: pol, Effective: eng.Policy, Runs: st, SideEffects: reg.SideEffects,
-			Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud}}
+		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng}
 	return l, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/websocket"
 
@@ -44,6 +45,20 @@ type conn struct {
 
 	subsMu sync.Mutex
 	subs   map[keel.RunID]*subscription
+
+	// client is what the client called itself in initialize ("" before
+	// or without one): who a run.declassify without "by" is recorded
+	// as.
+	client atomic.Pointer[string]
+}
+
+// clientName returns what the client called itself in initialize, or
+// "" if it has not.
+func (c *conn) clientName() string {
+	if p := c.client.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 func (s *Server) newConn(nc net.Conn, remote string) *conn {

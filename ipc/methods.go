@@ -45,6 +45,7 @@ func init() {
 	chat := func(s Services) bool { return s.Chat != nil }
 	env := func(s Services) bool { return s.Env != nil }
 	pol := func(s Services) bool { return s.Policy != nil }
+	labels := func(s Services) bool { return s.Labels != nil }
 	methods = map[string]method{
 		protocol.MethodInitialize:     {typed(handleInitialize), nil},
 		protocol.MethodRunStart:       {typed(handleRunStart), runs},
@@ -81,6 +82,7 @@ func init() {
 			return c.s.svc.Policy.ShowPolicy(ctx, p)
 		}), pol},
 		protocol.MethodPolicyExplain: {typed(handlePolicyExplain), pol},
+		protocol.MethodRunDeclassify: {typed(handleRunDeclassify), labels},
 	}
 }
 
@@ -123,6 +125,7 @@ func handleInitialize(_ context.Context, c *conn, p protocol.InitializeParams) (
 	if p.Client != "" {
 		c.log.Debug("ipc: initialize", logkey.Client, p.Client)
 	}
+	c.client.Store(&p.Client)
 	return protocol.InitializeResult{
 		Protocol: protocol.Version,
 		Server:   "keel",
@@ -138,6 +141,11 @@ func handleRunStart(ctx context.Context, c *conn, p protocol.RunStartParams) (an
 	if p.MaxSteps < 0 {
 		return nil, paramError("max_steps", "must not be negative")
 	}
+	labels, err := labelParams("policy.labels", p.Policy.Labels)
+	if err != nil {
+		return nil, err
+	}
+	p.Policy.Labels = labels
 	return c.s.svc.Runs.Start(ctx, p)
 }
 
@@ -202,7 +210,15 @@ func handleRunGet(ctx context.Context, c *conn, params json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	return protocol.RunDetail{Run: run, Events: nonNil(events), Spans: nonNil(spans)}, nil
+	d := protocol.RunDetail{Run: run, Events: nonNil(events), Spans: nonNil(spans)}
+	if c.s.svc.Labels != nil {
+		labels, err := c.s.svc.Labels.ContextLabels(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		d.Labels = nonNil(labels)
+	}
+	return d, nil
 }
 
 func handleRunSubscribe(ctx context.Context, c *conn, p protocol.SubscribeParams) (any, error) {
@@ -490,7 +506,11 @@ func handleRunSay(ctx context.Context, c *conn, p protocol.RunSayParams) (any, e
 	case strings.TrimSpace(p.Message) == "":
 		return nil, paramError("message", "must not be empty")
 	}
-	return c.s.svc.Control.Say(ctx, p.RunID, p.Message)
+	labels, err := labelParams("labels", p.Labels)
+	if err != nil {
+		return nil, err
+	}
+	return c.s.svc.Control.SayLabeled(ctx, p.RunID, p.Message, labels)
 }
 
 func handleRunApprove(ctx context.Context, c *conn, p protocol.RunApproveParams) (any, error) {

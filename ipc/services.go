@@ -36,6 +36,7 @@ type Services struct {
 	Chat     Chat        // models.chat
 	Env      Environment // env.describe
 	Policy   Policy      // policy.show, policy.explain
+	Labels   RunLabels   // run.declassify, and the labels of run.get
 }
 
 // Runs starts, cancels and follows runs.
@@ -76,8 +77,10 @@ type RunControl interface {
 	Decide(ctx context.Context, id keel.RunID, callID, decision string, output json.RawMessage, note string) (keel.Run, error)
 	// Approve answers an approval request.
 	Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData) (keel.Run, error)
-	// Say gives a run a person's message.
-	Say(ctx context.Context, id keel.RunID, text string) (keel.Run, error)
+	// SayLabeled gives a run a person's message with the labels the
+	// person gave it (checked label names, sorted, no duplicates; nil is
+	// no label).
+	SayLabeled(ctx context.Context, id keel.RunID, text string, labels []string) (keel.Run, error)
 	// Pause stops a run at its next step boundary; Unpause lets it go on.
 	Pause(ctx context.Context, id keel.RunID) (keel.Run, error)
 	Unpause(ctx context.Context, id keel.RunID) (keel.Run, error)
@@ -174,4 +177,19 @@ type Policy interface {
 	// that does not exist wraps keel.ErrNotFound; arguments that are
 	// not a JSON object keel.ErrInvalid.
 	ExplainPolicy(ctx context.Context, p protocol.PolicyExplainParams) (protocol.PolicyExplainResult, error)
+}
+
+// RunLabels serves the labels that follow data through a run: what a
+// run's context holds, and a person clearing one of them.
+type RunLabels interface {
+	// ContextLabels returns the labels run id's context holds now,
+	// sorted (nil or empty: none). An unknown run wraps keel.ErrNotFound.
+	ContextLabels(ctx context.Context, id keel.RunID) ([]string, error)
+	// Declassify clears req.Label from what run req.RunID's context holds
+	// and journals it (labels.declassified) with req.By and req.Reason,
+	// which the server has checked: a well-formed label, a reason that
+	// is not blank, who decided. An unknown run wraps keel.ErrNotFound;
+	// a label the context does not hold keel.ErrInvalid (saying what it
+	// holds); a run that has ended keel.ErrConflict.
+	Declassify(ctx context.Context, req keel.DeclassifyRequest) (keel.DeclassifyData, error)
 }

@@ -32,6 +32,11 @@ type Service struct {
 	Targets func(tool string, args json.RawMessage) keel.CallTargets
 	// IsCloud tells a cloud provider from a local one.
 	IsCloud func(provider string) bool
+	// ContextLabels, when set, gives the labels a run's context holds
+	// now (the engine's): policy.explain for a run decides with them.
+	// Unset, a run holds the labels it started with (private, if it was
+	// started private, and its inputs' labels).
+	ContextLabels func(ctx context.Context, id keel.RunID) ([]string, error)
 }
 
 // current returns the policy to show and explain with for runs of
@@ -86,18 +91,18 @@ func (s *Service) ShowPolicy(ctx context.Context, q keel.PolicyShowParams) (keel
 // ExplainPolicy decides the action q describes as a run would, and says
 // why. A malformed q is keel.ErrInvalid; an unknown run, Runs' error.
 func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams) (keel.PolicyExplainResult, error) {
-	var run keel.Run
+	var labels LabelSet
 	if q.RunID != "" {
-		r, err := s.Runs.GetRun(ctx, keel.RunID(q.RunID))
+		run, ls, err := s.runLabels(ctx, keel.RunID(q.RunID))
 		if err != nil {
 			return keel.PolicyExplainResult{}, err
 		}
-		run = r
+		labels = ls
 		if q.Workspace == "" {
-			q.Workspace = r.Workspace
+			q.Workspace = run.Workspace
 		}
 	}
-	a := Action{Provider: q.Provider, Model: q.Model, Tool: q.Tool}
+	a := Action{Provider: q.Provider, Model: q.Model, Tool: q.Tool, Labels: labels}
 	switch q.Kind {
 	case keel.PolicyKindTool:
 		if len(q.Args) > 0 {
@@ -114,9 +119,6 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 		}
 	case keel.PolicyKindModel:
 		a.Kind, a.Cloud = KindModel, s.IsCloud(q.Provider)
-		if run.Policy.Private {
-			a.Labels = Labels(Private)
-		}
 	default:
 		return keel.PolicyExplainResult{}, fmt.Errorf("kind %q: %w", q.Kind, keel.ErrInvalid)
 	}
@@ -135,6 +137,28 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 		res.Setting = &w
 	}
 	return res, nil
+}
+
+// runLabels returns run id and the labels its context holds:
+// ContextLabels', or, without it, those the run started with.
+func (s *Service) runLabels(ctx context.Context, id keel.RunID) (keel.Run, LabelSet, error) {
+	run, err := s.Runs.GetRun(ctx, id)
+	if err != nil {
+		return keel.Run{}, LabelSet{}, err
+	}
+	names := run.Policy.Labels
+	if s.ContextLabels != nil {
+		if names, err = s.ContextLabels(ctx, id); err != nil {
+			return keel.Run{}, LabelSet{}, err
+		}
+	} else if run.Policy.Private {
+		names = append([]string{string(Private)}, names...)
+	}
+	ls := make([]Label, len(names))
+	for i, n := range names {
+		ls[i] = Label(n)
+	}
+	return run, Labels(ls...), nil
 }
 
 func wireRule(r *Rule) keel.PolicyRule {

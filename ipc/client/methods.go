@@ -37,6 +37,7 @@ const (
 	RunHandBack    Method[protocol.RunControlParams, keel.Run]                        = protocol.MethodRunHandBack
 	RunTool        Method[protocol.RunToolParams, protocol.RunToolResult]             = protocol.MethodRunTool
 	RunFork        Method[protocol.RunForkParams, keel.Run]                           = protocol.MethodRunFork
+	RunDeclassify  Method[protocol.RunDeclassifyParams, protocol.RunDeclassifyResult] = protocol.MethodRunDeclassify
 	ToolsList      Method[None, protocol.ToolsListResult]                             = protocol.MethodToolsList
 	ToolsCall      Method[protocol.ToolsCallParams, protocol.ToolsCallResult]         = protocol.MethodToolsCall
 	ToolsAudit     Method[protocol.ToolsAuditParams, protocol.ToolsAuditResult]       = protocol.MethodToolsAudit

@@ -380,5 +380,6 @@ func Services(b any) ipc.Services {
 	s.Models, _ = b.(ipc.Models)
 	s.Chat, _ = b.(ipc.Chat)
 	s.Env, _ = b.(ipc.Environment)
+	s.Labels, _ = b.(ipc.RunLabels)
 	return s
 }

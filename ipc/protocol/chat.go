@@ -62,6 +62,9 @@ const (
 type RunSayParams struct {
 	RunID   keel.RunID `json:"run_id"`
 	Message string     `json:"message"`
+	// Labels are the message's labels (label names): they enter the
+	// run's context with it, and human.message carries them.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // RunApproveParams is the params of run.approve.

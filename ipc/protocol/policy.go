@@ -25,3 +25,19 @@ type (
 	PolicyExplainParams = keel.PolicyExplainParams
 	PolicyExplainResult = keel.PolicyExplainResult
 )
+
+// MethodRunDeclassify clears a label from what a run's context holds
+// (RunDeclassifyParams → RunDeclassifyResult), journaled as
+// labels.declassified with who and why.
+const MethodRunDeclassify = "run.declassify"
+
+// RunDeclassifyParams is the params of run.declassify.
+type RunDeclassifyParams = keel.DeclassifyRequest
+
+// RunDeclassifyResult is the result of run.declassify: what
+// labels.declassified journaled.
+type RunDeclassifyResult = keel.DeclassifyData
+
+// DeclassifiedByDefault is who a run.declassify is recorded as when it
+// names no one and its client did not name itself in initialize.
+const DeclassifiedByDefault = "user"

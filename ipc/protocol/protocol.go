@@ -158,6 +158,9 @@ type RunDetail struct {
 	Run    keel.Run     `json:"run"`
 	Events []keel.Event `json:"events"`
 	Spans  []keel.Span  `json:"spans"`
+	// Labels are the labels the run's context holds now, sorted; [] when
+	// none, null from a server that does not follow labels.
+	Labels []string `json:"labels"`
 }
 
 // SubscribeParams asks for a run's events after AfterSeq (0 = from the
