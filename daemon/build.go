@@ -146,6 +146,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, Runs: st, SideEffects: reg.SideEffects,
 		Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud, ContextLabels: eng.ContextLabels}
+	// A direct tool call obeys the policy's egress rules too.
+	admin.DirectEgress = polSvc.DirectEgress
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
 		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
 	// The limits declared are those in effect: flags, then tools.json.

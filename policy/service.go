@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -159,6 +160,32 @@ func (s *Service) runLabels(ctx context.Context, id keel.RunID) (keel.Run, Label
 		ls[i] = Label(n)
 	}
 	return run, Labels(ls...), nil
+}
+
+// ErrEgressRefused is wrapped by the error of a DirectEgress check that
+// refuses a request.
+var ErrEgressRefused = errors.New("network request refused by the policy")
+
+// DirectEgress returns the check of the network requests of a call of
+// tool made directly, in no run (tools.call): the policy in force when
+// each request is made decides it as egress of tool to that
+// destination, with no labels (no run's context is involved). Anything
+// but allow refuses the request, ask too: a direct call has no run to
+// wait in for a person's approval. The error wraps ErrEgressRefused
+// and says what decided. Safe for concurrent use.
+func (s *Service) DirectEgress(tool string) keel.EgressCheck {
+	return func(ctx context.Context, dest string) error {
+		p, _, _ := s.current("")
+		d := p.Decide(&Action{Kind: KindEgress, Tool: tool, Destination: dest})
+		switch d.Outcome {
+		case Allow:
+			return nil
+		case Ask:
+			return fmt.Errorf("%w: %s (a direct tool call cannot wait for approval; call the tool in a run)", ErrEgressRefused, d)
+		default:
+			return fmt.Errorf("%w: %s", ErrEgressRefused, d)
+		}
+	}
 }
 
 func wireRule(r *Rule) keel.PolicyRule {

@@ -177,6 +177,13 @@ type Admin struct {
 	st       GrantStore
 	grants   *GrantTable
 	dir      string
+
+	// DirectEgress, when set, gives the check of the network requests
+	// of a direct call (CallTool) of a tool: the policy's egress
+	// decision (see keel.ToolInvocation.Egress). Unset, a direct call
+	// may make every request its grants allow. Set it before the Admin
+	// is used.
+	DirectEgress func(tool string) keel.EgressCheck
 }
 
 // NewAdmin returns the administration of reg, whose Config.GrantsFor is
@@ -198,9 +205,14 @@ func (m *Admin) ListTools(ctx context.Context) ([]capabilities.ToolInfo, error) 
 }
 
 // CallTool serves tools.call: a direct call, in no run. The registry's
-// interceptors (the audit trail first) see it as they see a run's.
+// interceptors (the audit trail first) see it as they see a run's; its
+// network requests are checked by DirectEgress.
 func (m *Admin) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	return m.reg.Call(ctx, keel.ToolInvocation{Name: name, Args: input})
+	inv := keel.ToolInvocation{Name: name, Args: input}
+	if m.DirectEgress != nil {
+		inv.Egress = m.DirectEgress(name)
+	}
+	return m.reg.Call(ctx, inv)
 }
 
 // ToolsProgress reports the compilation of the tools found at start.
