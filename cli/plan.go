@@ -123,7 +123,7 @@ func printFlowEvent(w io.Writer, ev keel.Event) bool {
 		if d.Error != "" {
 			fmt.Fprintf(w, ": %s", clip(d.Error, 300))
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(w, labelNote(d.Labels))
 		if d.Result != "" {
 			fmt.Fprintf(w, "      │ %s\n", clip(d.Result, 300))
 		}
