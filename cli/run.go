@@ -220,12 +220,14 @@ type workspaceFlags struct {
 func (f *workspaceFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.path, "workspace", "", "the run's workspace: its .keel/policy.json is a policy layer of the run (default: the current directory)")
 	cmd.Flags().BoolVar(&f.none, "no-workspace", false, "the run names no workspace: no workspace policy layer")
-	cmd.MarkFlagsMutuallyExclusive("workspace", "no-workspace")
 }
 
 // dir returns the workspace to send: "" with --no-workspace, else the
 // --workspace directory or the current one, made absolute.
 func (f *workspaceFlags) dir() (string, error) {
+	if f.none && f.path != "" {
+		return "", &exitError{code: ExitUsage, err: fmt.Errorf("--workspace and --no-workspace: give one")}
+	}
 	if f.none {
 		return "", nil
 	}
