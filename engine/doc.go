@@ -17,7 +17,12 @@
 // it as a policy_denied tool error without running it. The decision is
 // journaled with the call, so a resume and a replay use it instead of
 // deciding again. A model call carries the policy's check of each
-// target to the model layer (models.ChatRequest.Admit).
+// target to the model layer (models.ChatRequest.Admit), and the
+// decisions a rule made are journaled with its model.result. The policy
+// is the one of the run's workspace (Policy.CurrentFor), whose layer the
+// engine keeps in use (Policy.Use) while the run lives; a change of the
+// policy in force is journaled in the run (policy.changed) before the
+// first decision it makes.
 //
 // Labels follow data through a run (labels.go): the run's inputs, tool
 // results, a person's messages and a sub-agent's result bring their
