@@ -120,8 +120,10 @@ type RunPolicy struct {
 	// AllowCloud lets the run's calls go to cloud models, where the
 	// daemon's configuration allows cloud at all.
 	AllowCloud bool `json:"allow_cloud,omitempty"`
-	// Private marks everything in the run as private: it never leaves
-	// the machine, whatever else allows.
+	// Private marks everything in the run as private: it is the label
+	// private on the run's inputs, so nothing of the run leaves the
+	// machine, whatever else allows, until a person declassifies private
+	// (run.declassify).
 	Private bool `json:"private,omitempty"`
 	// Labels are the labels of the run's inputs (its goal): they are in
 	// the run's context from the start. Sorted names; see labels.go.

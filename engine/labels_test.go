@@ -111,6 +111,7 @@ func (t *labelTools) Specs(context.Context) []keel.ToolSpec {
 		{Name: "fetch", InputSchema: obj, SideEffects: keel.SideEffectExternal},
 		{Name: "sneaky", InputSchema: obj, SideEffects: keel.SideEffectReadOnly},
 		{Name: "write", InputSchema: obj, SideEffects: keel.SideEffectNonIdempotentWrite},
+		{Name: "many", InputSchema: obj, SideEffects: keel.SideEffectReadOnly},
 	}
 }
 
@@ -137,6 +138,8 @@ func (t *labelTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.Ra
 	case "read":
 		inv.Touched.Paths = []string{"/data/hr/staff.csv"}
 		inv.Touched.Labels = []string{"grant-x"}
+	case "many": // opened more files than the host could list
+		inv.Touched.Paths, inv.Touched.Truncated = []string{"/data/public/a.txt"}, true
 	case "fetch", "sneaky":
 		var in struct {
 			URL string `json:"url"`
@@ -688,5 +691,27 @@ func TestSubAgentLabelsReachTheParent(t *testing.T) {
 	defer m.mu.Unlock()
 	if len(m.compose) == 0 || slices.ContainsFunc(m.compose, func(req models.ChatRequest) bool { return !slices.Contains(req.LabelSet(), "pii") }) {
 		t.Errorf("composition requests (%d) do not all carry pii", len(m.compose))
+	}
+}
+
+// TestTruncatedTouchedGetsEveryPathLabel: a call that opened more files
+// than the host could list is labelled as if it had read every path the
+// policy's sources label, although the paths listed match none.
+func TestTruncatedTouchedGetsEveryPathLabel(t *testing.T) {
+	t.Parallel()
+	pol := &swappable{}
+	pol.set(t, 1, `{"sources": [{"path": "/data/hr/**", "labels": ["pii"]}, {"path": "/keys/**", "labels": ["secret"]}, {"tool": "mail", "labels": ["mail"]}]}`)
+	p := scripted.New(nil, scripted.CallTool("many", `{}`), scripted.Answer("done"))
+	st, eng := newEngine(t, engine.Config{Model: p, Tools: &labelTools{}, Policy: pol})
+	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "read everything"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r = waitRun(t, eng, st, r.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", r.Status, r.Error)
+	}
+	d, _ := eventData[keel.ToolResultData](t, journal(t, st, r.ID), keel.EventToolResult)
+	if !slices.Equal(d.Labels, []string{"pii", "secret"}) || d.Touched == nil || !d.Touched.Truncated {
+		t.Errorf("tool.result labels %q, touched %+v; want [pii secret] and the truncation recorded", d.Labels, d.Touched)
 	}
 }

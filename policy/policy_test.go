@@ -429,6 +429,10 @@ func TestLabelsOf(t *testing.T) {
 			t.Errorf("LabelsOf(%v) = %s, want %s", tt.src, got, tt.want)
 		}
 	}
+	// Every path source's labels, of every layer, and no other source's.
+	if got, want := p.PathLabels(), Labels(Private, PII); !got.Equal(want) {
+		t.Errorf("PathLabels() = %s, want %s", got, want)
+	}
 }
 
 func TestDigestAndKinds(t *testing.T) {
