@@ -390,3 +390,89 @@ func lastOf(t *testing.T, evs []keel.Event, typ keel.EventType) []keel.Event {
 	t.Fatalf("no %s in the journal", typ)
 	return nil
 }
+
+// TestWorkspacePolicyAfterRestart: a run waits on an approval its
+// workspace file asked for; the engine stops, the file changes to deny
+// while it is down, and a new engine (a new watcher, the same journal)
+// takes the approval: the approved call runs under the ask it waited on
+// (the decision of the time), the change is journaled (policy.changed,
+// from the journal's last decision to the file's policy now) before the
+// next call, which the new file denies; a replay reproduces it all.
+func TestWorkspacePolicyAfterRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newPolicyDirs(t)
+	ws := d.workspace(t, "proj", `{"rules": [{"action": "tool", "tool": "write", "decision": "ask"}]}`)
+	st := openStore(t)
+	steps := []scripted.Step{
+		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{"n":1}`)}),
+		scripted.CallTools(keel.ToolCall{ID: "c2", Name: "write", Arguments: json.RawMessage(`{"n":2}`)}),
+		scripted.Answer("done"),
+	}
+	var eng1 *engine.Engine
+	w1, _ := d.watch(t, &eng1)
+	tools := &echoTools{}
+	eng1, err := engine.New(engine.Config{Store: st, Model: scripted.New(nil, steps...), Tools: tools, Policy: w1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := eng1.Start(ctx, engine.StartRequest{Goal: "write twice", Workspace: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng1, st, r.ID); got.Status != keel.RunWaiting {
+		t.Fatalf("run = %s %q, want waiting", got.Status, got.Error)
+	}
+	if err := eng1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w1.Close()
+
+	writeFile(t, policy.WorkspacePath(ws), `{"rules": [{"action": "tool", "tool": "write", "decision": "deny", "reason": "changed while down"}]}`)
+	var eng2 *engine.Engine
+	w2, _ := d.watch(t, &eng2)
+	// The model goes on from the journal: its next reply is c2's call.
+	eng2, err = engine.New(engine.Config{Store: st, Model: scripted.New(nil, steps[1:]...), Tools: tools, Policy: w2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng2.Close(context.Background()) })
+	req, _ := eventData[keel.ApprovalRequestData](t, journal(t, st, r.ID), keel.EventApprovalAsked)
+	if _, err := eng2.Approve(ctx, r.ID, keel.ApprovalData{CallID: "c1", ArgsSHA256: req.ArgsSHA256, Approved: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng2, st, r.ID); got.Status != keel.RunSucceeded {
+		t.Fatalf("run after the restart = %s %q, want succeeded", got.Status, got.Error)
+	}
+	if tools.writes != 1 {
+		t.Errorf("writes = %d, want 1 (c1 under its ask; c2 denied)", tools.writes)
+	}
+	var order []string
+	for _, ev := range journal(t, st, r.ID) {
+		switch ev.Type {
+		case keel.EventPolicyChanged:
+			var c keel.PolicyChangeData
+			if err := json.Unmarshal(ev.Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			if c.Digest != w2.CurrentFor(ws).Policy.Digest() || c.Digest == req.Policy.Digest {
+				t.Errorf("policy.changed digest %s, want the new file's", c.Digest)
+			}
+			order = append(order, "changed")
+		case keel.EventToolResult:
+			var res keel.ToolResultData
+			if err := json.Unmarshal(ev.Data, &res); err != nil {
+				t.Fatal(err)
+			}
+			outcome := "ran"
+			if res.Error != nil {
+				outcome = string(res.Error.Code)
+			}
+			order = append(order, res.CallID+" "+outcome)
+		}
+	}
+	if got, want := strings.Join(order, ", "), "c1 ran, changed, c2 policy_denied"; got != want {
+		t.Errorf("journal = %s, want %s", got, want)
+	}
+	replayMatches(t, eng2, st, r.ID)
+}
