@@ -305,8 +305,9 @@ func hasLabel(labels []string, label string) bool { return slices.Contains(label
 // stays refused after it. And docs/policy.md's two examples, read from
 // the page, in force in the daemon: under the "no data leaves this
 // laptop" managed file the cloud endpoint receives nothing and fetch
-// reaches nothing; under the project file fetch reaches the project's
-// API (a loopback server) and not another destination it is granted.
+// reaches nothing; in a run whose workspace has the project file, fetch
+// reaches the project's API (a loopback server) and not another
+// destination it is granted.
 // Also: on a route with no local target the call is denied, the reason
 // journaled; a label of one's own, from the grant (--label) or the
 // policy's sources, keeps the file off the cloud, the decision journaled
@@ -547,31 +548,53 @@ func TestEgressEndToEnd(t *testing.T) {
 	})
 
 	// docs/policy.md's project example, with its API at a loopback
-	// server, as the user layer: fetch reaches the project's API and not
-	// another destination it is granted.
+	// server, as the .keel/policy.json of the workspace a run names:
+	// fetch reaches the project's API and not another destination it is
+	// granted; the same run outside the workspace reaches both.
 	t.Run("fetch only to the project's API", func(t *testing.T) {
 		t.Parallel()
 		api, other := newTarget(t), newTarget(t)
+		ws := t.TempDir()
 		project := strings.ReplaceAll(docExample(t, "### A project whose `fetch` may only reach its own API (workspace)"), "https://api.myproject.dev", api.srv.URL)
-		local := scripted.New(nil, scripted.CallTool("fetch", `{"url":"`+api.srv.URL+`/v1/items"}`),
-			scripted.CallTool("fetch", `{"url":"`+other.srv.URL+`/v1/items"}`), scripted.Answer("done"))
+		if err := os.MkdirAll(filepath.Join(ws, ".keel"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ws, ".keel", "policy.json"), []byte(project), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		local := scripted.ByGoal(nil, func(string) []scripted.Step {
+			return []scripted.Step{scripted.CallTool("fetch", `{"url":"`+api.srv.URL+`/v1/items"}`),
+				scripted.CallTool("fetch", `{"url":"`+other.srv.URL+`/v1/other"}`), scripted.Answer("done")}
+		})
 		e := startEgress(t, egressConfig{local: local, localModel: scripted.DefaultModel.Name, tools: []string{"fetch"},
-			user: project, fetchNet: []string{api.grant(), other.grant()}})
-		got := runToEnd(t, e.c, protocol.RunStartParams{Goal: "fetch the items", Model: scripted.DefaultModel.Name, MaxSteps: 4})
-		if got.Run.Status != keel.RunSucceeded {
-			t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
+			fetchNet: []string{api.grant(), other.grant()}})
+		fetches := func(p protocol.RunStartParams) []keel.ToolResultData {
+			t.Helper()
+			got := runToEnd(t, e.c, p)
+			if got.Run.Status != keel.RunSucceeded {
+				t.Errorf("%s: run = %s %q", p.Goal, got.Run.Status, got.Run.Error)
+			}
+			res := fetchResults(t, got.Events)
+			if len(res) != 2 {
+				t.Fatalf("%s: %d fetch results, want 2", p.Goal, len(res))
+			}
+			return res
 		}
-		res := fetchResults(t, got.Events)
-		if len(res) != 2 {
-			t.Fatalf("fetch results = %+v, want 2", res)
-		}
+
+		res := fetches(protocol.RunStartParams{Goal: "fetch the items in the workspace", Model: scripted.DefaultModel.Name, MaxSteps: 4, Workspace: ws})
 		if reqs := api.requests(); len(reqs) != 1 || res[0].Error != nil {
 			t.Errorf("fetch to the project's API: result %s, the API received %v; want one request answered", resultText(res[0]), reqs)
 		}
 		if reqs := other.requests(); len(reqs) != 0 || res[1].Error == nil || res[1].Error.Code != keel.ToolPolicyDenied {
 			t.Errorf("fetch to another destination: result %s, it received %v; want refused by the policy, nothing sent", resultText(res[1]), reqs)
 		}
+
+		res = fetches(protocol.RunStartParams{Goal: "fetch the items outside the workspace", Model: scripted.DefaultModel.Name, MaxSteps: 4})
+		if reqs := other.requests(); len(reqs) != 1 || res[1].Error != nil {
+			t.Errorf("outside the workspace, fetch to another destination: result %s, it received %v; want it answered", resultText(res[1]), reqs)
+		}
 	})
+
 	// With no local target on the route, the call after the labelled
 	// read is denied, and the journal says why.
 	t.Run("labelled read on a cloud-only route is denied", func(t *testing.T) {
