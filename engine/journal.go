@@ -58,26 +58,32 @@ func (e *Engine) subscribers() []func(keel.Event) {
 // a context detached from the run's cancellation so a cancel or shutdown
 // still records its own ending. An event that changes the labels the
 // run's context holds is journaled under the run's label lock and
-// applied to its live labels (see labelTracker), in journal order.
+// applied to its live labels (see labelTracker), in journal order; the
+// lock is released before subscribers see the event.
 func (e *Engine) appendEvent(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate) (keel.Event, error) {
 	d, labelled := eventLabels(typ, data)
 	if !labelled {
-		return e.appendLocked(ctx, id, typ, data, upd)
+		return e.appendThen(ctx, id, typ, data, upd, nil)
 	}
 	l, unlock := e.lockLabels(id)
-	defer unlock()
-	ev, err := e.appendLocked(ctx, id, typ, data, upd)
-	if err == nil && l != nil {
-		l.ctx = d.apply(l.ctx)
-	}
-	return ev, err
+	return e.appendThen(ctx, id, typ, data, upd, func(err error) {
+		if err == nil && l != nil {
+			l.ctx = d.apply(l.ctx)
+		}
+		unlock()
+	})
 }
 
-// appendLocked is appendEvent without the labels: the caller holds the
-// run's label lock, or the event changes no label.
-func (e *Engine) appendLocked(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate) (keel.Event, error) {
+// appendThen is appendEvent without the labels: stored, when not nil, is
+// called once the store has the event (or failed to: its error), before
+// subscribers see it. A caller that holds the run's label lock releases
+// it there.
+func (e *Engine) appendThen(ctx context.Context, id keel.RunID, typ keel.EventType, data any, upd *keel.RunUpdate, stored func(error)) (keel.Event, error) {
 	raw, err := json.Marshal(data)
 	if err != nil {
+		if stored != nil {
+			stored(err)
+		}
 		return keel.Event{}, fmt.Errorf("encode %s: %w", typ, err)
 	}
 	e.endTrace(ctx, id, upd)
@@ -86,8 +92,11 @@ func (e *Engine) appendLocked(ctx context.Context, id keel.RunID, typ keel.Event
 	delete(e.held, id)
 	o := e.ordered(id)
 	e.mu.Unlock()
-	stored, err := e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, upd)
-	e.publishInOrder(id, o, stored)
+	evs, err = e.cfg.Store.AppendAll(context.WithoutCancel(ctx), id, evs, upd)
+	if stored != nil {
+		stored(err)
+	}
+	e.publishInOrder(id, o, evs)
 	if err != nil {
 		return keel.Event{}, err
 	}
@@ -96,7 +105,7 @@ func (e *Engine) appendLocked(ctx context.Context, id keel.RunID, typ keel.Event
 		e.dropPolicy(id) // the run's workspace is no longer in use by it
 		e.mu.Unlock()
 	}
-	return stored[len(stored)-1], nil
+	return evs[len(evs)-1], nil
 }
 
 // pubOrder makes a run's journaled events reach subscribers in Seq

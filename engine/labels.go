@@ -320,33 +320,38 @@ func (e *Engine) Declassify(ctx context.Context, req keel.DeclassifyRequest) (ke
 		return keel.DeclassifyData{}, fmt.Errorf("run %s already %s: %w", run.ID, run.Status, keel.ErrConflict)
 	}
 	l, unlock := e.lockLabels(run.ID)
-	defer unlock()
 	var c policy.Context
 	if l != nil {
 		c = l.ctx
 	} else {
 		evs, err := e.cfg.Store.Events(ctx, run.ID, 0)
-		if err != nil {
-			return keel.DeclassifyData{}, err
+		if err == nil {
+			c, err = foldLabels(run, evs)
 		}
-		if c, err = foldLabels(run, evs); err != nil {
+		if err != nil {
+			unlock()
 			return keel.DeclassifyData{}, err
 		}
 	}
 	if !c.Labels().Has(policy.Label(d.Label)) {
+		unlock()
 		held := "no label"
 		if c.Labels().Len() > 0 {
 			held = strings.Join(labelNames(c.Labels()), ", ")
 		}
 		return keel.DeclassifyData{}, fmt.Errorf("run %s's context does not hold %s (it holds %s): %w", run.ID, d.Label, held, keel.ErrInvalid)
 	}
+	// Checked and journaled under the lock, so no result that brings the
+	// label back can come between.
 	after := labelDelta{clear: &d}.apply(c)
 	d.Labels = labelNames(after.Labels())
-	if _, err := e.appendLocked(ctx, run.ID, keel.EventDeclassified, d, nil); err != nil {
+	if _, err := e.appendThen(ctx, run.ID, keel.EventDeclassified, d, nil, func(err error) {
+		if err == nil && l != nil {
+			l.ctx = after
+		}
+		unlock()
+	}); err != nil {
 		return keel.DeclassifyData{}, err
-	}
-	if l != nil {
-		l.ctx = after
 	}
 	return d, nil
 }
