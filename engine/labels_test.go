@@ -715,3 +715,73 @@ func TestTruncatedTouchedGetsEveryPathLabel(t *testing.T) {
 		t.Errorf("tool.result labels %q, touched %+v; want [pii secret] and the truncation recorded", d.Labels, d.Touched)
 	}
 }
+
+// TestLiveLabelsMatchTheFoldUnderConcurrency: while a run's tool call is
+// in flight, people say labelled messages and declassify labels from
+// many goroutines at once; the run's next model call carries exactly
+// what the fold of its journal gives at its model.result, whatever
+// order the appends took.
+func TestLiveLabelsMatchTheFoldUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	var seen labelLog
+	p := scripted.New(nil, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		if seen.see(req) == 1 {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "m1", Name: "mail", Arguments: json.RawMessage(`{}`)}}}}, nil
+		}
+		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+	})))
+	tools := &labelTools{}
+	st, eng := newEngine(t, engine.Config{Model: p, Tools: tools})
+	ctx := context.Background()
+	var id keel.RunID
+	errs := make(chan error, 64)
+	tools.onCall = func(inv keel.ToolInvocation) {
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				_, err := eng.SayLabeled(ctx, id, "note", []string{fmt.Sprintf("l%d", i%4)})
+				errs <- err
+			}()
+			go func() {
+				defer wg.Done()
+				// Some find the label gone already: ErrInvalid.
+				if _, err := eng.Declassify(ctx, keel.DeclassifyRequest{RunID: id, Label: fmt.Sprintf("l%d", i%4), By: "ada", Reason: "fine"}); err != nil && !errors.Is(err, keel.ErrInvalid) {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	run, err := eng.Start(ctx, engine.StartRequest{Goal: "mail", Policy: keel.RunPolicy{Labels: []string{"l0", "l1", "l2", "l3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = run.ID
+	if r := waitRun(t, eng, st, run.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", r.Status, r.Error)
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs := journal(t, st, run.ID)
+	run, _ = st.GetRun(ctx, run.ID)
+	var last int
+	for i, ev := range evs {
+		if ev.Type == keel.EventModelResult {
+			last = i
+		}
+	}
+	fold, err := engine.FoldLabels(run, evs[:last])
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := seen.get()
+	if len(reqs) != 2 || !slices.Equal(reqs[1], fold) {
+		t.Errorf("second request's labels = %q, fold of the journal before its result %q; want equal", reqs[len(reqs)-1], fold)
+	}
+}
