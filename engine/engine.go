@@ -131,8 +131,11 @@ type Config struct {
 	// model sees, without running the tool. A decision a rule or setting
 	// made is journaled with the call (tool.call, approval.requested or
 	// tool.result) and put on its span, so that a resume and a replay
-	// use the decision in force at the time. Nil: only RequireApproval
-	// decides.
+	// use the decision in force at the time. A run's calls are decided
+	// by the policy of its workspace (keel.Run.Workspace), which the
+	// engine keeps in use while the run lives; a change of the policy in
+	// force is journaled in the run (policy.changed; see PolicyChanged).
+	// Nil: only RequireApproval decides.
 	Policy Policy
 	// DefaultMaxSteps bounds model calls per run; default 8.
 	DefaultMaxSteps int
