@@ -246,6 +246,21 @@ type PolicyState struct {
 	// Error is set while the files on disk do not load: why (with file
 	// and line). The last good policy stays in force meanwhile.
 	Error string `json:"error,omitempty"`
+	// Workspaces are the workspaces live runs name, each with the policy
+	// in force for them (its .keel/policy.json with the files above),
+	// sorted by Root; omitted when none.
+	Workspaces []WorkspacePolicyState `json:"workspaces,omitempty"`
+}
+
+// WorkspacePolicyState is the policy in force for the runs of one
+// workspace.
+type WorkspacePolicyState struct {
+	Root    string `json:"root"`
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
+	// Error is set while the workspace's file (or the files above) does
+	// not load; the last good policy stays in force meanwhile.
+	Error string `json:"error,omitempty"`
 }
 
 // ToolLimits are the limits the runtime's sandbox puts on each tool

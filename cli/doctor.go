@@ -81,6 +81,13 @@ func doctorCmd() *cobra.Command {
 					fmt.Fprintf(out, "              BROKEN (the last good policy stays in force): %s\n", p.Error)
 					healthy = false
 				}
+				for _, ws := range p.Workspaces {
+					fmt.Fprintf(out, "              workspace %s: version %d\n", ws.Root, ws.Version)
+					if ws.Error != "" {
+						fmt.Fprintf(out, "              BROKEN (the runs in it keep the last good policy): %s\n", ws.Error)
+						healthy = false
+					}
+				}
 			}
 			l := env.ToolLimits
 			fmt.Fprintf(out, "tool limits   %s per call, %d MiB memory, %s output, writes %s per grant leaving %s free, unload after %s idle, private network %s\n",

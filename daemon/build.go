@@ -152,7 +152,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		Endpoint: endpoint, File: filepath.Join(cfg.DataDir, ModelsConfigFile)})
 	// The limits declared are those in effect: flags, then tools.json.
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
-	l.env.policy = pol.Current
+	l.env.policy = pol
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng}
 	return l, nil

@@ -19,7 +19,7 @@ type environment struct {
 	kinds  map[string]capabilities.ProviderKind
 	admin  *wasmtools.Admin
 	// policy, when set, is the policy in force (the daemon's watcher).
-	policy func() policy.Snapshot
+	policy *policy.Watcher
 }
 
 // newEnvironment declares what cfg fixes (the data dir, the network
@@ -57,7 +57,7 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 	env.Providers = capabilities.DeclareProviders(res, e.kinds)
 	env.Tools, env.ToolsCompiling = e.admin.Declare()
 	if e.policy != nil {
-		env.Policy = policyState(e.policy())
+		env.Policy = policyState(e.policy)
 	}
 	return env, nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/internal/logkey"
@@ -47,9 +48,21 @@ func openPolicy(cfg Config, log *slog.Logger, changed func(policy.Event)) (*poli
 	return w, nil
 }
 
-// policyState declares the policy in force for env.describe.
-func policyState(snap policy.Snapshot) *capabilities.PolicyState {
+// policyState declares the policy in force for env.describe: the
+// watcher's, and each workspace's a live run names.
+func policyState(w *policy.Watcher) *capabilities.PolicyState {
+	snap := w.Current()
 	st := &capabilities.PolicyState{Version: snap.Version, Digest: snap.Policy.Digest(), Files: []string{}}
+	roots := w.InUse()
+	slices.Sort(roots)
+	for _, root := range roots {
+		ws := w.CurrentFor(root)
+		wst := capabilities.WorkspacePolicyState{Root: root, Version: ws.Version, Digest: ws.Policy.Digest()}
+		if ws.Err != nil {
+			wst.Error = ws.Err.Error()
+		}
+		st.Workspaces = append(st.Workspaces, wst)
+	}
 	for _, f := range snap.Policy.Files() {
 		st.Files = append(st.Files, f.Layer.String()+" "+f.Name)
 	}

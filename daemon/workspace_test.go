@@ -94,20 +94,65 @@ func TestWorkspacePolicyInDaemon(t *testing.T) {
 		t.Fatalf("approval.requested policy = %+v, want the workspace's ask (%s)", req.Policy, wsFile)
 	}
 
-	writeWS(`{"rules": [{"action": "tool", "tool": "writefile", "decision": "deny", "reason": "no more writes"}]}`)
-	timeout := time.After(time.Minute)
-	for ev := (policy.Event{}); ev.Workspace != ws; {
-		select {
-		case ev = <-events:
-		case <-timeout:
-			t.Fatal("no reload of the workspace file within a minute")
+	// The daemon's watcher tells the engine before OnPolicy: once the
+	// test sees the reload, the run's journal holds its policy.changed.
+	reloaded := func(what string) policy.Event {
+		t.Helper()
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case ev := <-events:
+				if ev.Workspace == ws {
+					return ev
+				}
+			case <-timeout:
+				t.Fatalf("no reload of the workspace file within a minute: %s", what)
+			}
 		}
 	}
-	changed := waitEvent(t, d.dir, run.ID, keel.EventPolicyChanged)
-	var pc keel.PolicyChangeData
-	if err := json.Unmarshal(changed.Data, &pc); err != nil {
+	lastChange := func() keel.PolicyChangeData {
+		t.Helper()
+		det, err := c.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pc keel.PolicyChangeData
+		for _, ev := range det.Events {
+			if ev.Type == keel.EventPolicyChanged {
+				pc = keel.PolicyChangeData{}
+				if err := json.Unmarshal(ev.Data, &pc); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return pc
+	}
+
+	// A broken edit: the run is told, with the file and line, and keel
+	// doctor says so.
+	writeWS("{\"rules\": [\n  {\"action\": \"tool\", \"decision\": \"perhaps\"}]}")
+	if ev := reloaded("the broken edit"); ev.Err == nil {
+		t.Fatalf("the broken edit reloaded without an error")
+	}
+	if pc := lastChange(); !strings.Contains(pc.Error, wsFile+":2:") || pc.Digest != req.Policy.Digest {
+		t.Errorf("policy.changed after the broken edit = %+v, want the error at %s:2 and the last good digest %s", pc, wsFile, req.Policy.Digest)
+	}
+	env, err := c.Describe(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if p := env.Policy; p == nil || len(p.Workspaces) != 1 || p.Workspaces[0].Root != ws || !strings.Contains(p.Workspaces[0].Error, wsFile) {
+		t.Errorf("env.describe policy = %+v, want workspace %s with its error", p, ws)
+	}
+	if s, _, code := runCLI(ctx, d.dir, "doctor"); code == 0 || !strings.Contains(s, "BROKEN") || !strings.Contains(s, wsFile) {
+		t.Errorf("keel doctor with a broken workspace file = %d:\n%s\nwant a failure naming %s", code, s, wsFile)
+	}
+
+	writeWS(`{"rules": [{"action": "tool", "tool": "writefile", "decision": "deny", "reason": "no more writes"}]}`)
+	if ev := reloaded("the edit to deny"); ev.Err != nil {
+		t.Fatalf("the edit to deny: %v", ev.Err)
+	}
+	pc := lastChange()
 	if pc.Digest == req.Policy.Digest || pc.Digest == "" || pc.Error != "" || pc.Version <= req.Policy.Version {
 		t.Errorf("policy.changed = %+v, want a new version and digest after %d %s", pc, req.Policy.Version, req.Policy.Digest)
 	}
@@ -130,6 +175,10 @@ func TestWorkspacePolicyInDaemon(t *testing.T) {
 		}
 	}
 
+	// The run ended: its workspace is no longer watched.
+	if env, err := c.Describe(ctx); err != nil || env.Policy == nil || len(env.Policy.Workspaces) != 0 {
+		t.Errorf("env.describe after the run ended = %+v, %v; want no workspace in use", env.Policy, err)
+	}
 	writeWS(`{}`)
 	rep, err := client.Do(ctx, c, client.RunReplay, protocol.RunRef{RunID: run.ID})
 	if err != nil {
