@@ -349,14 +349,17 @@ func (r *Router) split(rt Route) ([]Target, string, string, error) {
 }
 
 // policy returns why req may not go to model of provider p, or nil.
+// The caller's check (req.Admit, the policy) is asked first, so that a
+// refusal both would make (private content to the cloud) is the
+// policy's, recorded and explained by it; the router's own rules still
+// hold for callers without one.
 func (r *Router) policy(p *routed, model string, req ChatRequest) error {
-	if err := r.cloudPolicy(p, req); err != nil || req.Admit == nil {
-		return err
+	if req.Admit != nil {
+		if err := req.Admit(p.name, model, p.cfg.Cloud); err != nil {
+			return &Error{Kind: KindPolicy, Provider: p.name, Model: model, Msg: err.Error() + "; nothing was sent", Err: err}
+		}
 	}
-	if err := req.Admit(p.name, model, p.cfg.Cloud); err != nil {
-		return &Error{Kind: KindPolicy, Provider: p.name, Model: model, Msg: err.Error() + "; nothing was sent", Err: err}
-	}
-	return nil
+	return r.cloudPolicy(p, req)
 }
 
 // cloudPolicy returns why req may not go to the cloud provider p, or nil.

@@ -202,6 +202,10 @@ func (d Decision) String() string {
 	case causeCloudOff:
 		fmt.Fprintf(&b, "no cloud model calls (%s)", d.setting)
 	case causeNotCleared:
+		if d.label == Private {
+			fmt.Fprintf(&b, "the context holds data labelled %s, which never leaves this machine", d.label)
+			break
+		}
 		fmt.Fprintf(&b, "the context holds data labelled %s, not cleared for %s", d.label, d.subject)
 		if d.setting != nil {
 			fmt.Fprintf(&b, " (%s)", d.setting)

@@ -52,7 +52,7 @@ func benchPolicy(tb testing.TB, n int) *Policy {
 	for l, rules := range layers {
 		settings := ""
 		if Layer(l) == LayerManaged {
-			settings = `"clear": {"private": ["openai"]}, "lock": ["clear.private"], `
+			settings = `"clear": {"pii": ["openai"]}, "lock": ["clear.pii"], `
 		}
 		files = append(files, LayerFile{Layer: Layer(l), Name: Layer(l).String() + ".json",
 			Data: []byte("{" + settings + `"rules": [` + "\n" + strings.Join(rules, ",\n") + "\n]}")})
@@ -77,7 +77,7 @@ var allowPath = []struct {
 	{"tool-path", Action{Kind: KindTool, Tool: "write_file", SideEffect: keel.SideEffectIdempotentWrite, Paths: []string{"/home/ada/project/src/main.go"}}},
 	{"egress", Action{Kind: KindEgress, Tool: "fetch", Destination: "https://api.myproject.dev/v1/items"}},
 	{"model-local", Action{Kind: KindModel, Provider: "ollama", Model: "qwen3:8b", Labels: Labels(Private, PII)}},
-	{"model-cloud", Action{Kind: KindModel, Provider: "openai", Model: "gpt-5", Cloud: true, Labels: Labels(Private)}},
+	{"model-cloud", Action{Kind: KindModel, Provider: "openai", Model: "gpt-5", Cloud: true, Labels: Labels(PII)}},
 }
 
 // TestDecideDoesNotAllocate: the allow path of a decision, on a policy

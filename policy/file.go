@@ -157,6 +157,10 @@ func (dc *decoder) top(m member) {
 			if !ok {
 				continue
 			}
+			if l == Private {
+				dc.warnAt(lm.start, "clear.private has no effect: data labelled private never goes to a cloud provider; give data that may go a label of its own and clear that")
+				continue
+			}
 			slices.Sort(ps)
 			dc.d.clear[l] = &clearSetting{providers: slices.Compact(ps), at: dc.setting("clear."+lm.name, lm.start)}
 		}

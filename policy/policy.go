@@ -375,8 +375,13 @@ func (p *Policy) WithRun(files ...LayerFile) (*Policy, error) {
 
 // Cleared reports whether data labelled l may go to the cloud provider:
 // only if a layer cleared it for that provider (or for "*") and no
-// higher layer cleared it for fewer. Local providers need no clearance.
+// higher layer cleared it for fewer. Private is never cleared: it is
+// data that never leaves the machine (the model layer refuses it too).
+// Local providers need no clearance.
 func (p *Policy) Cleared(l Label, provider string) bool {
+	if l == Private {
+		return false
+	}
 	c := p.clear[l]
 	return c != nil && (slices.Contains(c.providers, provider) || slices.Contains(c.providers, "*"))
 }

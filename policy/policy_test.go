@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -151,9 +152,9 @@ func TestBadFiles(t *testing.T) {
 			file(LayerUser, "{\n  \"comment\": \"mine\",\n  \"cloud\": true\n}"),
 		}, ErrLocked, "user.json", 3, 3, "cloud"},
 		{"locked clear overridden", []LayerFile{
-			file(LayerManaged, `{"clear": {"private": []}, "lock": ["clear"]}`),
-			file(LayerRun, "{\"clear\": {\n  \"private\": [\"openai\"]}}"),
-		}, ErrLocked, "run.json", 2, 3, "clear.private"},
+			file(LayerManaged, `{"clear": {"pii": []}, "lock": ["clear"]}`),
+			file(LayerRun, "{\"clear\": {\n  \"pii\": [\"openai\"]}}"),
+		}, ErrLocked, "run.json", 2, 3, "clear.pii"},
 		{"locked but unset", []LayerFile{
 			file(LayerManaged, `{"lock": ["default.egress"]}`),
 			file(LayerWorkspace, "{\"default\": {\"egress\": \"allow\"}}"),
@@ -242,8 +243,8 @@ func TestModelDecisions(t *testing.T) {
 	}
 
 	p = compile(t,
-		file(LayerUser, `{"clear": {"private": ["openai", "anthropic"]}}`),
-		file(LayerWorkspace, `{"clear": {"private": ["openai"]}}`))
+		file(LayerUser, `{"clear": {"pii": ["openai", "anthropic"], "private": ["openai"]}}`),
+		file(LayerWorkspace, `{"clear": {"pii": ["openai"]}}`))
 	tests := []struct {
 		provider string
 		labels   LabelSet
@@ -251,10 +252,19 @@ func TestModelDecisions(t *testing.T) {
 		label    Label
 	}{
 		{"openai", LabelSet{}, Allow, ""},
-		{"openai", Labels(Private), Allow, ""},
-		{"anthropic", Labels(Private), Deny, Private}, // the workspace cleared it for fewer
-		{"openai", Labels(Private, PII), Deny, PII},
+		{"openai", Labels(PII), Allow, ""},
+		{"anthropic", Labels(PII), Deny, PII},      // the workspace cleared it for fewer
+		{"openai", Labels(Private), Deny, Private}, // private is never cleared
+		{"openai", Labels(Private, PII), Deny, Private},
 		{"openai", Labels(Secret), Deny, Secret},
+	}
+	if w := p.Warnings(); !slices.ContainsFunc(w, func(w Warning) bool {
+		return w.File == "user.json" && w.Line == 1 && strings.Contains(w.Msg, "clear.private has no effect")
+	}) {
+		t.Errorf("warnings = %v, want one at user.json:1 saying clear.private has no effect", w)
+	}
+	if d := p.Decide(&Action{Kind: KindModel, Provider: "openai", Cloud: true, Labels: Labels(Private)}); !strings.Contains(d.String(), "never leaves this machine") {
+		t.Errorf("private to the cloud explained as %q, want it to say private never leaves this machine", d)
 	}
 	for _, tt := range tests {
 		d := p.Decide(&Action{Kind: KindModel, Provider: tt.provider, Cloud: true, Labels: tt.labels})
