@@ -537,12 +537,17 @@ type ToolSpec struct {
 // is relative to Base, an absolute guest path; Resolve, if set, maps a
 // cleaned absolute guest path to the host path the call would touch
 // (following symlinks), or fails when no grant reaches it. Resolve may
-// be called concurrently.
+// be called concurrently. Unresolvable says the call names paths or URLs
+// that could not all be read (too many, or too deep in its arguments):
+// a policy treats it as naming a path and a URL that cannot be
+// normalized (every path and url rule that asks or denies matches, none
+// that allows).
 type CallTargets struct {
-	Paths   []string
-	Base    string
-	Resolve func(guest string) (string, error)
-	URLs    []string
+	Paths        []string
+	Base         string
+	Resolve      func(guest string) (string, error)
+	URLs         []string
+	Unresolvable bool
 }
 
 // ToolErrorCode classifies why a tool call failed.

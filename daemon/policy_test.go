@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +281,88 @@ func TestPolicyPathAndURLRules(t *testing.T) {
 	ev := waitEvent(t, d.dir, run.ID, keel.EventApprovalAsked)
 	if !strings.Contains(string(ev.Data), "rule 2 of the user layer") {
 		t.Errorf("approval.requested = %s, want the url rule in its policy decision", ev.Data)
+	}
+}
+
+// TestPolicyNestedTargets: path and url rules match the paths and URLs a
+// tool's schema marks inside arrays and nested objects, through the
+// engine's decision in a run and through policy.explain. The real
+// readfile module, with a sidecar manifest whose schema marks
+// {"files": [path...], "target": {"url": uri}}: a run's call naming a
+// denied host directory as the second element of files is denied; the
+// nested url asks; a call naming more paths than the bound (256) is
+// denied by the deny rule, not allowed by the allow rule.
+func TestPolicyNestedTargets(t *testing.T) {
+	t.Parallel()
+	dir := withTools(t, "readfile")
+	manifest, err := json.Marshal(map[string]any{
+		"name": "readfile", "description": "Reads files.", "side_effects": "read_only",
+		"input_schema": json.RawMessage(`{"type":"object","properties":{
+			"files":{"type":"array","items":{"type":"string","format":"path"}},
+			"target":{"type":"object","properties":{"url":{"type":"string","format":"uri"}}}}}`),
+		"requests": map[string]any{"fs": []map[string]any{{"guest_path": "/workspace", "read_only": true}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tools", "readfile.manifest.json"), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := json.Marshal(map[string]any{"rules": []map[string]any{
+		{"action": "tool", "path": filepath.ToSlash(out) + "/secret/**", "decision": "deny", "reason": "secrets stay"},
+		{"action": "tool", "url": "https://api.example.test/v1/**", "decision": "ask"},
+		{"action": "tool", "tool": "readfile", "path": filepath.ToSlash(out) + "/**", "decision": "allow"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(policy.UserPath(dir), rules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	call := keel.ToolCall{ID: "r1", Name: "readfile", Arguments: json.RawMessage(`{"files":["ok.txt","secret/a.txt"]}`)}
+	p := scripted.New(nil, scripted.CallTools(call), scripted.Answer("done"))
+	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p,
+		ManagedPolicyFile: filepath.Join(t.TempDir(), "managed", "policy.json")})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	if s, e, code := runCLI(ctx, d.dir, "tools", "grant", "readfile", "fs:/workspace="+out); code != 0 {
+		t.Fatalf("grant: code %d\n%s%s", code, s, e)
+	}
+
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "read two files"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res keel.ToolResultData
+	for _, ev := range follow(t, c, run.ID) {
+		if ev.Type == keel.EventToolResult {
+			if err := json.Unmarshal(ev.Data, &res); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if e := res.Error; e == nil || e.Code != keel.ToolPolicyDenied || !strings.Contains(e.Message, "secrets stay") {
+		t.Errorf("call r1 error = %+v, want policy_denied by the path rule", e)
+	}
+
+	many := make([]string, 257)
+	for i := range many {
+		many[i] = `"f` + strconv.Itoa(i) + `.txt"`
+	}
+	for args, want := range map[string]string{
+		`{"files":["ok.txt","secret/a.txt"]}`:                    "deny",
+		`{"files":["ok.txt","b.txt"]}`:                           "allow",
+		`{"target":{"url":"https://api.example.test/v1/items"}}`: "ask",
+		`{"files":[` + strings.Join(many[1:], ",") + `]}`:        "allow",
+		`{"files":[` + strings.Join(many, ",") + `]}`:            "deny",
+	} {
+		r, err := client.Do(ctx, c, client.PolicyExplain, protocol.PolicyExplainParams{Kind: protocol.PolicyKindTool, Tool: "readfile", Args: json.RawMessage(args)})
+		if err != nil || r.Decision != want {
+			t.Errorf("policy.explain readfile %.60s = %+v, %v; want %s", args, r, err, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/keel-runtime/keel"
@@ -304,13 +305,14 @@ func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCal
 	a := policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments, Labels: labels}
 	if ct, ok := e.cfg.Tools.(CallTargeter); ok {
 		t := ct.CallTargets(call.Name, call.Arguments)
-		a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
+		a.Paths, a.Base, a.Resolve, a.URLs, a.Unresolvable = t.Paths, t.Base, t.Resolve, t.URLs, t.Unresolvable
 	}
 	d := p.Decide(&a)
 	if egress {
 		dests := a.URLs
-		if len(dests) == 0 {
-			dests = []string{""} // unknown: matches only rules that ask or deny
+		if len(dests) == 0 || a.Unresolvable {
+			// unknown: matches only rules that ask or deny
+			dests = append(slices.Clip(dests), "")
 		}
 		for _, dest := range dests {
 			if ed := p.Decide(&policy.Action{Kind: policy.KindEgress, Tool: call.Name, Destination: dest, Labels: labels}); ed.Outcome > d.Outcome {

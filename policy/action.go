@@ -127,6 +127,12 @@ type Action struct {
 	Resolve Resolver
 	// URLs are the URLs the call names, as written (KindTool).
 	URLs []string
+	// Unresolvable says the call names paths or URLs that could not all
+	// be read (KindTool; keel.CallTargets.Unresolvable): like a path or
+	// URL that cannot be normalized, it satisfies the path or url
+	// condition of every rule that asks or denies, and of no rule that
+	// allows.
+	Unresolvable bool
 
 	// Destination is where a request or an export goes, a URL
 	// (KindEgress, KindTelemetry).

@@ -604,8 +604,11 @@ func (r *Rule) match(a *Action, m *matchState, o *Options) bool {
 		return false
 	}
 	if r.hasPaths {
-		ok := false
-		for i := range a.Paths {
+		ok := a.Kind == KindTool && a.Unresolvable && r.restricts()
+		if a.Kind == KindTool && a.Unresolvable && !ok {
+			return false
+		}
+		for i := 0; i < len(a.Paths) && !ok; i++ {
 			n, good := m.path(a, o, i)
 			if !good {
 				if r.restricts() {
@@ -629,7 +632,10 @@ func (r *Rule) match(a *Action, m *matchState, o *Options) bool {
 		}
 	}
 	if r.hasURLs {
-		ok := false
+		ok := a.Kind == KindTool && a.Unresolvable && r.restricts()
+		if a.Kind == KindTool && a.Unresolvable && !ok {
+			return false
+		}
 		_, n := a.urlArg(0)
 		for i := 0; i < n && !ok; i++ {
 			u, good := m.url(a, i)

@@ -116,7 +116,7 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 		a.SideEffect, _ = s.SideEffects(q.Tool)
 		if s.Targets != nil {
 			t := s.Targets(q.Tool, q.Args)
-			a.Paths, a.Base, a.Resolve, a.URLs = t.Paths, t.Base, t.Resolve, t.URLs
+			a.Paths, a.Base, a.Resolve, a.URLs, a.Unresolvable = t.Paths, t.Base, t.Resolve, t.URLs, t.Unresolvable
 		}
 	case keel.PolicyKindModel:
 		a.Kind, a.Cloud = KindModel, s.IsCloud(q.Provider)
