@@ -35,9 +35,11 @@ type Policy interface {
 // arguments name files and URLs (the tool's input schema marks them:
 // "format": "path", "uri" or "uri-reference") and where those files are:
 // the engine gives them to the policy, for its path and url rules. The
-// engine asks it before every tool call the policy decides; it must be
-// safe for concurrent use. Tools that do not implement it give the
-// policy no paths and no URLs: path and url rules then match none of
+// engine asks it before a tool call the policy decides; it must be
+// safe for concurrent use. The engine skips it when no path or url
+// rule of the policy could look at the call (policy.NeedsTargets) and
+// the call is not decided as egress. Tools that do not implement it give
+// the policy no paths and no URLs: path and url rules then match none of
 // their calls.
 type CallTargeter interface {
 	CallTargets(name string, args json.RawMessage) keel.CallTargets
@@ -303,7 +305,9 @@ func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCal
 	}
 	class, _ := e.sideEffects(ctx, call.Name)
 	a := policy.Action{Kind: policy.KindTool, Tool: call.Name, SideEffect: class, Args: call.Arguments, Labels: labels}
-	if ct, ok := e.cfg.Tools.(CallTargeter); ok {
+	// The call's paths and URLs matter only to a path or url rule for
+	// the tool, or to its egress: working them out parses the arguments.
+	if ct, ok := e.cfg.Tools.(CallTargeter); ok && (egress || p.NeedsTargets(call.Name)) {
 		t := ct.CallTargets(call.Name, call.Arguments)
 		a.Paths, a.Base, a.Resolve, a.URLs, a.Unresolvable = t.Paths, t.Base, t.Resolve, t.URLs, t.Unresolvable
 	}

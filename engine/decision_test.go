@@ -3,7 +3,9 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -158,5 +160,67 @@ func TestRequireApprovalIsPolicyShorthand(t *testing.T) {
 	}
 	if _, err := engine.New(engine.Config{Store: st, Model: p, Tools: &echoTools{}, RequireApproval: []keel.SideEffect{"sometimes"}}); err == nil {
 		t.Error("New with an unknown side-effect class succeeded")
+	}
+}
+
+// targetCounter is echoTools that counts, by tool, the calls whose paths
+// and URLs the engine asks for.
+type targetCounter struct {
+	echoTools
+	mu    sync.Mutex
+	asked map[string]int
+}
+
+func (t *targetCounter) CallTargets(name string, args json.RawMessage) keel.CallTargets {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.asked == nil {
+		t.asked = map[string]int{}
+	}
+	t.asked[name]++
+	return keel.CallTargets{Paths: []string{"/secret/x"}}
+}
+
+// TestCallTargetsOnlyWhenNeeded: the engine asks a tool call's paths and
+// URLs only when a path or url rule could look at them: with a path
+// rule for echo, a call of write is decided (and denied by its own rule)
+// without asking, a call of echo asks once and is denied by the path
+// rule.
+func TestCallTargetsOnlyWhenNeeded(t *testing.T) {
+	t.Parallel()
+	pol := &swappable{}
+	pol.set(t, 1, `{"rules": [
+		{"action": "tool", "tool": "echo", "path": "/secret/**", "decision": "deny", "reason": "secret"},
+		{"action": "tool", "tool": "write", "decision": "deny", "reason": "no writes"}]}`)
+	p := scripted.New(nil, scripted.CallTools(
+		keel.ToolCall{ID: "w", Name: "write", Arguments: json.RawMessage(`{"n":1}`)},
+		keel.ToolCall{ID: "e", Name: "echo", Arguments: json.RawMessage(`{"text":"hi"}`)}), scripted.Answer("done"))
+	tools := &targetCounter{}
+	st, eng := newEngine(t, engine.Config{Model: p, Tools: tools, Policy: pol})
+	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write and echo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q, want succeeded", got.Status, got.Error)
+	}
+	tools.mu.Lock()
+	asked := maps.Clone(tools.asked)
+	tools.mu.Unlock()
+	if asked["write"] != 0 || asked["echo"] != 1 {
+		t.Errorf("CallTargets asked %v, want echo once and write never", asked)
+	}
+	for _, ev := range journal(t, st, r.ID) {
+		if ev.Type != keel.EventToolResult {
+			continue
+		}
+		var res keel.ToolResultData
+		if err := json.Unmarshal(ev.Data, &res); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"w": "no writes", "e": "secret"}[res.CallID]
+		if res.Error == nil || res.Error.Code != keel.ToolPolicyDenied || !strings.Contains(res.Error.Message, want) {
+			t.Errorf("call %s error = %+v, want policy_denied: %s", res.CallID, res.Error, want)
+		}
 	}
 }

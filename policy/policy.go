@@ -108,6 +108,7 @@ type Policy struct {
 	locks    map[string]*Setting
 	warnings []Warning
 	digest   string
+	targets  targetRules // which tool calls a path or url rule may look at
 }
 
 // Compile builds the effective policy of the given files. A file may be
@@ -151,6 +152,7 @@ func Compile(opts Options, files ...LayerFile) (*Policy, error) {
 		p.warnings = append(p.warnings, d.warnings...)
 	}
 	p.digest = digest(p.files)
+	p.targets = indexTargets(&p.index[KindTool])
 	return p, nil
 }
 
