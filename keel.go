@@ -156,12 +156,21 @@ type RunPolicy struct {
 	// RetryBackoff is the wait before the first retry, doubled before
 	// each next one; default 200ms.
 	RetryBackoff time.Duration `json:"retry_backoff,omitempty"`
+	// Rules are the run's own policy rules: the run layer's document
+	// (see docs/policy.md), a JSON object in the format every layer
+	// shares, or a JSON string holding one, whose lines and columns
+	// explanations then name (keel run --policy FILE sends it so). At
+	// most policy.MaxFileSize bytes. They apply on top of the run's
+	// workspace policy and the daemon's run layer (--require-approval):
+	// they can tighten what the higher layers allow, never loosen it. A
+	// sub-agent and a fork keep their run's.
+	Rules json.RawMessage `json:"rules,omitempty"`
 }
 
 // IsZero reports whether p is the default policy.
 func (p RunPolicy) IsZero() bool {
 	return !p.AllowCloud && !p.Private && len(p.Labels) == 0 && p.BudgetTokens == 0 && p.BudgetUSD == 0 && p.Tools == nil &&
-		p.Deadline.IsZero() && p.StepTimeout == 0 && p.ModelRetries == 0 && p.ToolRetries == 0 && p.RetryBackoff == 0
+		p.Deadline.IsZero() && p.StepTimeout == 0 && p.ModelRetries == 0 && p.ToolRetries == 0 && p.RetryBackoff == 0 && len(p.Rules) == 0
 }
 
 // EventType names what an Event records. The set is documented in

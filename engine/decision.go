@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -46,14 +48,34 @@ type CallTargeter interface {
 }
 
 // policyCache holds the effective policies: each policy in force (the
-// one of no workspace, of each workspace in use) with the run layer
-// (Config.RequireApproval) added, compiled again only when the policy in
-// force changes. It holds at most maxEffective; past that it starts
-// again, so policies no longer in force do not pile up.
+// one of no workspace, of each workspace in use) with the daemon's run
+// layer (Config.RequireApproval) added, and with each run's own rules
+// (keel.RunPolicy.Rules) on top, compiled again only when the policy in
+// force changes. It holds at most maxEffective policies; past that it
+// starts again, so policies no longer in force do not pile up.
 type policyCache struct {
 	mu  sync.Mutex
-	eff map[*policy.Policy]*policy.Policy // by the Snapshot's policy
+	eff map[*policy.Policy]*effEntry // by the Snapshot's policy
+	n   int                          // the policies held
 }
+
+// effEntry is what one policy in force becomes.
+type effEntry struct {
+	base *policy.Policy          // with the daemon's run layer; nil until asked for
+	runs map[string]runEffective // with a run's rules, by the rules as stored
+}
+
+// runEffective is the policy of runs with some rules, or why their
+// rules do not compile with the policy in force.
+type runEffective struct {
+	p   *policy.Policy
+	err error
+}
+
+// RunRulesFile is the name of a run's own rules (keel.RunPolicy.Rules)
+// as a run-layer policy file: explanations name it, "rule 1 of the run
+// layer (run.start:3:5)".
+const RunRulesFile = "run.start"
 
 const maxEffective = 64
 
@@ -65,6 +87,7 @@ const maxEffective = 64
 // (policy.changed) before the first decision that uses it.
 type runPolicy struct {
 	workspace string
+	rules     json.RawMessage // the run's own (keel.RunPolicy.Rules)
 	release   func()
 
 	mu     sync.Mutex
@@ -99,7 +122,15 @@ func (r *recorded) modelDecisions(step int) []keel.ModelDecision {
 // Config.RequireApproval) and its version; nil when there is none, and
 // every call is allowed. Safe for concurrent use.
 func (e *Engine) Policy(root string) (*policy.Policy, uint64) {
-	p, snap := e.effective(root)
+	p, snap := e.effective(root, nil)
+	return p, snap.Version
+}
+
+// PolicyOf returns the policy run's calls are decided by now: Policy's
+// for its workspace with its own rules (keel.RunPolicy.Rules) on top,
+// and its version; nil when there is none. Safe for concurrent use.
+func (e *Engine) PolicyOf(run keel.Run) (*policy.Policy, uint64) {
+	p, snap := e.effective(run.Workspace, run.Policy.Rules)
 	return p, snap.Version
 }
 
@@ -111,45 +142,140 @@ func (e *Engine) snapshot(root string) policy.Snapshot {
 	return e.cfg.Policy.CurrentFor(root)
 }
 
-// effective returns the policy a call of a run of workspace root is
+// effective returns the policy a call of a run of workspace root, with
+// rules its own (keel.RunPolicy.Rules, as stored; nil for none), is
 // decided by, with the snapshot of the policy in force it comes from, or
-// nil when there is none (no Config.Policy and no
-// Config.RequireApproval): every call is then allowed and nothing is
-// recorded.
-func (e *Engine) effective(root string) (*policy.Policy, policy.Snapshot) {
+// nil when there is none (no Config.Policy, no Config.RequireApproval,
+// no rules): every call is then allowed and nothing is recorded. Rules
+// that do not compile with the policy in force (a lock the managed
+// layer set since the run started forbids a setting of theirs) are
+// logged, once per policy in force, and left out.
+func (e *Engine) effective(root string, rules json.RawMessage) (*policy.Policy, policy.Snapshot) {
+	p, snap, err := e.withRules(root, rules)
+	if err != nil {
+		p, snap, _ = e.withRules(root, nil)
+	}
+	return p, snap
+}
+
+// withRules is effective, with the error of rules that do not compile
+// (a *policy.FileError naming RunRulesFile, line and column): the policy
+// returned then leaves them out.
+func (e *Engine) withRules(root string, rules json.RawMessage) (*policy.Policy, policy.Snapshot, error) {
 	snap := e.snapshot(root)
-	if e.runLayer == nil {
-		return snap.Policy, snap
+	if e.runLayer == nil && len(rules) == 0 {
+		return snap.Policy, snap, nil
 	}
 	e.pol.mu.Lock()
 	defer e.pol.mu.Unlock()
-	if eff := e.pol.eff[snap.Policy]; eff != nil {
-		return eff, snap
+	ent := e.pol.eff[snap.Policy]
+	if ent != nil {
+		if len(rules) == 0 && ent.base != nil {
+			return ent.base, snap, nil
+		}
+		if r, ok := ent.runs[string(rules)]; ok && len(rules) > 0 {
+			return r.p, snap, r.err
+		}
+	}
+	if e.pol.n >= maxEffective || e.pol.eff == nil {
+		e.pol.eff, e.pol.n, ent = map[*policy.Policy]*effEntry{}, 0, nil
+	}
+	if ent == nil {
+		ent = &effEntry{}
+		e.pol.eff[snap.Policy] = ent
 	}
 	base := snap.Policy
 	if base == nil {
 		base = e.emptyPolicy
 	}
-	eff, err := base.WithRun(*e.runLayer)
+	if ent.base == nil {
+		ent.base = base
+		if e.runLayer != nil {
+			eff, err := base.WithRun(*e.runLayer)
+			if err != nil {
+				// The run layer compiled alone at New, but not with these
+				// files (it sets what a lock forbids): keep the files'
+				// policy rather than none.
+				e.log.Warn("policy: add the run layer", logkey.Err, err)
+			} else {
+				ent.base = eff
+			}
+		}
+		e.pol.n++
+	}
+	if len(rules) == 0 {
+		return ent.base, snap, nil
+	}
+	r := runEffective{p: ent.base}
+	var files []policy.LayerFile
+	if e.runLayer != nil && ent.base != base {
+		files = append(files, *e.runLayer)
+	}
+	files = append(files, policy.LayerFile{Layer: policy.LayerRun, Name: RunRulesFile, Data: ruleDocument(rules)})
+	if eff, err := base.WithRun(files...); err != nil {
+		r.err = err
+		e.log.Warn("policy: a run's rules do not compile with the policy in force; they are left out", logkey.Err, err)
+	} else {
+		r.p = eff
+	}
+	if ent.runs == nil {
+		ent.runs = map[string]runEffective{}
+	}
+	ent.runs[string(rules)] = r
+	e.pol.n++
+	return r.p, snap, r.err
+}
+
+// ruleDocument returns the document of rules as stored (see
+// normalizeRules): the object, or the text a JSON string holds.
+func ruleDocument(rules json.RawMessage) []byte {
+	if len(rules) > 0 && rules[0] == '"' {
+		var s string
+		if json.Unmarshal(rules, &s) == nil {
+			return []byte(s)
+		}
+	}
+	return rules
+}
+
+// normalizeRules checks a run's rules as received (keel.RunPolicy.Rules)
+// and returns them as they are stored: nil for none (absent or null),
+// else as encoding/json writes them (compacted, HTML characters
+// escaped), so that the run's policy is the same bytes before a restart
+// and after. A JSON string holds the document (its text, with its lines
+// and columns); an object is the document itself. Anything else, or a
+// document over policy.MaxFileSize, is keel.ErrInvalid.
+func normalizeRules(rules json.RawMessage) (json.RawMessage, error) {
+	rules = bytes.TrimSpace(rules)
+	switch {
+	case len(rules) == 0 || string(rules) == "null":
+		return nil, nil
+	case rules[0] != '"' && rules[0] != '{':
+		return nil, fmt.Errorf("policy.rules: want a policy document (a JSON object) or a string holding one: %w", keel.ErrInvalid)
+	}
+	if !json.Valid(rules) {
+		// Say where, as for a file.
+		_, err := policy.Compile(policy.Options{}, policy.LayerFile{Layer: policy.LayerRun, Name: RunRulesFile, Data: rules})
+		if err == nil {
+			err = errors.New("not valid JSON")
+		}
+		return nil, fmt.Errorf("policy.rules: %w: %w", keel.ErrInvalid, err)
+	}
+	out, err := json.Marshal(rules)
 	if err != nil {
-		// The run layer compiled alone at New, but not with these files
-		// (it sets what a lock forbids): keep the files' policy rather
-		// than none.
-		e.log.Warn("policy: add the run layer", logkey.Err, err)
-		eff = base
+		return nil, fmt.Errorf("policy.rules: %w: %w", keel.ErrInvalid, err)
 	}
-	if len(e.pol.eff) >= maxEffective || e.pol.eff == nil {
-		e.pol.eff = map[*policy.Policy]*policy.Policy{}
+	if n := len(ruleDocument(out)); n > policy.MaxFileSize {
+		return nil, fmt.Errorf("policy.rules: %d bytes, at most %d: %w", n, policy.MaxFileSize, keel.ErrInvalid)
 	}
-	e.pol.eff[snap.Policy] = eff
-	return eff, snap
+	return out, nil
 }
 
 // policyFor returns the policy a call of run is decided by now, and its
 // version, after journaling policy.changed if it is not the one the run
 // last noted (see notePolicy). Nil: every call is allowed.
 func (e *Engine) policyFor(ctx context.Context, run keel.Run) (*policy.Policy, uint64) {
-	p, snap := e.effective(run.Workspace)
+	p, snap := e.effective(run.Workspace, run.Policy.Rules)
 	if p != nil {
 		e.notePolicy(ctx, run.ID, p, snap)
 	}
@@ -201,20 +327,22 @@ func (e *Engine) notePolicy(ctx context.Context, id keel.RunID, p *policy.Policy
 // resumed by a later daemon note a change at their next decision. Safe
 // for concurrent use.
 func (e *Engine) PolicyChanged(ctx context.Context, root string) {
+	type live struct {
+		id    keel.RunID
+		rules json.RawMessage
+	}
 	e.mu.Lock()
-	var ids []keel.RunID
+	var runs []live
 	for id, rp := range e.runPol {
 		if rp.workspace == root {
-			ids = append(ids, id)
+			runs = append(runs, live{id, rp.rules})
 		}
 	}
 	e.mu.Unlock()
-	p, snap := e.effective(root)
-	if p == nil {
-		return
-	}
-	for _, id := range ids {
-		e.notePolicy(ctx, id, p, snap)
+	for _, r := range runs {
+		if p, snap := e.effective(root, r.rules); p != nil {
+			e.notePolicy(ctx, r.id, p, snap)
+		}
 	}
 }
 
@@ -225,7 +353,7 @@ func (e *Engine) PolicyChanged(ctx context.Context, root string) {
 // error, the layer not loading (with its file and line), wraps
 // keel.ErrInvalid.
 func (e *Engine) useWorkspace(run keel.Run, noted string) (*runPolicy, error) {
-	rp := &runPolicy{workspace: run.Workspace, release: func() {}, digest: noted}
+	rp := &runPolicy{workspace: run.Workspace, rules: run.Policy.Rules, release: func() {}, digest: noted}
 	if e.cfg.Policy != nil && run.Workspace != "" {
 		release, err := e.cfg.Policy.Use(run.Workspace)
 		if err != nil {
@@ -262,12 +390,12 @@ func (e *Engine) dropPolicy(id keel.RunID) {
 	}
 }
 
-// labelPolicy is the policy labels of runs of workspace root ("": none)
-// are decided by: the effective one, or with none, an empty one, whose
-// built-in rules still hold (no label is cleared for a cloud provider;
-// egress after labelled data asks).
-func (e *Engine) labelPolicy(root string) *policy.Policy {
-	if p, _ := e.effective(root); p != nil {
+// labelPolicy is the policy labels of run are decided by: the effective
+// one (its workspace's, with its own rules), or with none, an empty one,
+// whose built-in rules still hold (no label is cleared for a cloud
+// provider; egress after labelled data asks).
+func (e *Engine) labelPolicy(run keel.Run) *policy.Policy {
+	if p, _ := e.effective(run.Workspace, run.Policy.Rules); p != nil {
 		return p
 	}
 	return e.emptyPolicy

@@ -386,6 +386,11 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err := validatePolicy(req.Policy, e.cfg.Now()); err != nil {
 		return keel.Run{}, err
 	}
+	rules, err := normalizeRules(req.Policy.Rules)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	req.Policy.Rules = rules
 	if len(req.IdempotencyKey) > 200 {
 		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
 	}
@@ -413,13 +418,28 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	if err != nil {
 		return keel.Run{}, err
 	}
+	// The run's own rules must compile on top of its workspace's policy:
+	// a file error (syntax, unknown field, a locked setting) refuses the
+	// start, with its line and column; warnings are logged.
+	if len(rules) > 0 {
+		p, _, err := e.withRules(ws, rules)
+		if err != nil {
+			rp.release()
+			return keel.Run{}, fmt.Errorf("policy.rules: %w: %w", keel.ErrInvalid, err)
+		}
+		for _, w := range p.Warnings() {
+			if w.File == RunRulesFile {
+				e.log.Warn("policy: a run's rules", logkey.Err, w.String())
+			}
+		}
+	}
 	// The run's inputs carry the labels asked for and those the policy
-	// (of its workspace) gives inputs; the run keeps them, so its journal
-	// alone says what its context holds.
-	run.Policy.Labels = unionNames(run.Policy.Labels, labelNames(e.labelPolicy(ws).LabelsOf(policy.Source{Kind: policy.SourceInput})))
+	// (of its workspace, with its rules) gives inputs; the run keeps
+	// them, so its journal alone says what its context holds.
+	run.Policy.Labels = unionNames(run.Policy.Labels, labelNames(e.labelPolicy(run).LabelsOf(policy.Source{Kind: policy.SourceInput})))
 	// The policy in force at the start: a change before the run's first
 	// decision is journaled.
-	if p, _ := e.effective(run.Workspace); p != nil {
+	if p, _ := e.effective(run.Workspace, run.Policy.Rules); p != nil {
 		rp.digest = p.Digest()
 	}
 

@@ -400,7 +400,7 @@ func (e *Engine) resultLabels(run keel.Run, call keel.ToolCall, touched *keel.To
 	if e.replay != nil {
 		return e.replay.labels[call.ID]
 	}
-	p := e.labelPolicy(run.Workspace)
+	p := e.labelPolicy(run)
 	ls := labelSet(touched.Labels).Union(p.LabelsOf(policy.Source{Kind: policy.SourceTool, Name: call.Name}))
 	for _, path := range touched.Paths {
 		ls = ls.Union(p.LabelsOf(policy.Source{Kind: policy.SourcePath, Name: path}))

@@ -459,7 +459,7 @@ func (e *Engine) SayLabeled(ctx context.Context, id keel.RunID, text string, lab
 	if run.KindOrAgent() != keel.KindAgent {
 		return run, fmt.Errorf("run %s is a %s run, whose steps are its sub-agents: say it to the sub-agent of the step (keel show %s lists them): %w", id, run.KindOrAgent(), id, keel.ErrInvalid)
 	}
-	labels = unionNames(labels, labelNames(e.labelPolicy(run.Workspace).LabelsOf(policy.Source{Kind: policy.SourceHuman})))
+	labels = unionNames(labels, labelNames(e.labelPolicy(run).LabelsOf(policy.Source{Kind: policy.SourceHuman})))
 	ev, err := e.appendEvent(ctx, id, keel.EventHumanMessage, keel.HumanMessageData{Content: text, Labels: labels}, nil)
 	if err != nil {
 		return run, err
