@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/policy"
 	"github.com/spf13/cobra"
 )
 
@@ -21,6 +24,7 @@ func runCmd() *cobra.Command {
 	var detach bool
 	var tools []string
 	var ws workspaceFlags
+	var policyFile string
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C detaches: the run goes on)",
@@ -41,6 +45,11 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 			var err error
 			if p.Workspace, err = ws.dir(); err != nil {
 				return err
+			}
+			if policyFile != "" {
+				if p.Policy.Rules, err = readRunRules(policyFile); err != nil {
+					return err
+				}
 			}
 			return withClient(cmd, func(c *client.Client) error {
 				ctx := cmd.Context()
@@ -71,6 +80,7 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 		},
 	}
 	ws.add(cmd)
+	cmd.Flags().StringVar(&policyFile, "policy", "", "a policy file of this run's own rules, its run layer (docs/policy.md): they can tighten what the other layers allow, never loosen it")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the run, print its id and return; it goes on in the daemon (keel attach RUN follows it)")
 	cmd.Flags().StringSliceVar(&tools, "tools", nil, "the only tools the run may call, comma-separated (--tools= for none; default: every installed tool)")
 	cmd.Flags().StringVar(&p.Model, "model", "", "model to use (default: the daemon's default)")
@@ -208,6 +218,31 @@ func checkRunTools(cmd *cobra.Command, c *client.Client, names []string) error {
 		}
 	}
 	return nil
+}
+
+// readRunRules reads the policy file of keel run --policy, to send as
+// the run's rules (policy.rules): its text in a JSON string, so that the
+// daemon's explanations and errors name its lines and columns. A file
+// that cannot be read, or is larger than a policy file may be, is a
+// usage error.
+func readRunRules(path string) (json.RawMessage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy: %w", err)}
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, policy.MaxFileSize+1))
+	switch {
+	case err != nil:
+		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy: %w", err)}
+	case len(data) > policy.MaxFileSize:
+		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy %s: larger than %d bytes", path, policy.MaxFileSize)}
+	}
+	raw, err := json.Marshal(string(data))
+	if err != nil {
+		return nil, fmt.Errorf("--policy %s: %w", path, err)
+	}
+	return raw, nil
 }
 
 // workspaceFlags are a run's --workspace and --no-workspace: the

@@ -144,7 +144,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	engRef.Store(eng)
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
-	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, Runs: st, SideEffects: reg.SideEffects,
+	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, RunEffective: eng.PolicyOf, Runs: st, SideEffects: reg.SideEffects,
 		Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud, ContextLabels: eng.ContextLabels}
 	// A direct tool call obeys the policy's egress rules too.
 	admin.DirectEgress = polSvc.DirectEgress

@@ -22,6 +22,11 @@ type Service struct {
 	// decided by (the engine's, with the --require-approval run layer)
 	// and its version; a nil policy means the Watcher's.
 	Effective func(workspace string) (*Policy, uint64)
+	// RunEffective, when set, returns the policy a run's calls are
+	// decided by (Effective's for its workspace with the run's own
+	// rules, keel.RunPolicy.Rules) and its version: policy.explain for
+	// a run decides with it. A nil policy means Effective's.
+	RunEffective func(run keel.Run) (*Policy, uint64)
 	// Runs finds a run named by policy.explain.
 	Runs interface {
 		GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
@@ -93,14 +98,15 @@ func (s *Service) ShowPolicy(ctx context.Context, q keel.PolicyShowParams) (keel
 // why. A malformed q is keel.ErrInvalid; an unknown run, Runs' error.
 func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams) (keel.PolicyExplainResult, error) {
 	var labels LabelSet
+	var run *keel.Run
 	if q.RunID != "" {
-		run, ls, err := s.runLabels(ctx, keel.RunID(q.RunID))
+		r, ls, err := s.runLabels(ctx, keel.RunID(q.RunID))
 		if err != nil {
 			return keel.PolicyExplainResult{}, err
 		}
-		labels = ls
+		labels, run = ls, &r
 		if q.Workspace == "" {
-			q.Workspace = run.Workspace
+			q.Workspace = r.Workspace
 		}
 	}
 	a := Action{Provider: q.Provider, Model: q.Model, Tool: q.Tool, Labels: labels}
@@ -126,6 +132,18 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 	p, version, err := s.current(q.Workspace)
 	if p == nil {
 		return keel.PolicyExplainResult{}, err
+	}
+	if run != nil && s.RunEffective != nil {
+		// The run's own rules too, on the policy of the workspace asked
+		// about.
+		r := *run
+		r.Workspace = filepath.Clean(q.Workspace)
+		if r.Workspace == "." {
+			r.Workspace = ""
+		}
+		if rp, v := s.RunEffective(r); rp != nil {
+			p, version = rp, v
+		}
 	}
 	d := p.Decide(&a)
 	res := keel.PolicyExplainResult{Decision: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}
