@@ -13,7 +13,6 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
-	"github.com/keel-runtime/keel/policy"
 	"github.com/spf13/cobra"
 )
 
@@ -220,6 +219,10 @@ func checkRunTools(cmd *cobra.Command, c *client.Client, names []string) error {
 	return nil
 }
 
+// maxPolicyFile is the largest policy file the daemon reads (the policy
+// package's MaxFileSize, which the CLI does not import).
+const maxPolicyFile = 1 << 20
+
 // readRunRules reads the policy file of keel run --policy, to send as
 // the run's rules (policy.rules): its text in a JSON string, so that the
 // daemon's explanations and errors name its lines and columns. A file
@@ -231,12 +234,12 @@ func readRunRules(path string) (json.RawMessage, error) {
 		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy: %w", err)}
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, policy.MaxFileSize+1))
+	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
 	switch {
 	case err != nil:
 		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy: %w", err)}
-	case len(data) > policy.MaxFileSize:
-		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy %s: larger than %d bytes", path, policy.MaxFileSize)}
+	case len(data) > maxPolicyFile:
+		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--policy %s: larger than %d bytes", path, maxPolicyFile)}
 	}
 	raw, err := json.Marshal(string(data))
 	if err != nil {
