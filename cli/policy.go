@@ -96,7 +96,7 @@ func explainToolCmd() *cobra.Command {
 			return explainCall(cmd, p, asJSON)
 		},
 	}
-	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with the labels its context holds")
+	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with its own rules and the labels its context holds")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
 	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace (default: the run's, with --run)")
 	return cmd
@@ -117,7 +117,7 @@ func explainModelCmd() *cobra.Command {
 			return explainCall(cmd, protocol.PolicyExplainParams{Kind: protocol.PolicyKindModel, Provider: provider, Model: model, RunID: run}, asJSON)
 		},
 	}
-	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with the labels its context holds (keel show RUN lists them)")
+	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with its own rules and the labels its context holds (keel show RUN lists them)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
 	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace (default: the run's, with --run)")
 	return cmd
