@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/policy"
 )
@@ -198,4 +199,38 @@ func TestRunRulesSurviveRestart(t *testing.T) {
 		t.Fatalf("run = %s %q with %d writes, want succeeded with 2", got.Status, got.Error, tools.writes)
 	}
 	replayMatches(t, second, st, r.ID)
+}
+
+// TestDAGChildInheritsRunRules: a sub-agent keeps its run's own rules:
+// the write of a DAG run's step waits on the parent's rule (named as
+// run.start), though the engine asks for nothing itself.
+func TestDAGChildInheritsRunRules(t *testing.T) {
+	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
+		if out, ok := lastTool(req); ok {
+			return text("wrote: " + out), nil
+		}
+		return callTool("write"), nil
+	}}
+	h := newFlowHarness(t, m.provider(), engine.Config{})
+	ctx := context.Background()
+	rules := rulesText("{\"rules\": [\n  {\"action\": \"tool\", \"tool\": \"write\", \"decision\": \"ask\"}\n]}")
+	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Policy: keel.RunPolicy{Rules: rules},
+		Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "w", Goal: "write it", Tools: []string{"write"}}}}})
+	child := childRunID(r.ID, "w", 1)
+	waitUntil(t, h.eng, func() bool { c, _ := h.st.GetRun(ctx, child); return c.Status == keel.RunWaiting })
+	c, err := h.st.GetRun(ctx, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.Policy.Rules) != string(rules) {
+		t.Errorf("the sub-agent's rules = %s, want its parent's %s", c.Policy.Rules, rules)
+	}
+	asked := approvalsAsked(t, journal(t, h.st, child))
+	if len(asked) != 1 || asked[0].Policy == nil || !strings.Contains(asked[0].Policy.Explanation, "rule 1 of the run layer ("+engine.RunRulesFile+":2:3)") {
+		t.Fatalf("the sub-agent's approvals = %+v, want one asked by its parent's rule", asked)
+	}
+	if _, err := h.eng.Cancel(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, h.eng, h.st, r.ID)
 }
