@@ -12,7 +12,8 @@
 // tree per run (trace.go): run → step → calls, waits and retries.
 //
 // Before each tool call the engine asks the policy (decision.go,
-// Config.Policy, with Config.RequireApproval as run-layer rules): allow
+// Config.Policy, with Config.RequireApproval and the run's own rules,
+// keel.RunPolicy.Rules, as run-layer rules): allow
 // runs it, ask waits for a person's approval (approve.go), deny fails
 // it as a policy_denied tool error without running it. The decision is
 // journaled with the call, so a resume and a replay use it instead of
