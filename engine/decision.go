@@ -151,10 +151,7 @@ func (e *Engine) snapshot(root string) policy.Snapshot {
 // layer set since the run started forbids a setting of theirs) are
 // logged, once per policy in force, and left out.
 func (e *Engine) effective(root string, rules json.RawMessage) (*policy.Policy, policy.Snapshot) {
-	p, snap, err := e.withRules(root, rules)
-	if err != nil {
-		p, snap, _ = e.withRules(root, nil)
-	}
+	p, snap, _ := e.withRules(root, rules)
 	return p, snap
 }
 
