@@ -20,6 +20,17 @@ type ToolInvocation struct {
 	// call makes (see EgressCheck); nil allows every request the tool's
 	// grants allow.
 	Egress EgressCheck
+	// Policy, when not nil, is the policy's decision that let the call
+	// run (a rule's allow, or an ask a person approved), for the audit
+	// trail; the engine sets it. Interceptors pass it on unchanged; the
+	// tool host ignores it.
+	Policy *PolicyDecision
+	// LabelsOf, when not nil, gives the labels of the call's output from
+	// what it touched (the engine's: Touched.Labels with the policy's
+	// sources of the paths it opened), for the audit trail; nil: the
+	// labels the host gave it (Touched.Labels). It is called after the
+	// call, on the call's goroutine, and must be safe for concurrent use.
+	LabelsOf func(*Touched) []string
 }
 
 // ModelInvocation is one model call a run makes: the model answering a

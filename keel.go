@@ -689,4 +689,19 @@ type ToolAudit struct {
 	Outcome    string        `json:"outcome"`          // "ok" or a ToolErrorCode
 	Error      string        `json:"error,omitempty"`
 	Duration   time.Duration `json:"duration_ns"`
+	// Policy is the policy's decision about the call: the one that let it
+	// run (a rule's allow, or an ask a person approved) or denied it
+	// (Outcome policy_denied; the tool did not run). Nil when no rule or
+	// setting had anything to say, and for a direct call (tools.call),
+	// which the tool rules do not decide.
+	Policy *PolicyDecision `json:"policy,omitempty"`
+	// Labels are the labels of the call's output (see ToolResultData.Labels).
+	Labels []string `json:"labels,omitempty"`
+	// Hosts are the host:port of every network request the call made or
+	// tried, allowed or refused (Touched.Hosts).
+	Hosts []string `json:"hosts,omitempty"`
+	// Refused are the call's network requests the policy refused, each
+	// with its decision (Touched.Refused); the first one failed the call
+	// with policy_denied.
+	Refused []EgressRefusal `json:"egress_refused,omitempty"`
 }

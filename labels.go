@@ -1,6 +1,9 @@
 package keel
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Data labels on the wire. A label names a kind of data that must not go
 // everywhere: "private", "secret", "pii", or a name of the user's own
@@ -36,6 +39,34 @@ type Touched struct {
 	// (capabilities.FSGrant.Labels) and of the tool's manifest
 	// declaration. Sorted, no duplicates.
 	Labels []string `json:"labels,omitempty"`
+	// Refused are the requests the call's egress check refused with an
+	// *EgressRefusal (the policy's decision), in order.
+	Refused []EgressRefusal `json:"refused,omitempty"`
+}
+
+// EgressRefusal is why the policy refused a tool's network request: its
+// decision about the destination (deny, or ask for a call no person
+// approved). An EgressCheck returns it (or an error wrapping it) to
+// refuse a request; the tool host records it (Touched.Refused) and the
+// call fails with policy_denied.
+type EgressRefusal struct {
+	Tool        string         `json:"tool"`
+	Destination string         `json:"destination"`
+	Decision    PolicyDecision `json:"decision"`
+}
+
+func (e *EgressRefusal) Error() string {
+	return fmt.Sprintf("the policy refused %s's request to %s (policy version %d): %s", e.Tool, e.Destination, e.Decision.Version, e.Decision.Explanation)
+}
+
+// As lets errors.As see the refusal as the *ToolError the call fails
+// with: policy_denied, with the refusal as its message.
+func (e *EgressRefusal) As(target any) bool {
+	if t, ok := target.(**ToolError); ok {
+		*t = &ToolError{Code: ToolPolicyDenied, Message: e.Error()}
+		return true
+	}
+	return false
 }
 
 // EgressCheck is asked by the tool host before each network request a

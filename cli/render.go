@@ -72,6 +72,15 @@ func (p *eventPrinter) print(ev keel.Event) {
 		} else {
 			fmt.Fprintf(p.w, "%3d tool  ← %s %s  %s%s\n", ev.Seq, d.Name, clip(string(d.Output), 300), ms(d.DurationMS), labelNote(d.Labels))
 		}
+	case keel.EventHumanTool:
+		p.closeStream()
+		var d keel.HumanToolData
+		_ = json.Unmarshal(ev.Data, &d)
+		if d.Error != nil {
+			fmt.Fprintf(p.w, "%3d person ran %s %s: failed (%s): %s%s\n", ev.Seq, d.Call.Name, clip(string(d.Call.Arguments), 300), d.Error.Code, d.Error.Message, labelNote(d.Labels))
+		} else {
+			fmt.Fprintf(p.w, "%3d person ran %s %s ← %s%s\n", ev.Seq, d.Call.Name, clip(string(d.Call.Arguments), 300), clip(string(d.Output), 300), labelNote(d.Labels))
+		}
 	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted, keel.EventRunPaused:
 		p.closeStream()
 		var d keel.RunEndData

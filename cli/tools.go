@@ -85,7 +85,7 @@ func auditCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "audit",
-		Short: "Show the audit trail of tool calls: tool, version, hash, caller, arguments hash, grants, outcome, duration",
+		Short: "Show the audit trail of tool calls: tool, version, hash, caller, arguments hash, grants, outcome, duration, and the decision, labels and hosts of each",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(cmd, client.ToolsAudit, protocol.ToolsAuditParams{Tool: tool, Limit: limit}, func(res protocol.ToolsAuditResult) error {
@@ -111,7 +111,35 @@ func auditCmd() *cobra.Command {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.DateTime), r.Tool, r.Version,
 						short(r.SHA256), caller, short(r.ArgsSHA256), grants, r.Outcome, r.Duration.Round(time.Microsecond))
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				// What decided each call, and what it read and reached,
+				// below the table: the explanations are long.
+				out := cmd.OutOrStdout()
+				for _, r := range recs {
+					if r.Policy == nil && len(r.Labels) == 0 && len(r.Hosts) == 0 && len(r.Refused) == 0 {
+						continue
+					}
+					who := "direct"
+					if r.RunID != "" {
+						who = fmt.Sprintf("%s %s", r.RunID, r.CallID)
+					}
+					fmt.Fprintf(out, "\n#%d %s (%s) %s\n", r.ID, r.Tool, who, r.Outcome)
+					if r.Policy != nil {
+						fmt.Fprintf(out, "  policy  %s: %s\n", r.Policy.Outcome, r.Policy.Explanation)
+					}
+					for _, f := range r.Refused {
+						fmt.Fprintf(out, "  refused %s: %s: %s\n", f.Destination, f.Decision.Outcome, f.Decision.Explanation)
+					}
+					if len(r.Labels) > 0 {
+						fmt.Fprintf(out, "  labels  %s\n", strings.Join(r.Labels, ", "))
+					}
+					if len(r.Hosts) > 0 {
+						fmt.Fprintf(out, "  hosts   %s\n", strings.Join(r.Hosts, ", "))
+					}
+				}
+				return nil
 			})
 		},
 	}

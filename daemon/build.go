@@ -84,6 +84,9 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if err != nil {
 		return l, fmt.Errorf("tool limits: %w", err)
 	}
+	// The audit trail records every call the registry runs, and the calls
+	// the engine's decisions keep from it.
+	audit := st.AuditTrail(log.With(logkey.Component, "audit"))
 	wc := wasmtools.Config{
 		Dir:       toolsDir,
 		CacheDir:  cfg.CacheDir,
@@ -99,7 +102,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		OnChange:   changes.Notify,
 		Logger:     log.With(logkey.Component, "wasmtools"),
 		// The audit trail sees every call first (see intercept).
-		Interceptors: intercept.Tools{st.AuditTrail(log.With(logkey.Component, "audit"))},
+		Interceptors: intercept.Tools{audit},
 	}
 	wc = wc.WithDefaultLimits(limits)
 	reg, err := wasmtools.Open(ctx, wc)
@@ -131,7 +134,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		return l, err
 	}
 	l.closers = append(l.closers, func() { pol.Close() })
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}

@@ -59,8 +59,10 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 	}
 	if d, ok := decided[call.ID]; ok {
 		if !d.Approved {
-			return call, &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
-				Error: &keel.ToolError{Code: keel.ToolDenied, Message: "a person denied this call" + noteSuffix(d.Reason)}}, nil, false, nil
+			res := &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name,
+				Error: &keel.ToolError{Code: keel.ToolDenied, Message: "a person denied this call" + noteSuffix(d.Reason)}}
+			e.auditDenied(ctx, run, step, call, pd, res.Error)
+			return call, res, nil, false, nil
 		}
 		if len(d.Arguments) > 0 {
 			call.Arguments = d.Arguments

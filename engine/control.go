@@ -110,7 +110,7 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 	// but what the policy denies stays denied.
 	touched, egress := &keel.Touched{}, &egressLog{}
 	out, err := e.cfg.Tools.Call(ctx, keel.ToolInvocation{Run: id, Step: max(step, 1), CallID: call.ID, Name: name, Args: args,
-		Touched: touched, Egress: e.egressCheck(r, call, true, egress)})
+		Touched: touched, Egress: e.egressCheck(r, call, true, egress), LabelsOf: e.labelsOf(r, call, d.Private)})
 	d.Labels = e.resultLabels(r, call, touched, d.Private)
 	if err != nil {
 		var te *keel.ToolError

@@ -456,7 +456,8 @@ func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCal
 }
 
 // policyDenied records a call the policy denied as a span of its own
-// (status error, the decision in its attributes) and returns the result
+// (status error, the decision in its attributes) and in the audit trail
+// (Config.Audit), and returns the result
 // to journal: a policy_denied tool error the model sees. The tool does
 // not run.
 func (e *Engine) policyDenied(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision) (*keel.ToolResultData, error) {
@@ -469,8 +470,19 @@ func (e *Engine) policyDenied(ctx context.Context, run keel.Run, step int, call 
 	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	return &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, Policy: pd,
-		Error: &keel.ToolError{Code: keel.ToolPolicyDenied, Message: msg}}, nil
+	res := &keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, Policy: pd,
+		Error: &keel.ToolError{Code: keel.ToolPolicyDenied, Message: msg}}
+	e.auditDenied(ctx, run, step, call, pd, res.Error)
+	return res, nil
+}
+
+// auditDenied records in Config.Audit a call of run that a decision
+// (pd) kept from running, failing with te. A replay records nothing.
+func (e *Engine) auditDenied(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision, te *keel.ToolError) {
+	if e.cfg.Audit == nil || e.replay != nil {
+		return
+	}
+	e.cfg.Audit.ToolDenied(ctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments, Policy: pd}, te)
 }
 
 // policyAttrs are a span's attributes holding a decision; nil for none.

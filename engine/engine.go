@@ -167,6 +167,22 @@ type Config struct {
 	// replay, which calls no model, runs none. They run on the run's
 	// goroutine and must be safe for concurrent calls.
 	ModelInterceptors intercept.Models
+	// Audit, if set, records the tool calls of a run that never reach
+	// Tools because a decision refused them: the policy denied the call
+	// (policy_denied) or a person denied it (denied), each with the
+	// decision (keel.ToolInvocation.Policy). The calls that reach Tools
+	// are recorded there, by its interceptors (store.AuditTrail is both).
+	// A replay records nothing. Nil: denied calls are only journaled.
+	Audit DeniedCalls
+}
+
+// DeniedCalls records the tool calls a decision kept from running (see
+// Config.Audit); *store.AuditTrail is one. ToolDenied is called on the
+// run's goroutine before the call's result is journaled, may be called
+// concurrently for different calls, and reports nothing: a record it
+// cannot write it logs.
+type DeniedCalls interface {
+	ToolDenied(ctx context.Context, inv keel.ToolInvocation, err *keel.ToolError)
 }
 
 // DefaultSystemPrompt is the system message of a run unless configured.

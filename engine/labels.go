@@ -414,6 +414,12 @@ func (e *Engine) resultLabels(run keel.Run, call keel.ToolCall, touched *keel.To
 	return labelNames(ls)
 }
 
+// labelsOf is keel.ToolInvocation.LabelsOf for call of run: the labels
+// resultLabels gives its output.
+func (e *Engine) labelsOf(run keel.Run, call keel.ToolCall, private bool) func(*keel.Touched) []string {
+	return func(t *keel.Touched) []string { return e.resultLabels(run, call, t, private) }
+}
+
 // touchedOrNil is t, or nil when the tool host recorded nothing.
 func touchedOrNil(t *keel.Touched) *keel.Touched {
 	if t == nil || len(t.Paths) == 0 && len(t.Hosts) == 0 && len(t.Labels) == 0 && !t.Truncated {
@@ -439,27 +445,10 @@ func (e *Engine) requestsNetwork(name string) bool {
 	return ok && nr.RequestsNetwork(name)
 }
 
-// EgressRefusal is why the policy refused a tool's network request: its
-// decision about the destination with the labels the run's context held
-// (deny, or ask for a call no person approved).
-type EgressRefusal struct {
-	Tool, Destination string
-	Decision          keel.PolicyDecision
-}
-
-func (e *EgressRefusal) Error() string {
-	return fmt.Sprintf("the policy refused %s's request to %s (policy version %d): %s", e.Tool, e.Destination, e.Decision.Version, e.Decision.Explanation)
-}
-
-// As lets errors.As see the refusal as the *keel.ToolError the call
-// fails with: policy_denied, with the refusal as its message.
-func (e *EgressRefusal) As(target any) bool {
-	if t, ok := target.(**keel.ToolError); ok {
-		*t = &keel.ToolError{Code: keel.ToolPolicyDenied, Message: e.Error()}
-		return true
-	}
-	return false
-}
+// EgressRefusal is why the policy refused a tool's network request (see
+// keel.EgressRefusal): its decision about the destination with the
+// labels the run's context held.
+type EgressRefusal = keel.EgressRefusal
 
 // egressRecord is one egress decision of a call, on its span.
 type egressRecord struct {

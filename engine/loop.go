@@ -372,13 +372,14 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		}
 		sctx, cancel := stepContext(ctx, run)
 		start := e.cfg.Now()
-		touched, egress := &keel.Touched{}, &egressLog{}
+		touched, egress, private := &keel.Touched{}, &egressLog{}, e.readsPrivate(call.Name)
 		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments,
-			Touched: touched, Egress: e.egressCheck(run, call, pd != nil && pd.Outcome == policy.Ask.String(), egress)})
+			Touched: touched, Egress: e.egressCheck(run, call, pd != nil && pd.Outcome == policy.Ask.String(), egress),
+			Policy: pd, LabelsOf: e.labelsOf(run, call, private)})
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
 		sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
-		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: e.readsPrivate(call.Name)}
+		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: private}
 		res.Labels, res.Touched = e.resultLabels(run, call, touched, res.Private), touchedOrNil(touched)
 		sp.Attrs = toolAttrs(pd, res.Labels, egress.records())
 		if err != nil {

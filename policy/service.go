@@ -190,19 +190,22 @@ var ErrEgressRefused = errors.New("network request refused by the policy")
 // destination, with no labels (no run's context is involved). Anything
 // but allow refuses the request, ask too: a direct call has no run to
 // wait in for a person's approval. The error wraps ErrEgressRefused
-// and says what decided. Safe for concurrent use.
+// and a *keel.EgressRefusal with the decision (the call then fails with
+// policy_denied, and the tool host records the refusal for the audit
+// trail). Safe for concurrent use.
 func (s *Service) DirectEgress(tool string) keel.EgressCheck {
 	return func(ctx context.Context, dest string) error {
-		p, _, _ := s.current("")
+		p, version, _ := s.current("")
 		d := p.Decide(&Action{Kind: KindEgress, Tool: tool, Destination: dest})
-		switch d.Outcome {
-		case Allow:
+		if d.Outcome == Allow {
 			return nil
-		case Ask:
-			return fmt.Errorf("%w: %s (a direct tool call cannot wait for approval; call the tool in a run)", ErrEgressRefused, d)
-		default:
-			return fmt.Errorf("%w: %s", ErrEgressRefused, d)
 		}
+		r := &keel.EgressRefusal{Tool: tool, Destination: dest,
+			Decision: keel.PolicyDecision{Outcome: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}}
+		if d.Outcome == Ask {
+			return fmt.Errorf("%w: %w (a direct tool call cannot wait for approval; call the tool in a run)", ErrEgressRefused, r)
+		}
+		return fmt.Errorf("%w: %w", ErrEgressRefused, r)
 	}
 }
 

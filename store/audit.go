@@ -93,14 +93,47 @@ func (*AuditTrail) BeforeTool(context.Context, keel.ToolInvocation) intercept.De
 	return intercept.Decision{}
 }
 
-// AfterTool records the call (see AuditTrail).
+// AfterTool records the call (see AuditTrail): with the policy's
+// decision that let it run (inv.Policy), and from what it touched
+// (inv.Touched, when set) the labels of its output (inv.LabelsOf, or
+// the host's), the hosts it reached or tried and the requests the
+// policy refused.
 func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ intercept.Decision, o intercept.ToolOutcome) {
-	sum := sha256.Sum256(inv.Args)
-	rec := keel.ToolAudit{Time: o.Start.UTC(), Tool: inv.Name, Version: o.Build.Version, SHA256: o.Build.SHA256, Grants: o.Build.Grants,
-		RunID: inv.Run, Step: inv.Step, CallID: inv.CallID, ArgsSHA256: hex.EncodeToString(sum[:]), Outcome: "ok", Duration: o.Duration}
+	rec := auditRecord(inv, o.Start)
+	rec.Version, rec.SHA256, rec.Grants, rec.Duration = o.Build.Version, o.Build.SHA256, o.Build.Grants, o.Duration
 	if o.Err != nil {
 		rec.Outcome, rec.Error = string(o.Err.Code), o.Err.Error()
 	}
+	if t := inv.Touched; t != nil {
+		rec.Hosts, rec.Refused, rec.Labels = t.Hosts, t.Refused, t.Labels
+		if inv.LabelsOf != nil {
+			rec.Labels = inv.LabelsOf(t)
+		}
+	}
+	a.record(ctx, inv, rec)
+}
+
+// ToolDenied records a call the policy denied before it reached the
+// tools (the engine's policy_denied; the interceptors never see it):
+// outcome policy_denied, with err's message and the decision
+// (inv.Policy). Its durability is that of AfterTool's record: a run's
+// call's commits with the store's next write, the journaled result.
+func (a *AuditTrail) ToolDenied(ctx context.Context, inv keel.ToolInvocation, err *keel.ToolError) {
+	rec := auditRecord(inv, time.Now())
+	rec.Outcome, rec.Error = string(keel.ToolPolicyDenied), err.Error()
+	a.record(ctx, inv, rec)
+}
+
+// auditRecord is the record of inv started at start, outcome ok.
+func auditRecord(inv keel.ToolInvocation, start time.Time) keel.ToolAudit {
+	sum := sha256.Sum256(inv.Args)
+	return keel.ToolAudit{Time: start.UTC(), Tool: inv.Name, RunID: inv.Run, Step: inv.Step, CallID: inv.CallID,
+		ArgsSHA256: hex.EncodeToString(sum[:]), Outcome: "ok", Policy: inv.Policy}
+}
+
+// record writes rec, the record of inv: a run's call's with the next
+// write, a direct call's now.
+func (a *AuditTrail) record(ctx context.Context, inv keel.ToolInvocation, rec keel.ToolAudit) {
 	var err error
 	if inv.Run != "" {
 		err = a.s.queueToolCall(rec)
@@ -114,24 +147,35 @@ func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ i
 
 // auditInsert returns the statement that inserts a.
 func auditInsert(a keel.ToolAudit) (func(context.Context, *wtx) (sql.Result, error), error) {
-	grants, err := json.Marshal(a.Grants)
-	if err != nil {
-		return nil, err
+	grants, labels, hosts := jsonList(a.Grants), jsonList(a.Labels), jsonList(a.Hosts)
+	var pol, refused []byte
+	if a.Policy != nil {
+		pol, _ = json.Marshal(a.Policy)
 	}
-	if a.Grants == nil {
-		grants = []byte("[]")
+	if len(a.Refused) > 0 {
+		refused, _ = json.Marshal(a.Refused)
 	}
 	return func(ctx context.Context, tx *wtx) (sql.Result, error) {
 		return tx.ExecContext(ctx, qInsertAudit,
-			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, string(grants), a.Outcome, a.Error, int64(a.Duration))
+			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, grants, a.Outcome, a.Error, int64(a.Duration),
+			string(pol), labels, hosts, string(refused))
 	}, nil
+}
+
+// jsonList is l as a JSON array; [] for none.
+func jsonList(l []string) string {
+	if len(l) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(l)
+	return string(b)
 }
 
 // ToolCalls returns up to limit audit records, newest first; tool, when
 // not empty, keeps only that tool's calls.
 func (s *Store) ToolCalls(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration
-		FROM tool_audit WHERE (? = '' OR tool = ?) ORDER BY id DESC LIMIT ?`, tool, tool, limit)
+	rows, err := s.r.QueryContext(ctx, `SELECT id, time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration,
+		policy, labels, hosts, refused FROM tool_audit WHERE (? = '' OR tool = ?) ORDER BY id DESC LIMIT ?`, tool, tool, limit)
 	if err != nil {
 		return nil, fmt.Errorf("tool audit: %w", mapErr(err))
 	}
@@ -140,13 +184,22 @@ func (s *Store) ToolCalls(ctx context.Context, tool string, limit int) ([]keel.T
 	for rows.Next() {
 		var a keel.ToolAudit
 		var at, dur int64
-		var run, grants string
-		if err := rows.Scan(&a.ID, &at, &a.Tool, &a.Version, &a.SHA256, &run, &a.Step, &a.CallID, &a.ArgsSHA256, &grants, &a.Outcome, &a.Error, &dur); err != nil {
+		var run, grants, pol, labels, hosts, refused string
+		if err := rows.Scan(&a.ID, &at, &a.Tool, &a.Version, &a.SHA256, &run, &a.Step, &a.CallID, &a.ArgsSHA256, &grants, &a.Outcome, &a.Error, &dur,
+			&pol, &labels, &hosts, &refused); err != nil {
 			return nil, fmt.Errorf("tool audit: %w", mapErr(err))
 		}
 		a.Time, a.Duration, a.RunID = fromNanos(at), time.Duration(dur), keel.RunID(run)
-		if err := json.Unmarshal([]byte(grants), &a.Grants); err != nil {
-			return nil, fmt.Errorf("tool audit %d: grants: %w", a.ID, err)
+		for _, f := range []struct {
+			name, text string
+			dst        any
+		}{{"grants", grants, &a.Grants}, {"policy", pol, &a.Policy}, {"labels", labels, &a.Labels}, {"hosts", hosts, &a.Hosts}, {"refused", refused, &a.Refused}} {
+			if f.text == "" {
+				continue
+			}
+			if err := json.Unmarshal([]byte(f.text), f.dst); err != nil {
+				return nil, fmt.Errorf("tool audit %d: %s: %w", a.ID, f.name, err)
+			}
 		}
 		out = append(out, a)
 	}

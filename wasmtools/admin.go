@@ -206,9 +206,11 @@ func (m *Admin) ListTools(ctx context.Context) ([]capabilities.ToolInfo, error) 
 
 // CallTool serves tools.call: a direct call, in no run. The registry's
 // interceptors (the audit trail first) see it as they see a run's; its
-// network requests are checked by DirectEgress.
+// network requests are checked by DirectEgress, and what it touched
+// (keel.ToolInvocation.Touched) is there for the interceptors' After
+// hooks: the audit trail records its hosts, labels and refusals.
 func (m *Admin) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	inv := keel.ToolInvocation{Name: name, Args: input}
+	inv := keel.ToolInvocation{Name: name, Args: input, Touched: &keel.Touched{}}
 	if m.DirectEgress != nil {
 		inv.Egress = m.DirectEgress(name)
 	}

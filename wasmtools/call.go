@@ -63,7 +63,8 @@ import (
 //     network request it made or tried, allowed or refused; and the
 //     labels of the grants its instance opened files through (a pooled
 //     instance's earlier calls included: what they read may still be in
-//     its memory) with those its manifest declares. Nothing is written
+//     its memory) with those its manifest declares; and the requests
+//     Egress refused with a *keel.EgressRefusal. Nothing is written
 //     to it after Call returns.
 //   - Egress, when not nil, is asked before each network request and
 //     each redirect the grants allow, with the destination URL; an error

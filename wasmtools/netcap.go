@@ -108,7 +108,8 @@ func (nc *netCall) deny(what string) {
 
 // denyEgress records that the egress check refused the request to dest
 // with err: the call fails with permission_denied giving the reason, or
-// with err's code if err is a *keel.ToolError.
+// with err's code if err is a *keel.ToolError; a *keel.EgressRefusal in
+// err is recorded (keel.Touched.Refused).
 func (nc *netCall) denyEgress(dest capabilities.Destination, err error) {
 	te := &keel.ToolError{Code: keel.ToolPermissionDenied}
 	var cause *keel.ToolError
@@ -116,6 +117,10 @@ func (nc *netCall) denyEgress(dest capabilities.Destination, err error) {
 		te.Code = cause.Code
 	}
 	te.Message = fmt.Sprintf("tool %s tried to reach %s, which was refused: %v", nc.tool, dest, err)
+	var pr *keel.EgressRefusal
+	if nc.touch != nil && errors.As(err, &pr) {
+		nc.touch.refusedBy(*pr)
+	}
 	nc.refuse(te)
 }
 

@@ -32,6 +32,14 @@ type callTouch struct {
 	seen      map[string]struct{}
 	truncated bool
 	hosts     []string
+	refused   []keel.EgressRefusal
+}
+
+// refusedBy records a request the policy refused.
+func (c *callTouch) refusedBy(r keel.EgressRefusal) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refused = append(c.refused, r)
 }
 
 // opened records the host path p of a file or directory the call opened.
@@ -72,7 +80,7 @@ func (c *callTouch) reached(d capabilities.Destination) {
 func (c *callTouch) fill(dst *keel.Touched, use *fsUse, declared []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	*dst = keel.Touched{Paths: c.paths, Truncated: c.truncated, Hosts: c.hosts, Labels: capabilities.UnionLabels(declared, use.labels())}
+	*dst = keel.Touched{Paths: c.paths, Truncated: c.truncated, Hosts: c.hosts, Labels: capabilities.UnionLabels(declared, use.labels()), Refused: c.refused}
 }
 
 // fsUse is shared by the mounts of one instance. call is the recorder of
