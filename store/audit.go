@@ -58,7 +58,10 @@ func (s *Store) queueToolCall(a keel.ToolAudit) error {
 // AuditTrail is the tool interceptor that records every call, from a run
 // or direct, allowed or denied, in the store's audit trail (ToolCalls):
 // the tool's version, digest and grants, who called it, a digest of its
-// arguments, the outcome and the duration. Put it first in the chain, so
+// arguments, the outcome and the duration, the policy's decision, the
+// labels of its output, the hosts it reached and the requests the policy
+// refused. The calls a decision kept from the tools, which no
+// interceptor sees, it records through ToolDenied (engine.DeniedCalls). Put it first in the chain, so
 // it records the decision of every interceptor after it.
 //
 // Durability: a direct call's record is on disk before the call returns
@@ -113,14 +116,14 @@ func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ i
 	a.record(ctx, inv, rec)
 }
 
-// ToolDenied records a call the policy denied before it reached the
-// tools (the engine's policy_denied; the interceptors never see it):
-// outcome policy_denied, with err's message and the decision
-// (inv.Policy). Its durability is that of AfterTool's record: a run's
+// ToolDenied records a call a decision kept from the tools (the
+// policy denied it, or a person did; the interceptors never see it):
+// err's code (policy_denied, denied) is its outcome, with err's message
+// and the decision (inv.Policy). Its durability is that of AfterTool's record: a run's
 // call's commits with the store's next write, the journaled result.
 func (a *AuditTrail) ToolDenied(ctx context.Context, inv keel.ToolInvocation, err *keel.ToolError) {
 	rec := auditRecord(inv, time.Now())
-	rec.Outcome, rec.Error = string(keel.ToolPolicyDenied), err.Error()
+	rec.Outcome, rec.Error = string(err.Code), err.Error()
 	a.record(ctx, inv, rec)
 }
 
@@ -194,8 +197,8 @@ func (s *Store) ToolCalls(ctx context.Context, tool string, limit int) ([]keel.T
 			name, text string
 			dst        any
 		}{{"grants", grants, &a.Grants}, {"policy", pol, &a.Policy}, {"labels", labels, &a.Labels}, {"hosts", hosts, &a.Hosts}, {"refused", refused, &a.Refused}} {
-			if f.text == "" {
-				continue
+			if f.text == "" || f.text == "[]" {
+				continue // none: nil
 			}
 			if err := json.Unmarshal([]byte(f.text), f.dst); err != nil {
 				return nil, fmt.Errorf("tool audit %d: %s: %w", a.ID, f.name, err)
