@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -419,5 +420,31 @@ func TestTouchedListing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestToolkitManifestLabels: a Go tool built with the toolkit whose
+// Manifest declares Labels ["pii"], loaded without a sidecar (the host
+// reads the manifest from its keel_manifest export): the tool shows the
+// label, and its call's Touched carries it.
+func TestToolkitManifestLabels(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-buildmode=c-shared", "-o", filepath.Join(dir, "labelled.wasm"), "./testdata/labelled")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build testdata/labelled: %v\n%s", err, out)
+	}
+	r := openRegistry(t, Config{Dir: dir})
+	tool, ok := r.Tool("labelled")
+	if !ok {
+		t.Fatal("labelled did not load")
+	}
+	if !slices.Equal(tool.Labels, []string{"pii"}) {
+		t.Errorf("Tool(labelled).Labels = %q, want [pii]", tool.Labels)
+	}
+	touched, out, terr := touchedCall(t, r, "labelled", `{}`, nil)
+	if terr != nil || !slices.Equal(touched.Labels, []string{"pii"}) {
+		t.Errorf("labelled: Touched = %+v, %v (output %s); want labels [pii]", touched, terr, out)
 	}
 }

@@ -19,6 +19,11 @@
 //
 // The host validates the input against the manifest's input schema before
 // the tool starts, so a handler sees only input that matches it. The
+// manifest also says what the policy sees of the tool: its side effects,
+// which arguments are files or URLs (a string marked "format": "path",
+// "uri" or "uri-reference" in the input schema, top-level or nested),
+// and the labels its output carries ([Manifest].Labels, such as "pii"),
+// which follow the data through the run (docs/policy.md). The
 // package needs the standard library only, nothing else of keel or its dependencies, and compiles for every GOOS,
 // which keeps handlers testable with a plain go test.
 //

@@ -36,6 +36,14 @@ type Manifest struct {
 	Requests     Requests        `json:"requests"`
 	// Isolation is Pooled ("") or Fresh; see those constants.
 	Isolation string `json:"isolation,omitempty"`
+	// Labels are the labels the tool's output carries by declaration,
+	// whatever it read: a tool that reads from a service holding
+	// personal data declares "pii", say. Every result of the tool brings
+	// them into the run's context, where they follow the data (see
+	// docs/policy.md). Each is a label name: a lower-case letter, then
+	// letters, digits, '-' or '_', at most 64 (the host refuses the
+	// manifest otherwise). Default none.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Requests is what a tool asks the host for beyond its own memory, the
