@@ -104,6 +104,12 @@ type Run struct {
 	// workspace policy layer. Empty: none. A fork and a sub-agent keep
 	// their run's.
 	Workspace string `json:"workspace,omitempty"`
+	// Warnings are the problems of the run's own rules (RunPolicy.Rules)
+	// that did not refuse its start, each "run.start:LINE:COL: what"
+	// (a rule that can never match, a setting that cannot loosen a
+	// higher layer's): set only in the result of the start that created
+	// the run, not stored.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // KindOrAgent returns the run's kind, KindAgent when unset.

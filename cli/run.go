@@ -65,6 +65,9 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 				if err != nil {
 					return err
 				}
+				for _, w := range run.Warnings {
+					fmt.Fprintf(cmd.ErrOrStderr(), "keel: warning: --policy %s: %s\n", policyFile, w)
+				}
 				out := cmd.OutOrStdout()
 				if detach {
 					// The run id alone on stdout, for scripts; how to

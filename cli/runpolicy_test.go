@@ -97,6 +97,13 @@ func TestRunPolicyFile(t *testing.T) {
 	if after, err := d.c.ListRuns(bg, 0); err != nil || len(after) != len(before) {
 		t.Errorf("runs after refused starts: %d (%v), want %d", len(after), err, len(before))
 	}
+	never := filepath.Join(dir, "never.json")
+	if err := os.WriteFile(never, []byte("{\"rules\": [\n  {\"action\": \"tool\", \"path\": \"relative\", \"decision\": \"deny\"}\n]}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := d.keel(bg, "run", "--no-workspace", "--policy", never, "write nothing"); code != cli.ExitOK || !strings.Contains(errs, "warning: --policy "+never+": run.start:2:") {
+		t.Errorf("keel run --policy with a rule that can never match: exit %d, stderr %q; want a warning naming run.start:2", code, errs)
+	}
 	if _, errs, code := d.keel(bg, "run", "--policy", filepath.Join(dir, "missing.json"), "g"); code != cli.ExitUsage || !strings.Contains(errs, "--policy") {
 		t.Errorf("keel run --policy MISSING: exit %d, stderr %q; want a usage error naming --policy", code, errs)
 	}

@@ -445,7 +445,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		}
 		for _, w := range p.Warnings() {
 			if w.File == RunRulesFile {
-				e.log.Warn("policy: a run's rules", logkey.Err, w.String())
+				run.Warnings = append(run.Warnings, w.String())
 			}
 		}
 	}
@@ -483,12 +483,18 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		}
 		return keel.Run{}, fmt.Errorf("start run: %w", err)
 	}
+	warnings := run.Warnings
+	run.Warnings = nil // the loop's copy: not the start's result
+	for _, w := range warnings {
+		e.log.Warn("policy: the run's own rules", logkey.Run, run.ID, logkey.Err, w)
+	}
 	go func() {
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
 		e.loop(runCtx, run, fresh)
 	}()
+	run.Warnings = warnings
 	return run, nil
 }
 

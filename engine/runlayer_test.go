@@ -234,3 +234,27 @@ func TestDAGChildInheritsRunRules(t *testing.T) {
 	}
 	waitRun(t, h.eng, h.st, r.ID)
 }
+
+// TestRunRulesWarnings: the warnings of a run's rules (a rule that can
+// never match) come back with the start, naming run.start:LINE:COL, and
+// are not stored.
+func TestRunRulesWarnings(t *testing.T) {
+	t.Parallel()
+	st, eng, _ := policyHarness(t, scripted.New(nil, scripted.Answer("done")), nil)
+	rules := rulesText("{\"rules\": [\n  {\"action\": \"tool\", \"path\": \"relative/x\", \"decision\": \"deny\"}\n]}")
+	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "go", Policy: keel.RunPolicy{Rules: rules}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Warnings) == 0 {
+		t.Error("no warnings, want the rule that can never match")
+	}
+	for _, w := range r.Warnings {
+		if !strings.HasPrefix(w, engine.RunRulesFile+":2:") {
+			t.Errorf("warning %q, want it to name %s:2", w, engine.RunRulesFile)
+		}
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunSucceeded || got.Warnings != nil {
+		t.Errorf("stored run = %s with warnings %q, want succeeded with none stored", got.Status, got.Warnings)
+	}
+}
