@@ -258,3 +258,33 @@ func TestRunRulesWarnings(t *testing.T) {
 		t.Errorf("stored run = %s with warnings %q, want succeeded with none stored", got.Status, got.Warnings)
 	}
 }
+
+// TestRunRulesCompiledOnce: a run's policy is compiled once per policy
+// in force and rules, whatever slice holds the rules (a run read back
+// from the store), and is its own: another run's rules, or none, give
+// another policy; a change of the policy in force compiles it again.
+func TestRunRulesCompiledOnce(t *testing.T) { // not parallel: AllocsPerRun
+	pol := &swappable{}
+	pol.set(t, 1, allowAll)
+	_, eng, _ := policyHarness(t, scripted.New(nil), pol)
+	rules := rulesText(`{"rules": [{"action": "tool", "tool": "write", "decision": "deny"}]}`)
+	run := keel.Run{Policy: keel.RunPolicy{Rules: rules}}
+	first, _ := eng.PolicyOf(run)
+	again, _ := eng.PolicyOf(keel.Run{Policy: keel.RunPolicy{Rules: append(json.RawMessage{}, rules...)}})
+	if first == nil || first != again {
+		t.Fatalf("PolicyOf twice = %p, %p; want one compiled policy", first, again)
+	}
+	if n := testing.AllocsPerRun(100, func() { eng.PolicyOf(run) }); n != 0 {
+		t.Errorf("finding a run's compiled policy allocates %v times, want 0", n)
+	}
+	if d := first.Decide(&policy.Action{Kind: policy.KindTool, Tool: "write"}); d.Outcome != policy.Deny {
+		t.Errorf("the run's policy decides write %s, want deny", d.Outcome)
+	}
+	if none, _ := eng.PolicyOf(keel.Run{}); none == first {
+		t.Error("a run without rules got the policy of one with rules")
+	}
+	pol.set(t, 2, allowAll)
+	if next, v := eng.PolicyOf(run); next == first || v != 2 {
+		t.Errorf("after a change of the policy in force: %p version %d, want a new policy at version 2", next, v)
+	}
+}
