@@ -445,29 +445,7 @@ func TestEgressEndToEnd(t *testing.T) {
 	// labelled tool result is left in the context.
 	t.Run("summary of labelled text is labelled", func(t *testing.T) {
 		t.Parallel()
-		var mu sync.Mutex
-		summaries, steps := 0, 0
-		local := scripted.DefaultModel
-		local.ContextLength = 1200
-		p := scripted.New([]models.ModelInfo{local}, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if strings.Contains(req.Messages[0].Content, "Summarize the following text") {
-				summaries++
-				sum := "SUMMARY: counted words"
-				for _, m := range req.Messages {
-					if strings.Contains(m.Content, egressCanary) {
-						sum += "; the file holds " + egressCanary
-					}
-				}
-				return models.ChatResponse{Message: models.Message{Content: sum}}, nil
-			}
-			if steps++; steps <= 4 {
-				return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: fmt.Sprintf("local_%d", steps), Name: "wordcount",
-					Arguments: json.RawMessage(`{"text":"` + strings.Repeat("lorem ipsum ", 90) + `"}`)}}}}, nil
-			}
-			return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
-		})))
+		p, counts := summarizingModel(egressCanary)
 		e := startEgress(t, egressConfig{labelled: true, local: p, localModel: scripted.DefaultModel.Name, ctxLength: 1200,
 			tools: []string{"readfile", "wordcount"}, secret: "Jane Roe's account: " + egressCanary + "\n" + strings.Repeat("dolor sit amet ", 60)})
 		e.cloud.Script(readCall)
@@ -475,11 +453,9 @@ func TestEgressEndToEnd(t *testing.T) {
 		if got.Run.Status != keel.RunSucceeded {
 			t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
 		}
-		mu.Lock()
-		if summaries == 0 {
+		if summaries, steps := counts(); summaries == 0 {
 			t.Fatalf("no summary was asked of the local model (%d steps); the test needs one", steps)
 		}
-		mu.Unlock()
 		first := 0 // the step of the first summary of the labelled read
 		for _, ev := range got.Events {
 			var d keel.ContextSummaryData

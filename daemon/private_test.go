@@ -112,32 +112,7 @@ func TestPrivateSummaryEndToEnd(t *testing.T) {
 			"targets":  []any{map[string]any{"provider": "cloud", "model": openaitest.ChatModel}},
 			"fallback": []any{map[string]any{"provider": "ollama", "model": scripted.DefaultModel.Name}}}},
 	})
-	var mu sync.Mutex
-	summaries, steps := 0, 0
-	local := scripted.DefaultModel
-	local.ContextLength = 1200
-	p := scripted.New([]models.ModelInfo{local}, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if strings.Contains(req.Messages[0].Content, "Summarize the following text") {
-			// A summary keeps the facts, the SSN among them.
-			summaries++
-			sum := "SUMMARY: counted words"
-			for _, m := range req.Messages {
-				if strings.Contains(m.Content, canary) {
-					sum += "; the file holds SSN " + canary
-				}
-			}
-			return models.ChatResponse{Message: models.Message{Content: sum}}, nil
-		}
-		// Then it counts words of text that is not private, until the
-		// private read is summarized away.
-		if steps++; steps <= 4 {
-			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: fmt.Sprintf("local_%d", steps), Name: "wordcount",
-				Arguments: json.RawMessage(`{"text":"` + strings.Repeat("lorem ipsum ", 90) + `"}`)}}}}, nil
-		}
-		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
-	})))
+	p, counts := summarizingModel(canary)
 	d := startDaemon(t, daemon.Config{DataDir: dir, Provider: p})
 	c := dial(t, d.dir)
 	ctx := context.Background()
@@ -154,11 +129,9 @@ func TestPrivateSummaryEndToEnd(t *testing.T) {
 	if got.Run.Status != keel.RunSucceeded {
 		t.Errorf("run = %s %q", got.Run.Status, got.Run.Error)
 	}
-	mu.Lock()
-	if summaries == 0 {
+	if summaries, steps := counts(); summaries == 0 {
 		t.Errorf("no summary was asked of the local model (%d steps); the test needs one", steps)
 	}
-	mu.Unlock()
 	chats := 0
 	for _, r := range srv.Requests() {
 		if r.Path == openaitest.ChatPath {
@@ -170,5 +143,41 @@ func TestPrivateSummaryEndToEnd(t *testing.T) {
 	}
 	if chats != 1 {
 		t.Errorf("the cloud server received %d chat requests, want only the one before the private read", chats)
+	}
+}
+
+// summarizingModel is a local model of 1,200 tokens of context that
+// counts words of text that is not private (four wordcount calls, then
+// "done") and, asked for a summary, keeps the facts: a summary of a
+// message holding canary holds it too. counts says how many summaries
+// and steps it was asked for.
+func summarizingModel(canary string) (p *scripted.Provider, counts func() (summaries, steps int)) {
+	var mu sync.Mutex
+	summaries, steps := 0, 0
+	local := scripted.DefaultModel
+	local.ContextLength = 1200
+	p = scripted.New([]models.ModelInfo{local}, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(req.Messages[0].Content, "Summarize the following text") {
+			summaries++
+			sum := "SUMMARY: counted words"
+			for _, m := range req.Messages {
+				if strings.Contains(m.Content, canary) {
+					sum += "; the text holds " + canary
+				}
+			}
+			return models.ChatResponse{Message: models.Message{Content: sum}}, nil
+		}
+		if steps++; steps <= 4 {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: fmt.Sprintf("local_%d", steps), Name: "wordcount",
+				Arguments: json.RawMessage(`{"text":"` + strings.Repeat("lorem ipsum ", 90) + `"}`)}}}}, nil
+		}
+		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+	})))
+	return p, func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return summaries, steps
 	}
 }

@@ -78,20 +78,15 @@ func decodeLabels(ev keel.Event) (labelDelta, error) {
 	var err error
 	switch ev.Type {
 	case keel.EventToolResult:
-		var d keel.ToolResultData
-		err, data = json.Unmarshal(ev.Data, &d), d
+		data, err = decodeAs[keel.ToolResultData](ev.Data)
 	case keel.EventHumanMessage:
-		var d keel.HumanMessageData
-		err, data = json.Unmarshal(ev.Data, &d), d
+		data, err = decodeAs[keel.HumanMessageData](ev.Data)
 	case keel.EventHumanTool:
-		var d keel.HumanToolData
-		err, data = json.Unmarshal(ev.Data, &d), d
+		data, err = decodeAs[keel.HumanToolData](ev.Data)
 	case keel.EventStepFinished:
-		var d keel.StepData
-		err, data = json.Unmarshal(ev.Data, &d), d
+		data, err = decodeAs[keel.StepData](ev.Data)
 	case keel.EventDeclassified:
-		var d keel.DeclassifyData
-		err, data = json.Unmarshal(ev.Data, &d), d
+		data, err = decodeAs[keel.DeclassifyData](ev.Data)
 	default:
 		return labelDelta{}, nil
 	}
@@ -519,4 +514,12 @@ func toolAttrs(pd *keel.PolicyDecision, labels []string, egress []egressRecord) 
 		Egress []egressRecord       `json:"egress,omitempty"`
 	}{pd, labels, egress})
 	return b
+}
+
+// decodeAs decodes an event's data as a T, returned as the value
+// eventLabels switches on.
+func decodeAs[T any](b []byte) (any, error) {
+	var d T
+	err := json.Unmarshal(b, &d)
+	return d, err
 }
