@@ -488,12 +488,12 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	for _, w := range warnings {
 		e.log.Warn("policy: the run's own rules", logkey.Run, run.ID, logkey.Err, w)
 	}
-	go func() {
+	go func(run keel.Run) { // its own copy: the start's result gets the warnings below
 		defer cancel(nil)
 		defer e.finish(run.ID)
 		defer e.flushHeld(runCtx, run.ID)
 		e.loop(runCtx, run, fresh)
-	}()
+	}(run)
 	run.Warnings = warnings
 	return run, nil
 }
