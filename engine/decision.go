@@ -93,6 +93,38 @@ type runPolicy struct {
 	mu     sync.Mutex
 	digest string // of the effective policy last noted; "" none yet
 	err    string // the reload error last journaled
+	// allowed is the digest of the policy whose allow decision this run
+	// last journaled with a call's intent (see journaledDecision).
+	allowed string
+}
+
+// journaledDecision is the decision to journal with a call's intent,
+// given pd, the one that let it run. Deny and ask are always journaled
+// (a resume and a replay need them). An allow is journaled with the
+// first call it lets run under a policy (by digest), so that the
+// journal shows which policy was in force; later allows under the same
+// policy are on the call's span and in the audit record only. Nothing
+// is lost: a resume and a replay read a call whose intent is journaled
+// as allowed, whatever it records. Journaling every allow's
+// explanation and digest cost 2-5% of a step (docs/PERFORMANCE.md).
+// Safe for concurrent use.
+func (e *Engine) journaledDecision(id keel.RunID, pd *keel.PolicyDecision) *keel.PolicyDecision {
+	if pd == nil || pd.Outcome != policy.Allow.String() || e.replay != nil {
+		return pd
+	}
+	e.mu.Lock()
+	rp := e.runPol[id]
+	e.mu.Unlock()
+	if rp == nil {
+		return pd
+	}
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.allowed == pd.Digest {
+		return nil
+	}
+	rp.allowed = pd.Digest
+	return pd
 }
 
 // recorded is what a replay decides from: the decisions the journal

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/store"
@@ -223,4 +225,72 @@ func TestCallTargetsOnlyWhenNeeded(t *testing.T) {
 			t.Errorf("call %s error = %+v, want policy_denied: %s", res.CallID, res.Error, want)
 		}
 	}
+}
+
+// TestAllowJournaledOncePerPolicy: an allow a rule made is journaled with
+// the first call it lets run under a policy, and again after the policy
+// changes, but not with every call (it is on every call's span); a
+// replay still reproduces the run.
+func TestAllowJournaledOncePerPolicy(t *testing.T) {
+	t.Parallel()
+	const allowWrite = `{"rules": [{"action": "tool", "tool": "write", "decision": "allow", "reason": "writes are fine"}]}`
+	const allowWrite2 = `{"rules": [{"action": "tool", "tool": "write", "decision": "allow", "reason": "writes are still fine"}]}`
+	pol := &swappable{}
+	pol.set(t, 1, allowWrite)
+	write := func(n int) keel.ToolCall {
+		return keel.ToolCall{ID: fmt.Sprintf("w%d", n), Name: "write", Arguments: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
+	}
+	p := scripted.New(nil,
+		scripted.AnswerFunc(func(models.ChatRequest) (models.ChatResponse, error) {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{write(1)}}}, nil
+		}),
+		scripted.AnswerFunc(func(models.ChatRequest) (models.ChatResponse, error) {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{write(2)}}}, nil
+		}),
+		scripted.AnswerFunc(func(models.ChatRequest) (models.ChatResponse, error) {
+			pol.set(t, 2, allowWrite2) // the policy file changed
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{write(3)}}}, nil
+		}),
+		scripted.Answer("written"))
+	st, eng, tools := policyHarness(t, p, pol)
+	r, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write thrice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q, want succeeded", got.Status, got.Error)
+	}
+	if tools.writes != 3 {
+		t.Fatalf("write ran %d times, want 3", tools.writes)
+	}
+	journaled := map[string]uint64{}
+	for _, ev := range journal(t, st, r.ID) {
+		var d keel.ToolCallData
+		if ev.Type != keel.EventToolCall || json.Unmarshal(ev.Data, &d) != nil {
+			continue
+		}
+		if d.Policy != nil {
+			if d.Policy.Outcome != "allow" || d.Policy.Digest == "" {
+				t.Errorf("call %s journaled %+v, want an allow with its digest", d.Call.ID, d.Policy)
+			}
+			journaled[d.Call.ID] = d.Policy.Version
+		}
+	}
+	if want := map[string]uint64{"w1": 1, "w3": 2}; !maps.Equal(journaled, want) {
+		t.Errorf("allow decisions journaled by call (version) = %v, want %v: the first under each policy", journaled, want)
+	}
+	spans, err := st.Spans(context.Background(), r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onSpans := 0
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanToolCall && strings.Contains(string(sp.Attrs), `"outcome":"allow"`) {
+			onSpans++
+		}
+	}
+	if onSpans != 3 {
+		t.Errorf("%d tool spans carry the allow decision, want all 3", onSpans)
+	}
+	replayMatches(t, eng, st, r.ID)
 }

@@ -15,9 +15,10 @@
 // Config.Policy, with Config.RequireApproval and the run's own rules,
 // keel.RunPolicy.Rules, as run-layer rules): allow
 // runs it, ask waits for a person's approval (approve.go), deny fails
-// it as a policy_denied tool error without running it. The decision is
-// journaled with the call, so a resume and a replay use it instead of
-// deciding again. A model call carries the policy's check of each
+// it as a policy_denied tool error without running it. An ask or deny
+// is journaled with the call, so a resume and a replay use it instead of
+// deciding again; an allow is journaled with the first call under each
+// policy (journaledDecision) and is on every call's span. A model call carries the policy's check of each
 // target to the model layer (models.ChatRequest.Admit), and the
 // decisions a rule made are journaled with its model.result. The policy
 // is the one of the run's workspace (Policy.CurrentFor), whose layer the

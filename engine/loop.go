@@ -339,10 +339,11 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 		// The intent of a call that may run twice rides with its result
 		// (see hold); any other is on disk before the tool starts.
 		var err error
+		intent := keel.ToolCallData{Step: step, Call: call, Policy: e.journaledDecision(run.ID, pd)}
 		if e.rerunnable(ctx, call.Name) {
-			err = e.hold(run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call, Policy: pd})
+			err = e.hold(run.ID, keel.EventToolCall, intent)
 		} else {
-			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, keel.ToolCallData{Step: step, Call: call, Policy: pd}, nil)
+			_, err = e.appendEvent(ctx, run.ID, keel.EventToolCall, intent, nil)
 		}
 		if err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
