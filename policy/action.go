@@ -193,6 +193,9 @@ func (d Decision) Label() Label { return d.label }
 // String explains the decision: the outcome, and the rule or setting
 // that decided it with its layer and file:line:col.
 func (d Decision) String() string {
+	if d.cause == causeRule && d.Outcome == d.rule.Outcome && d.rule.expl != "" {
+		return d.rule.expl
+	}
 	var b strings.Builder
 	b.WriteString(d.Outcome.String())
 	b.WriteString(": ")

@@ -30,6 +30,7 @@ type Rule struct {
 	Reason string
 
 	text        string // as written
+	expl        string // the explanation of a decision it makes (Decision.String), formatted once at Compile
 	seq         int    // position in the whole policy, for ties
 	never       bool   // warned: can never match
 	tool        string // glob; "" is any
@@ -153,6 +154,14 @@ func Compile(opts Options, files ...LayerFile) (*Policy, error) {
 	}
 	p.digest = digest(p.files)
 	p.targets = indexTargets(&p.index[KindTool])
+	for _, r := range p.rules {
+		// Every decision a rule makes is explained the same way; format
+		// it once rather than on each decision journaled or shown.
+		r.expl = r.Outcome.String() + ": " + r.String()
+		if r.Reason != "" {
+			r.expl += ": " + r.Reason
+		}
+	}
 	return p, nil
 }
 

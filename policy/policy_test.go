@@ -468,3 +468,24 @@ func TestDigestAndKinds(t *testing.T) {
 		t.Errorf("telemetry = %s, want ask (the stricter rule of the layer)", d)
 	}
 }
+
+// TestRuleExplanationFormattedOnce: a rule's decisions are explained by
+// the text formatted at Compile, the same as the one formatted on demand.
+func TestRuleExplanationFormattedOnce(t *testing.T) { // not parallel: AllocsPerRun
+	p := compile(t, file(LayerUser, `{"rules": [
+  {"action": "tool", "tool": "write", "decision": "deny", "reason": "no writes"},
+  {"action": "tool", "tool": "echo", "decision": "allow"}
+]}`))
+	for _, tt := range []struct{ tool, want string }{
+		{"write", "deny: rule 1 of the user layer (user.json:2:3): no writes"},
+		{"echo", "allow: rule 2 of the user layer (user.json:3:3)"},
+	} {
+		d := p.Decide(&Action{Kind: KindTool, Tool: tt.tool})
+		if got := d.String(); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.tool, got, tt.want)
+		}
+		if n := testing.AllocsPerRun(100, func() { _ = d.String() }); n != 0 {
+			t.Errorf("%s: explaining allocates %v times, want 0 (formatted at Compile)", tt.tool, n)
+		}
+	}
+}
