@@ -2,7 +2,9 @@ package keel
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 )
 
 // Data labels on the wire. A label names a kind of data that must not go
@@ -13,6 +15,68 @@ import (
 // message, a run's inputs carry them into the run's context, and
 // everything derived from the context (a model's answer, a summary)
 // carries the context's labels.
+
+// LabelPrivate is the built-in label of data that never leaves the
+// machine (RunPolicy.Private, a grant marked private).
+const LabelPrivate = "private"
+
+// MaxLabelLen is the longest label name, in bytes.
+const MaxLabelLen = 64
+
+// ErrLabel is wrapped by the error of a malformed label name.
+var ErrLabel = errors.New("malformed label")
+
+type labelError string
+
+func (e labelError) Error() string {
+	return fmt.Sprintf("%q is not a label: want a lower-case letter, then letters, digits, - or _ (at most %d)", string(e), MaxLabelLen)
+}
+
+func (labelError) Unwrap() error { return ErrLabel }
+
+// CheckLabel reports whether s is a label name: a lower-case letter,
+// then lower-case letters, digits, '-' or '_', at most MaxLabelLen bytes.
+// It is the one grammar of labels (package policy, the grants, the
+// protocol's edge all use it); the error wraps ErrLabel.
+func CheckLabel(s string) error {
+	ok := len(s) > 0 && len(s) <= MaxLabelLen && s[0] >= 'a' && s[0] <= 'z'
+	for i := 1; ok && i < len(s); i++ {
+		c := s[i]
+		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+	}
+	if !ok {
+		return labelError(s)
+	}
+	return nil
+}
+
+// NormalizeLabels checks every label of ls (CheckLabel) and returns them
+// sorted without duplicates; nil when ls is empty. ls is not modified.
+func NormalizeLabels(ls []string) ([]string, error) {
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	for _, l := range ls {
+		if err := CheckLabel(l); err != nil {
+			return nil, err
+		}
+	}
+	out := slices.Clone(ls)
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// UnionLabels returns the labels of a and b, sorted without duplicates;
+// nil when both are empty. Neither is modified.
+func UnionLabels(a, b []string) []string {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(a)+len(b))
+	out = append(append(out, a...), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
 
 // MaxTouchedPaths bounds Touched.Paths: a call that opens more files
 // records the first ones and sets Truncated.

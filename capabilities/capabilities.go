@@ -4,6 +4,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/keel-runtime/keel"
 )
 
 // FSGrant gives a tool one directory of the host. The tool sees it at
@@ -15,13 +17,13 @@ type FSGrant struct {
 	// Private marks what lies in the directory as private: a run whose
 	// context holds the output of a tool with such a grant is treated as
 	// a private run from that step on (nothing of it reaches a cloud
-	// model). It is the label "private" (LabelPrivate): Labels of a
+	// model). It is the label "private" (keel.LabelPrivate): Labels of a
 	// checked grant never hold "private", which sets Private instead.
 	// Default false.
 	Private bool `json:"private,omitempty"`
 	// Labels are the labels the user gives what lies in the directory
 	// (docs/policy.md, Labels): "pii", "secret", or names of their own
-	// (CheckLabel). A tool call that opens a file through the grant
+	// (keel.CheckLabel). A tool call that opens a file through the grant
 	// carries them (keel.Touched.Labels). Sorted, without duplicates, once
 	// checked; nil: none but Private.
 	Labels []string `json:"labels,omitempty"`
@@ -38,7 +40,7 @@ func (f FSGrant) Modes() []string {
 	}
 	out := []string{mode}
 	if f.Private {
-		out = append(out, LabelPrivate)
+		out = append(out, keel.LabelPrivate)
 	}
 	for _, l := range f.Labels {
 		out = append(out, "label:"+l)
@@ -51,9 +53,9 @@ func (f FSGrant) Modes() []string {
 // is a new slice (nil when there are none).
 func (f FSGrant) AllLabels() []string {
 	if f.Private {
-		return UnionLabels(f.Labels, []string{LabelPrivate})
+		return keel.UnionLabels(f.Labels, []string{keel.LabelPrivate})
 	}
-	return UnionLabels(f.Labels, nil)
+	return keel.UnionLabels(f.Labels, nil)
 }
 
 // Equal reports whether f and o grant the same directory the same way.
@@ -62,22 +64,22 @@ func (f FSGrant) Equal(o FSGrant) bool {
 		f.Private == o.Private && slices.Equal(f.Labels, o.Labels)
 }
 
-// WithLabels returns f with labels added (checked with CheckLabel):
+// WithLabels returns f with labels added (checked with keel.CheckLabel):
 // "private" sets Private, the others join Labels, sorted without
 // duplicates. f is not modified.
 func (f FSGrant) WithLabels(labels ...string) (FSGrant, error) {
 	var more []string
 	for _, l := range append(slices.Clone(f.Labels), labels...) {
-		if err := CheckLabel(l); err != nil {
+		if err := keel.CheckLabel(l); err != nil {
 			return f, err
 		}
-		if l == LabelPrivate {
+		if l == keel.LabelPrivate {
 			f.Private = true
 			continue
 		}
 		more = append(more, l)
 	}
-	f.Labels = UnionLabels(more, nil)
+	f.Labels = keel.UnionLabels(more, nil)
 	return f, nil
 }
 
@@ -136,7 +138,7 @@ func (g Grants) Clone() Grants {
 
 // HasPrivate reports whether g grants a directory marked private.
 func (g Grants) HasPrivate() bool {
-	return slices.ContainsFunc(g.FS, func(f FSGrant) bool { return f.Private || slices.Contains(f.Labels, LabelPrivate) })
+	return slices.ContainsFunc(g.FS, func(f FSGrant) bool { return f.Private || slices.Contains(f.Labels, keel.LabelPrivate) })
 }
 
 // Equal reports whether g and o grant exactly the same things, in the

@@ -4,24 +4,9 @@ import (
 	"errors"
 	"slices"
 	"testing"
-)
 
-func TestCheckLabel(t *testing.T) {
-	for _, ok := range []string{"private", "pii", "a", "team-7_x", "z0"} {
-		if err := CheckLabel(ok); err != nil {
-			t.Errorf("CheckLabel(%q) = %v, want nil", ok, err)
-		}
-	}
-	long := "a"
-	for len(long) <= 64 {
-		long += "b"
-	}
-	for _, bad := range []string{"", "PII", "Pii", "9a", "-a", "_a", "a b", "a.b", "ä", "a/b", long} {
-		if err := CheckLabel(bad); !errors.Is(err, ErrLabel) {
-			t.Errorf("CheckLabel(%q) = %v, want ErrLabel", bad, err)
-		}
-	}
-}
+	"github.com/keel-runtime/keel"
+)
 
 func TestFSGrantLabels(t *testing.T) {
 	f := FSGrant{HostPath: "/h", GuestPath: "/g", ReadOnly: true}
@@ -41,8 +26,8 @@ func TestFSGrantLabels(t *testing.T) {
 	if m := g.Modes(); !slices.Equal(m, []string{"ro", "private", "label:pii", "label:secret"}) {
 		t.Errorf("Modes = %q", m)
 	}
-	if _, err := f.WithLabels("ok", "Not-OK"); !errors.Is(err, ErrLabel) {
-		t.Errorf("WithLabels(Not-OK) = %v, want ErrLabel", err)
+	if _, err := f.WithLabels("ok", "Not-OK"); !errors.Is(err, keel.ErrLabel) {
+		t.Errorf("WithLabels(Not-OK) = %v, want keel.ErrLabel", err)
 	}
 	if f.Equal(g) || !g.Equal(g) {
 		t.Error("Equal does not tell labelled grants apart")

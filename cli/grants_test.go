@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 )
 
@@ -56,7 +57,7 @@ func TestLabelDirs(t *testing.T) {
 		t.Errorf("grantsLine = %q, want %q", l, want)
 	}
 	for _, bad := range [][]string{{"PII"}, {"9lives"}, {""}, {"a b"}} {
-		if _, err := labelDirs(g, false, bad); !errors.Is(err, capabilities.ErrLabel) {
+		if _, err := labelDirs(g, false, bad); !errors.Is(err, keel.ErrLabel) {
 			t.Errorf("labelDirs(%q) = %v, want ErrLabel", bad, err)
 		}
 	}

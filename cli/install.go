@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -76,7 +77,7 @@ func parseGrants(specs []string, withHost bool) (capabilities.Grants, error) {
 // if private is set). The labels are checked: an error names the bad one.
 func labelDirs(g capabilities.Grants, private bool, labels []string) (capabilities.Grants, error) {
 	if private {
-		labels = append(labels, capabilities.LabelPrivate)
+		labels = append(labels, keel.LabelPrivate)
 	}
 	if len(labels) == 0 {
 		return g, nil

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/keel-runtime/keel"
 )
 
 // Label names a kind of data that must not go everywhere. Three are
@@ -23,19 +25,14 @@ const (
 	PII Label = "pii"
 )
 
-// ErrLabel is wrapped by the error of a malformed label name.
-var ErrLabel = errors.New("malformed label")
+// ErrLabel is wrapped by the error of a malformed label name (it is
+// keel.ErrLabel).
+var ErrLabel = keel.ErrLabel
 
-// ParseLabel checks that s is a well-formed label name.
+// ParseLabel checks that s is a well-formed label name (keel.CheckLabel).
 func ParseLabel(s string) (Label, error) {
-	if len(s) == 0 || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
-		return "", fmt.Errorf("%w %q: want a lower-case letter then letters, digits, - or _ (at most 64)", ErrLabel, s)
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return "", fmt.Errorf("%w %q: want a lower-case letter then letters, digits, - or _ (at most 64)", ErrLabel, s)
-		}
+	if err := keel.CheckLabel(s); err != nil {
+		return "", err
 	}
 	return Label(s), nil
 }

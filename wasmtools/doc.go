@@ -40,7 +40,7 @@
 //
 //	isolation      "pooled" (default) or "fresh"; see Reactors below
 //	labels         optional labels every result carries, whatever the
-//	               tool reads (capabilities.CheckLabel names); see
+//	               tool reads (keel.CheckLabel names); see
 //	               What a call touched below
 //
 // requests may also hold "limits": {"timeout_ms", "memory_mib",

@@ -46,7 +46,7 @@ func CarryGrants(req, g capabilities.Grants) capabilities.Grants {
 // CheckGrants returns g normalized if it grants only what req requests:
 // a filesystem grant names a requested guest path and an existing host
 // directory, and is read-only where the request is; its labels are
-// label names (capabilities.CheckLabel), kept sorted without duplicates,
+// label names (keel.CheckLabel), kept sorted without duplicates,
 // "private" as Private; network and
 // environment grants name requested entries exactly; a limit grant names
 // a limit the manifest asks for. Anything else is refused, naming the

@@ -77,7 +77,7 @@ func TestCheckGrantsLabels(t *testing.T) {
 		t.Fatalf("CheckGrants(labels) = %+v, %v; want %+v", out.FS, err, want)
 	}
 	g.FS[0].Labels = []string{"pii", "Bad Label"}
-	if _, err := wasmtools.CheckGrants(req, g); !errors.Is(err, keel.ErrInvalid) || !errors.Is(err, capabilities.ErrLabel) || !strings.Contains(err.Error(), "Bad Label") {
+	if _, err := wasmtools.CheckGrants(req, g); !errors.Is(err, keel.ErrInvalid) || !errors.Is(err, keel.ErrLabel) || !strings.Contains(err.Error(), "Bad Label") {
 		t.Errorf("CheckGrants(bad label) = %v, want ErrInvalid and ErrLabel naming it", err)
 	}
 }

@@ -85,7 +85,7 @@ func parseManifest(data []byte) (*parsedManifest, error) {
 	if err := checkRequests(m.Requests); err != nil {
 		return nil, err
 	}
-	labels, err := capabilities.NormalizeLabels(m.Labels)
+	labels, err := keel.NormalizeLabels(m.Labels)
 	if err != nil {
 		return nil, fmt.Errorf("manifest labels: %w", err)
 	}

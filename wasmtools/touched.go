@@ -80,7 +80,7 @@ func (c *callTouch) reached(d capabilities.Destination) {
 func (c *callTouch) fill(dst *keel.Touched, use *fsUse, declared []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	*dst = keel.Touched{Paths: c.paths, Truncated: c.truncated, Hosts: c.hosts, Labels: capabilities.UnionLabels(declared, use.labels()), Refused: c.refused}
+	*dst = keel.Touched{Paths: c.paths, Truncated: c.truncated, Hosts: c.hosts, Labels: keel.UnionLabels(declared, use.labels()), Refused: c.refused}
 }
 
 // fsUse is shared by the mounts of one instance. call is the recorder of
@@ -123,7 +123,7 @@ func (u *fsUse) labels() []string {
 			out = append(out, u.grantLabels[i]...)
 		}
 	}
-	return capabilities.UnionLabels(out, nil)
+	return keel.UnionLabels(out, nil)
 }
 
 // begin points the instance's mounts at the recorder of the call about
