@@ -46,6 +46,26 @@ type Config struct {
 	QueueSize int
 	// Version is the server version reported by initialize. Default "dev".
 	Version string
+	// Routes are HTTP handlers the server serves beside the protocol's
+	// WebSocket path (the web console's pages, the metrics endpoint, and
+	// later bridges). Every request, to a route or not, must carry an
+	// allowed Host header (DNS rebinding). Default: none; any other path
+	// is 404.
+	Routes []Route
+}
+
+// Route is one extra HTTP handler of a Server.
+type Route struct {
+	// Pattern is an http.ServeMux pattern, such as "GET /metrics" or
+	// "GET /console/". It must not overlap protocol.Path.
+	Pattern string
+	// Handler serves the requests that match Pattern.
+	Handler http.Handler
+	// Public routes are served without credentials: only static content
+	// that holds no data (the console's pages) may be public. Every other
+	// route requires the same credentials and Origin check as the
+	// WebSocket, and answers 401 or 403 as it does.
+	Public bool
 }
 
 const (
@@ -75,6 +95,7 @@ type Server struct {
 	log     *slog.Logger
 	token   [sha256.Size]byte
 	origins map[string]bool
+	mux     *http.ServeMux // see routes
 
 	ran atomic.Bool
 
@@ -110,7 +131,13 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.AllowedOrigins = append([]string(nil), cfg.AllowedOrigins...)
-	return &Server{
+	cfg.Routes = append([]Route(nil), cfg.Routes...)
+	for _, rt := range cfg.Routes {
+		if rt.Handler == nil || rt.Pattern == "" {
+			return nil, fmt.Errorf("ipc: route %q: pattern and handler are required", rt.Pattern)
+		}
+	}
+	s := &Server{
 		svc:     svc,
 		cfg:     cfg,
 		served:  servedMethods(svc),
@@ -118,7 +145,34 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 		token:   sha256.Sum256([]byte(cfg.Token)),
 		origins: origins,
 		conns:   make(map[*conn]struct{}),
-	}, nil
+	}
+	mux, err := s.routes()
+	if err != nil {
+		return nil, err
+	}
+	s.mux = mux
+	return s, nil
+}
+
+// routes builds the server's request router: the protocol's path and
+// cfg.Routes. A pattern that is malformed or conflicts with another is an
+// error (http.ServeMux would panic).
+func (s *Server) routes() (mux *http.ServeMux, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			mux, err = nil, fmt.Errorf("ipc: routes: %v", r)
+		}
+	}()
+	mux = http.NewServeMux()
+	mux.Handle(protocol.Path, s.guard(s.serveWebSocket()))
+	for _, rt := range s.cfg.Routes {
+		h := rt.Handler
+		if !rt.Public {
+			h = s.guard(h)
+		}
+		mux.Handle(rt.Pattern, h)
+	}
+	return mux, nil
 }
 
 // CheckOrigins reports the first of origins that NewServer would refuse
@@ -301,14 +355,11 @@ func allowedHosts(addr net.Addr) (map[string]bool, error) {
 	return hosts, nil
 }
 
-// handler checks a request and, if it passes, upgrades it and serves the
-// connection until it ends.
+// handler checks every request's Host, then routes it: the protocol's
+// path and every non-public route through guard.
 func (s *Server) handler(hosts map[string]bool) http.Handler {
+	mux := s.mux
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != protocol.Path {
-			http.Error(w, "not found", http.StatusNotFound)
-			return
-		}
 		// DNS rebinding: a page on evil.example resolving to 127.0.0.1
 		// reaches us with its own name in Host.
 		if !hosts[strings.ToLower(r.Host)] {
@@ -316,6 +367,14 @@ func (s *Server) handler(hosts map[string]bool) http.Handler {
 			http.Error(w, "forbidden: Host not allowed", http.StatusForbidden)
 			return
 		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// guard lets through only requests with an allowed Origin (or none) and
+// the credentials authorized accepts.
+func (s *Server) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if origins := r.Header.Values("Origin"); len(origins) > 0 {
 			if len(origins) != 1 || !s.origins[strings.ToLower(origins[0])] {
 				s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "origin not allowed")
@@ -327,6 +386,18 @@ func (s *Server) handler(hosts map[string]bool) http.Handler {
 			s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "bad or missing token")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="keel"`)
 			http.Error(w, "unauthorized: missing or wrong token", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// serveWebSocket upgrades a checked request and serves the connection
+// until it ends.
+func (s *Server) serveWebSocket() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != protocol.Path {
+			http.Error(w, "not found", http.StatusNotFound)
 			return
 		}
 
