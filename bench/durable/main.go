@@ -65,6 +65,7 @@ type config struct {
 	lgDir    string        // the LangGraph.js benchmark
 	skipLang bool
 	policy   bool     // measure the policy's cost only (policy.go)
+	policyIn string   // "": on and off in turns; "on" or "off": that side alone (policy.go)
 	syncs    []string // synchronous settings, one column each
 }
 
@@ -83,6 +84,7 @@ func main() {
 	flag.StringVar(&cfg.lgDir, "langgraph", filepath.Join("bench", "durable", "langgraph"), "directory of the LangGraph.js benchmark")
 	flag.BoolVar(&cfg.skipLang, "skip-langgraph", false, "measure keel and the floor only (no node needed)")
 	flag.BoolVar(&cfg.policy, "policy", false, "measure only a run's step time with a 1,000-rule policy in force vs none (issue 16)")
+	flag.StringVar(&cfg.policyIn, "policy-only", "", "with -policy: time only runs with the policy \"on\" or \"off\", so that each side can be profiled (-cpuprofile) in its own process")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -111,6 +113,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.syncs = append(cfg.syncs, s)
+	}
+	if cfg.policyIn != "" && cfg.policyIn != "on" && cfg.policyIn != "off" {
+		fmt.Fprintf(os.Stderr, "durable: -policy-only %q: want on or off\n", cfg.policyIn)
+		os.Exit(2)
 	}
 	if err := run(cfg); err != nil {
 		pprof.StopCPUProfile()

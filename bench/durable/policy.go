@@ -167,9 +167,62 @@ func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (p
 		cpuOff: cpuOffs[reps/2], cpuOn: cpuOns[reps/2], cpuRatio: cpuRatios[reps/2], cpuNoise: cpuNoise[reps/2]}, nil
 }
 
+// measurePolicySide times reps single runs of n steps with the policy
+// in force (on) or none, alone in this process, after the same warm-up
+// as measurePolicy: the median wall-clock and CPU time per step.
+func measurePolicySide(ctx context.Context, dir, synchronous string, n, reps int, on bool) (wall, cpu time.Duration, err error) {
+	p, err := benchPolicy()
+	if err != nil {
+		return 0, 0, err
+	}
+	sw := &switchedPolicy{}
+	if on {
+		sw.p.Store(p)
+	}
+	b, err := newPolicyBed(ctx, filepath.Join(dir, "keel-policy-"+synchronous+".db"), synchronous, chain{n}, n, sw)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer b.Close()
+	for i := 0; b.st.Commits() < warmCommits; i++ {
+		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
+			return 0, 0, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	walls, cpus := make([]time.Duration, reps), make([]time.Duration, reps)
+	for i := range reps {
+		c0 := cpuTime()
+		bt, err := runAll(ctx, b, fmt.Sprintf("one-%d", i), 1, n)
+		if err != nil {
+			return 0, 0, err
+		}
+		if bt.steps != int64(n) {
+			return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
+		}
+		if err := b.st.Sync(ctx); err != nil {
+			return 0, 0, err
+		}
+		walls[i], cpus[i] = bt.elapsed/time.Duration(n), (cpuTime()-c0)/time.Duration(n)
+	}
+	slices.Sort(walls)
+	slices.Sort(cpus)
+	return walls[reps/2], cpus[reps/2], nil
+}
+
 // runPolicy is the -policy mode: the policy comparison alone, at each
-// synchronous setting.
+// synchronous setting; with -policy-only, one side of it.
 func runPolicy(ctx context.Context, cfg config, dir string) error {
+	if cfg.policyIn != "" {
+		for _, s := range cfg.syncs {
+			progress("%s: keel, policy %s only, %d runs of %d steps", s, cfg.policyIn, cfg.reps, cfg.n)
+			wall, cpu, err := measurePolicySide(ctx, dir, s, cfg.n, cfg.reps, cfg.policyIn == "on")
+			if err != nil {
+				return fmt.Errorf("synchronous=%s: %w", s, err)
+			}
+			fmt.Printf("synchronous=%-6s policy %-3s per step: %s wall, %s CPU (medians of %d runs of %d steps)\n", s, cfg.policyIn, dur(wall), dur(cpu), cfg.reps, cfg.n)
+		}
+		return nil
+	}
 	fmt.Printf("policy on vs off: one run of %d steps (echo tool calls), median of %d reps; policy of %d rules, none matching but one allow\n",
 		cfg.n, cfg.reps, policyRules)
 	for _, s := range cfg.syncs {
