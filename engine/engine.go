@@ -471,8 +471,10 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 	e.wg.Add(1)
 	e.mu.Unlock()
 
+	untrack := e.trackFresh(run)
 	fresh, err := e.create(ctx, &run, plan)
 	if err != nil {
+		untrack()
 		e.mu.Lock()
 		e.dropPolicy(run.ID)
 		e.mu.Unlock()
@@ -483,6 +485,7 @@ func (e *Engine) Start(ctx context.Context, req StartRequest) (keel.Run, error) 
 		}
 		return keel.Run{}, fmt.Errorf("start run: %w", err)
 	}
+	fresh.untrack = untrack
 	warnings := run.Warnings
 	run.Warnings = nil // the loop's copy: not the start's result
 	for _, w := range warnings {

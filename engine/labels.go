@@ -191,39 +191,62 @@ type liveLabels struct {
 	refs int
 }
 
-// trackLabels makes run's context labels live for its loop: folded from
-// the journal now, then updated with every label-bearing event the
-// engine journals. The returned func stops tracking.
-func (e *Engine) trackLabels(ctx context.Context, run keel.Run) (func(), error) {
-	t := &e.labels
+// ref takes a reference on run id's live labels, creating them (first)
+// locked, with l.mu held, when the run has none; the caller fills a new
+// entry's context and unlocks it. release drops the reference.
+func (t *labelTracker) ref(id keel.RunID) (l *liveLabels, first bool, release func()) {
 	t.mu.Lock()
 	if t.runs == nil {
 		t.runs = map[keel.RunID]*liveLabels{}
 	}
-	l := t.runs[run.ID]
-	first := l == nil
+	l = t.runs[id]
+	first = l == nil
 	if first {
 		l = &liveLabels{}
-		t.runs[run.ID] = l
+		t.runs[id] = l
 	}
 	l.refs++
 	l.mu.Lock()
 	t.mu.Unlock()
-	release := func() {
+	if !first {
+		l.mu.Unlock()
+	}
+	return l, first, func() {
 		t.mu.Lock()
 		if l.refs--; l.refs == 0 {
-			delete(t.runs, run.ID)
+			delete(t.runs, id)
 		}
 		t.mu.Unlock()
 	}
+}
+
+// trackFresh makes the labels of a run Start is about to create live
+// before the run exists, so that nothing can be journaled to it
+// untracked: its context holds only its inputs' labels, and there is no
+// journal to read back. The returned func stops tracking; the run's loop
+// takes it over (created.untrack).
+func (e *Engine) trackFresh(run keel.Run) func() {
+	l, first, release := e.labels.ref(run.ID)
+	if first {
+		l.ctx = policy.Context{}.Add(inputLabels(run))
+		l.mu.Unlock()
+	}
+	return release
+}
+
+// trackLabels makes run's context labels live for its loop: folded from
+// the journal now, then updated with every label-bearing event the
+// engine journals. The returned func stops tracking.
+func (e *Engine) trackLabels(ctx context.Context, run keel.Run) (func(), error) {
+	l, first, release := e.labels.ref(run.ID)
 	var err error
 	if first {
 		var evs []keel.Event
 		if evs, err = e.cfg.Store.Events(ctx, run.ID, 0); err == nil {
 			l.ctx, err = foldLabels(run, evs)
 		}
+		l.mu.Unlock()
 	}
-	l.mu.Unlock()
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("read the run's labels: %w", err)

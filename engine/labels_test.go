@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -783,5 +784,74 @@ func TestLiveLabelsMatchTheFoldUnderConcurrency(t *testing.T) {
 	reqs := seen.get()
 	if len(reqs) != 2 || !slices.Equal(reqs[1], fold) {
 		t.Errorf("second request's labels = %q, fold of the journal before its result %q; want equal", reqs[len(reqs)-1], fold)
+	}
+}
+
+// eventReads is a real store that counts reads of a run's journal.
+type eventReads struct {
+	*store.Store
+	n atomic.Int64
+}
+
+func (s *eventReads) Events(ctx context.Context, id keel.RunID, after int64) ([]keel.Event, error) {
+	s.n.Add(1)
+	return s.Store.Events(ctx, id, after)
+}
+
+// TestFreshRunLabelsWithoutReadingTheJournal: a run Start creates has
+// its labels live from its inputs before it exists, so its loop reads
+// nothing back (a read per run cost 3% of a short run's CPU), and a
+// labelled message journaled right after Start still reaches the
+// context: every model request holds exactly the fold of the journal
+// before its result.
+func TestFreshRunLabelsWithoutReadingTheJournal(t *testing.T) {
+	t.Parallel()
+	var seen labelLog
+	p := scripted.New(nil, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		if seen.see(req) == 1 {
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "m1", Name: "mail", Arguments: json.RawMessage(`{}`)}}}}, nil
+		}
+		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
+	})))
+	st := &eventReads{Store: openStore(t)}
+	eng, err := engine.New(engine.Config{Store: st, Model: p, Tools: &labelTools{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close(context.Background()) })
+	ctx := context.Background()
+	run, err := eng.Start(ctx, engine.StartRequest{Goal: "mail", Policy: keel.RunPolicy{Labels: []string{"input"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.SayLabeled(ctx, run.ID, "note", []string{"said"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st.Store, run.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", r.Status, r.Error)
+	}
+	reads := st.n.Load()
+	evs := journal(t, st.Store, run.ID)
+	run, _ = st.GetRun(ctx, run.ID)
+	reqs := seen.get()
+	i := 0
+	for k, ev := range evs {
+		if ev.Type != keel.EventModelResult {
+			continue
+		}
+		fold, err := engine.FoldLabels(run, evs[:k])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= len(reqs) || !slices.Equal(reqs[i], fold) {
+			t.Errorf("model request %d's labels = %q, want the fold of the journal before its result %q", i, reqs, fold)
+		}
+		i++
+	}
+	if !slices.Contains(reqs[len(reqs)-1], "said") || !slices.Contains(reqs[0], "input") {
+		t.Errorf("requests' labels = %q, want input's from the first and said's in the last", reqs)
+	}
+	if reads != 0 {
+		t.Errorf("the engine read the fresh run's journal %d times, want none", reads)
 	}
 }

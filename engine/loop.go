@@ -21,6 +21,9 @@ import (
 type created struct {
 	started bool
 	specs   []keel.ToolSpec // the run's tools, when started
+	// untrack stops tracking the run's labels, which Start made live
+	// before it created the run (trackFresh); the loop calls it.
+	untrack func()
 }
 
 // loop drives one run to an end, starting from what its journal holds,
@@ -31,7 +34,13 @@ type created struct {
 func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	e.openTrace(ctx, run)
 	defer e.closeTrace(ctx, run.ID)
-	release, err := e.trackLabels(ctx, run)
+	var release func()
+	var err error
+	if fresh != nil && fresh.untrack != nil {
+		release = fresh.untrack // nothing to read back
+	} else {
+		release, err = e.trackLabels(ctx, run)
+	}
 	if err != nil {
 		e.log.Error("restore run", logkey.Run, run.ID, logkey.Err, err)
 		e.end(ctx, run.ID, err)
