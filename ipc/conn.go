@@ -28,6 +28,11 @@ type conn struct {
 	ws  *websocket.Conn
 	nc  net.Conn // the underlying connection, closed outright on forced shutdown
 	log *slog.Logger
+	// host is the Host header the client connected with (checked): the
+	// daemon's address as the client knows it.
+	host string
+	// who is the credential the client connected with.
+	who caller
 
 	// ctx is cancelled when the connection ends; handlers and Services
 	// calls run under it.
@@ -61,11 +66,13 @@ func (c *conn) clientName() string {
 	return ""
 }
 
-func (s *Server) newConn(nc net.Conn, remote string) *conn {
+func (s *Server) newConn(nc net.Conn, remote, host string, who caller) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &conn{
 		s:      s,
 		nc:     nc,
+		host:   host,
+		who:    who,
 		log:    s.log.With(logkey.Remote, remote),
 		ctx:    ctx,
 		cancel: cancel,

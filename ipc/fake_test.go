@@ -134,6 +134,7 @@ type dialOpts struct {
 	subprotocols []string
 	origin       string
 	host         string
+	header       http.Header // more handshake headers (Cookie, say)
 	// smallReadBuffer shrinks the client's socket receive buffer; the
 	// connection is stored in tcp, for tclient.grow.
 	smallReadBuffer bool
@@ -164,6 +165,9 @@ func dialRaw(t *testing.T, url string, o dialOpts) (*websocket.Conn, int, error)
 	}
 	if o.origin != "" {
 		h.Set("Origin", o.origin)
+	}
+	for k, v := range o.header {
+		h[k] = v
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

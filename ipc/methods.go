@@ -48,6 +48,7 @@ func init() {
 	labels := func(s Services) bool { return s.Labels != nil }
 	methods = map[string]method{
 		protocol.MethodInitialize:     {typed(handleInitialize), nil},
+		protocol.MethodConsoleLogin:   {typed(handleConsoleLogin), nil},
 		protocol.MethodRunStart:       {typed(handleRunStart), runs},
 		protocol.MethodRunCancel:      {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Runs.Cancel(ctx, id) }), runs},
 		protocol.MethodRunList:        {typed(handleRunList), history},

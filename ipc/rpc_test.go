@@ -184,7 +184,7 @@ func TestMethods(t *testing.T) {
 	wantInit := protocol.InitializeResult{
 		Protocol: protocol.Version, Server: "keel", Version: "1.2.3",
 		Methods: []string{
-			protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodModelsList, protocol.MethodModelsPull, protocol.MethodRunCancel,
+			protocol.MethodConsoleLogin, protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodModelsList, protocol.MethodModelsPull, protocol.MethodRunCancel,
 			protocol.MethodRunGet, protocol.MethodRunList, protocol.MethodRunStart,
 			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
 			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsGrant, protocol.MethodToolsInspect, protocol.MethodToolsInstall, protocol.MethodToolsList, protocol.MethodToolsRemove, protocol.MethodToolsRevoke,

@@ -50,8 +50,21 @@ type Config struct {
 	// WebSocket path (the web console's pages, the metrics endpoint, and
 	// later bridges). Every request, to a route or not, must carry an
 	// allowed Host header (DNS rebinding). Default: none; any other path
-	// is 404.
+	// is 404. The server serves protocol.LoginPath and
+	// protocol.StatusPath itself.
 	Routes []Route
+	// LoginCodeTTL is how long a console.login code works if it is not
+	// used. Default 60 s.
+	LoginCodeTTL time.Duration
+	// SessionIdleTimeout ends a console session that has not been used
+	// (no connection, route or status request) for this long. Default
+	// 12 h.
+	SessionIdleTimeout time.Duration
+	// SessionMaxAge ends a console session this long after its login,
+	// used or not. Default 7 days.
+	SessionMaxAge time.Duration
+	// Now is the clock of login codes and sessions. Default time.Now.
+	Now func() time.Time
 }
 
 // Route is one extra HTTP handler of a Server.
@@ -96,6 +109,10 @@ type Server struct {
 	token   [sha256.Size]byte
 	origins map[string]bool
 	mux     *http.ServeMux // see routes
+	logins  *logins
+	// cookie is the name of the session cookie, set by Run before it
+	// serves (it holds the port).
+	cookie string
 
 	ran atomic.Bool
 
@@ -126,6 +143,18 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 	}
+	if cfg.LoginCodeTTL <= 0 {
+		cfg.LoginCodeTTL = defaultLoginCodeTTL
+	}
+	if cfg.SessionIdleTimeout <= 0 {
+		cfg.SessionIdleTimeout = defaultSessionIdle
+	}
+	if cfg.SessionMaxAge <= 0 {
+		cfg.SessionMaxAge = defaultSessionMaxAge
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -144,6 +173,7 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 		log:     log,
 		token:   sha256.Sum256([]byte(cfg.Token)),
 		origins: origins,
+		logins:  newLogins(cfg),
 		conns:   make(map[*conn]struct{}),
 	}
 	mux, err := s.routes()
@@ -165,6 +195,8 @@ func (s *Server) routes() (mux *http.ServeMux, err error) {
 	}()
 	mux = http.NewServeMux()
 	mux.Handle(protocol.Path, s.guard(s.serveWebSocket()))
+	mux.Handle("GET "+protocol.LoginPath, http.HandlerFunc(s.serveLogin))
+	mux.Handle(protocol.StatusPath, http.HandlerFunc(s.serveStatus))
 	for _, rt := range s.cfg.Routes {
 		h := rt.Handler
 		if !rt.Public {
@@ -231,6 +263,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		return err
 	}
+	s.cookie = protocol.SessionCookiePrefix + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	hs := &http.Server{
 		Handler:           s.handler(hosts),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -371,25 +404,87 @@ func (s *Server) handler(hosts map[string]bool) http.Handler {
 	})
 }
 
-// guard lets through only requests with an allowed Origin (or none) and
-// the credentials authorized accepts.
+// guard lets through only requests that check lets through, and hands
+// next the caller in the request's context.
 func (s *Server) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if origins := r.Header.Values("Origin"); len(origins) > 0 {
-			if len(origins) != 1 || !s.origins[strings.ToLower(origins[0])] {
-				s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "origin not allowed")
-				http.Error(w, "forbidden: Origin not allowed", http.StatusForbidden)
-				return
-			}
-		}
-		if !s.authorized(r) {
+		who, status := s.check(r)
+		switch status {
+		case http.StatusForbidden:
+			s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "origin not allowed")
+			http.Error(w, "forbidden: Origin not allowed", http.StatusForbidden)
+			return
+		case http.StatusUnauthorized:
 			s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "bad or missing token")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="keel"`)
 			http.Error(w, "unauthorized: missing or wrong token", http.StatusUnauthorized)
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
 	})
+}
+
+// caller is who a request authenticated as.
+type caller struct {
+	via string // "token" or "session"
+}
+
+type callerKey struct{}
+
+// check decides a request whose Host was checked: 403 if it has an
+// Origin that is neither the daemon's own nor an allowed one (or several
+// Origin headers), else 200 and the caller if it carries the token (a
+// bearer header or a token subprotocol) or a live session cookie, else
+// 401.
+//
+// A session cookie counts only on a request from the daemon's own
+// origin: its Origin is the daemon's own, or it has no Origin and
+// Sec-Fetch-Site is "same-origin" (a browser's same-origin GET, which
+// carries no Origin). Browsers send cookies to every port of a host and
+// on cross-origin WebSocket handshakes, so SameSite=Strict alone would
+// let a page on another local port, or any page for a WebSocket, use
+// the session: this check is what stops cross-site WebSocket hijacking
+// and request forgery. Native programs have no cookie; they use the
+// token.
+func (s *Server) check(r *http.Request) (caller, int) {
+	origins := r.Header.Values("Origin")
+	own := false
+	if len(origins) > 0 {
+		if len(origins) != 1 {
+			return caller{}, http.StatusForbidden
+		}
+		o := strings.ToLower(origins[0])
+		own = o == ownOrigin(r.Host)
+		if !own && !s.origins[o] {
+			return caller{}, http.StatusForbidden
+		}
+	}
+	if s.authorized(r) {
+		return caller{via: "token"}, http.StatusOK
+	}
+	sameOrigin := own || (len(origins) == 0 && r.Header.Get("Sec-Fetch-Site") == "same-origin")
+	if sameOrigin && s.sessionCookie(r) {
+		return caller{via: "session"}, http.StatusOK
+	}
+	return caller{}, http.StatusUnauthorized
+}
+
+// ownOrigin is the origin of the daemon's own pages reached with Host
+// host (which the handler checked): "http://" + host, without a default
+// port, as browsers write it.
+func ownOrigin(host string) string {
+	return "http://" + strings.TrimSuffix(strings.ToLower(host), ":80")
+}
+
+// sessionCookie reports whether r carries a live session cookie, and
+// marks the session used.
+func (s *Server) sessionCookie(r *http.Request) bool {
+	for _, c := range r.CookiesNamed(s.cookie) {
+		if s.logins.use(c.Value) {
+			return true
+		}
+	}
+	return false
 }
 
 // serveWebSocket upgrades a checked request and serves the connection
@@ -402,7 +497,8 @@ func (s *Server) serveWebSocket() http.Handler {
 		}
 
 		nc, _ := r.Context().Value(netConnKey{}).(net.Conn)
-		c := s.newConn(nc, r.RemoteAddr)
+		who, _ := r.Context().Value(callerKey{}).(caller)
+		c := s.newConn(nc, r.RemoteAddr, r.Host, who)
 		if !s.track(c) {
 			c.cancel()
 			http.Error(w, "server shutting down", http.StatusServiceUnavailable)

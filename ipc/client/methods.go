@@ -21,6 +21,7 @@ type None struct{}
 // The methods of the protocol (docs/protocol.md), typed for Do.
 const (
 	Initialize     Method[protocol.InitializeParams, protocol.InitializeResult]       = protocol.MethodInitialize
+	ConsoleLogin   Method[None, protocol.ConsoleLoginResult]                          = protocol.MethodConsoleLogin
 	RunStart       Method[protocol.RunStartParams, keel.Run]                          = protocol.MethodRunStart
 	RunCancel      Method[protocol.RunRef, keel.Run]                                  = protocol.MethodRunCancel
 	RunList        Method[protocol.RunListParams, protocol.RunListResult]             = protocol.MethodRunList

@@ -1,0 +1,119 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/keel-runtime/keel/ipc/protocol"
+)
+
+// handleConsoleLogin serves console.login: a new one-time code, as a
+// URL on the address the client connected to.
+func handleConsoleLogin(_ context.Context, c *conn, _ struct{}) (any, error) {
+	code, exp := c.s.logins.newCode()
+	u := url.URL{Scheme: "http", Host: c.host, Path: protocol.LoginPath, RawQuery: url.Values{"code": {code}}.Encode()}
+	c.log.Info("ipc: console login code issued", logkey.Client, c.clientName())
+	return protocol.ConsoleLoginResult{URL: u.String(), ExpiresAt: exp.UTC()}, nil
+}
+
+// loginFailedPage is the body of a refused login.
+const loginFailedPage = `<!doctype html>
+<meta charset="utf-8">
+<title>keel: login link not valid</title>
+<p>This login link is not valid: it was already used, it expired, or the daemon
+restarted since it was made. Run <code>keel open</code> again for a new one.</p>
+`
+
+// serveLogin exchanges a one-time code (GET /login?code=CODE) for a
+// session cookie and redirects to "/" (303), so that the code leaves the
+// address bar and the history. A used, expired or unknown code gets
+// 401 and a page saying to run `keel open` again. The code is never
+// logged.
+func (s *Server) serveLogin(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	if r.Method != http.MethodGet {
+		// A HEAD (a link preview, a prefetch) must not use up the code.
+		h.Set("Allow", http.MethodGet)
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	id, ok := s.logins.redeem(r.URL.Query().Get("code"))
+	if !ok {
+		s.log.Warn("ipc: login refused", logkey.Remote, r.RemoteAddr, logkey.Reason, "code unknown, used or expired")
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, loginFailedPage)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name:     s.cookie,
+		Value:    id,
+		Path:     "/",
+		MaxAge:   int(s.cfg.SessionMaxAge.Seconds()),
+		HttpOnly: true,
+		SameSite: http.SameSiteStrictMode,
+	})
+	s.log.Info("ipc: console session started", logkey.Remote, r.RemoteAddr)
+	h.Set("Location", "/")
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+// serveStatus serves protocol.StatusPath: a protocol.Status with 200,
+// 401 or 403 as check decides (see docs/protocol.md#status-endpoint).
+//
+// CORS: the daemon's own pages are same-origin and need none. An
+// allowed origin may read the whole answer (Access-Control-Allow-Origin
+// is its origin; credentials are the token in an Authorization header,
+// never the cookie, so Access-Control-Allow-Credentials is not sent). A
+// refused origin may read only that keel is there and refuses it: its
+// 403 body carries no version and no data. A preflight (OPTIONS) is
+// answered for any origin, since it reveals nothing.
+func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Add("Vary", "Origin")
+	origin := r.Header.Get("Origin")
+	if origin != "" {
+		h.Set("Access-Control-Allow-Origin", origin)
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodOptions:
+		h.Set("Access-Control-Allow-Methods", "GET")
+		h.Set("Access-Control-Allow-Headers", "Authorization")
+		h.Set("Access-Control-Max-Age", "600")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	default:
+		h.Set("Allow", "GET, HEAD, OPTIONS")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	who, code := s.check(r)
+	st := protocol.Status{Daemon: "keel"}
+	switch code {
+	case http.StatusForbidden:
+		st.Reason = protocol.ReasonOriginRefused
+		st.Message = "this page's origin is not allowed to use this keel daemon"
+	case http.StatusUnauthorized:
+		st.Version, st.Protocol = s.cfg.Version, protocol.Version
+		st.Reason = protocol.ReasonLoginRequired
+		st.Message = "not logged in, or the session ended: run `keel open` for a new login link"
+	default:
+		st.Version, st.Protocol = s.cfg.Version, protocol.Version
+		st.Authenticated, st.Via = true, who.via
+	}
+	body, _ := json.Marshal(st)
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(body, '\n'))
+}

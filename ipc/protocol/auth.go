@@ -1,0 +1,66 @@
+package protocol
+
+import "time"
+
+// MethodConsoleLogin asks for a one-time login link to the daemon's web
+// console (docs/protocol.md#consolelogin).
+const MethodConsoleLogin = "console.login"
+
+// LoginPath is the path of the daemon's login page: GET
+// LoginPath?code=CODE exchanges a one-time code from console.login for a
+// session cookie and redirects to "/".
+const LoginPath = "/login"
+
+// StatusPath is the path of the daemon's status endpoint: GET StatusPath
+// answers a Status, with 200 when the request's credentials are good,
+// 401 when they are missing or no longer good and 403 when its Origin is
+// refused. A page uses it to tell "log in again" from "this page's
+// origin is not allowed" from "the daemon is down" (a network error).
+const StatusPath = "/v1/status"
+
+// SessionCookiePrefix starts the name of the console's session cookie;
+// the daemon's port follows ("keel_session_7433"), so that two daemons
+// on one host do not overwrite each other's session (browsers share
+// cookies across the ports of a host).
+const SessionCookiePrefix = "keel_session_"
+
+// ConsoleLoginResult is the result of console.login.
+type ConsoleLoginResult struct {
+	// URL opens the console logged in, once: the daemon's own address
+	// as the client reached it, LoginPath and the code, such as
+	// "http://127.0.0.1:7433/login?code=…".
+	URL string `json:"url"`
+	// ExpiresAt is when the code stops working if it is not used.
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Status is the body of the status endpoint (StatusPath).
+type Status struct {
+	// Daemon is always "keel".
+	Daemon string `json:"daemon"`
+	// Version and Protocol are the daemon's version and protocol
+	// version; empty when the request's Origin is refused.
+	Version  string `json:"version,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
+	// Authenticated reports whether the request's credentials are good.
+	Authenticated bool `json:"authenticated"`
+	// Via is the credential that authenticated the request: "token" or
+	// "session"; empty when not authenticated.
+	Via string `json:"via,omitempty"`
+	// Reason says why the request is not authenticated: one of the
+	// Reason constants; empty when it is.
+	Reason string `json:"reason,omitempty"`
+	// Message says the same for a person, with what to do.
+	Message string `json:"message,omitempty"`
+}
+
+// Reasons of a Status that is not authenticated.
+const (
+	// ReasonLoginRequired (HTTP 401): no credentials, a wrong token, or
+	// a session that expired or that the daemon no longer knows (it
+	// restarted). A console page asks the user to run `keel open`.
+	ReasonLoginRequired = "login_required"
+	// ReasonOriginRefused (HTTP 403): the request's Origin is neither the
+	// daemon's own nor an allowed one. Nothing else is disclosed.
+	ReasonOriginRefused = "origin_refused"
+)
