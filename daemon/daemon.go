@@ -238,7 +238,8 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	cfg, log := d.cfg, d.log
-	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With(logkey.Component, "ipc"), Version: Version})
+	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With(logkey.Component, "ipc"), Version: Version,
+		Routes: consoleRoutes()})
 	if err != nil {
 		return err
 	}

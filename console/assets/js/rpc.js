@@ -1,0 +1,153 @@
+// The connection to the daemon: keel's JSON-RPC 2.0 protocol over one
+// WebSocket (docs/protocol.md). The session cookie set at login
+// authorizes it; the page never sees a token. When the connection drops
+// it reconnects with backoff and subscribes again to every run it
+// followed, after the last seq it saw, so no event is missed or repeated.
+
+const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
+
+export const WS_PATH = meta('keel-ws-path');
+export const SUBPROTOCOL = meta('keel-subprotocol');
+
+// RPCError is a JSON-RPC error answer: code, message and data as sent.
+export class RPCError extends Error {
+  constructor(err) {
+    super(err.message);
+    this.code = err.code;
+    this.data = err.data;
+  }
+}
+
+// Conn states, shown to the user: connecting, open, lost (will retry),
+// denied (the daemon refused us: not logged in).
+export class Conn extends EventTarget {
+  constructor(url) {
+    super();
+    this.url = url || `ws://${location.host}${WS_PATH}`;
+    this.state = 'connecting';
+    this.nextID = 1;
+    this.pending = new Map(); // id -> {resolve, reject}
+    this.subs = new Map(); // run id -> {after, onEvent}
+    this.backoff = 250;
+    this.everOpen = false;
+    this.failures = 0;
+  }
+
+  start() { this.connect(); }
+
+  connect() {
+    this.setState('connecting');
+    let ws;
+    try {
+      ws = new WebSocket(this.url, [SUBPROTOCOL]);
+    } catch (e) {
+      this.lost(String(e));
+      return;
+    }
+    this.ws = ws;
+    ws.onopen = () => {
+      this.backoff = 250;
+      this.failures = 0;
+      this.everOpen = true;
+      this.setState('open');
+      this.call('initialize', { client: 'keel-console' }).catch(() => {});
+      for (const [run, s] of this.subs) this.sendSubscribe(run, s);
+    };
+    ws.onmessage = (m) => this.receive(m.data);
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      for (const p of this.pending.values()) p.reject(new Error('connection lost'));
+      this.pending.clear();
+      this.lost(ev.reason);
+    };
+  }
+
+  // lost schedules a reconnect. A handshake the daemon refuses closes
+  // with 1006 and no reason, like a daemon that is down, so the state
+  // only says which is likelier; a status endpoint, when the daemon has
+  // one, says which it is.
+  lost(reason) {
+    this.failures++;
+    const wait = this.backoff;
+    this.backoff = Math.min(this.backoff * 2, 10000);
+    this.reason = reason || '';
+    this.setState(this.everOpen ? 'lost' : 'denied', wait);
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.connect(), wait);
+  }
+
+  setState(state, retryIn) {
+    this.state = state;
+    this.retryIn = retryIn;
+    this.dispatchEvent(new CustomEvent('state', { detail: { state, retryIn, reason: this.reason } }));
+  }
+
+  receive(text) {
+    let msg;
+    try { msg = JSON.parse(text); } catch { return; }
+    if (msg.id !== undefined && msg.id !== null && (msg.result !== undefined || msg.error)) {
+      const p = this.pending.get(msg.id);
+      if (!p) return;
+      this.pending.delete(msg.id);
+      if (msg.error) p.reject(new RPCError(msg.error));
+      else p.resolve(msg.result);
+      return;
+    }
+    if (msg.method === 'run.event') {
+      const ev = msg.params;
+      const s = this.subs.get(ev.run_id);
+      if (!s) return;
+      if (ev.seq > 0) {
+        if (ev.seq <= s.after) return; // already seen before a reconnect
+        s.after = ev.seq;
+      }
+      s.onEvent(ev);
+    } else if (msg.method) {
+      this.dispatchEvent(new CustomEvent(msg.method, { detail: msg.params }));
+    }
+  }
+
+  // call sends a request and resolves with its result, or rejects with
+  // an RPCError (or an Error when the connection is not open).
+  call(method, params) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) {
+      return Promise.reject(new Error('not connected'));
+    }
+    const id = this.nextID++;
+    const req = { jsonrpc: '2.0', id, method };
+    if (params !== undefined) req.params = params;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.ws.send(JSON.stringify(req));
+    });
+  }
+
+  // subscribe follows a run's events after seq `after` (0: all), now and
+  // after every reconnect; it returns the function that stops following.
+  subscribe(run, after, onEvent) {
+    const s = { after, onEvent };
+    this.subs.set(run, s);
+    if (this.state === 'open') this.sendSubscribe(run, s);
+    return () => {
+      if (this.subs.get(run) !== s) return;
+      this.subs.delete(run);
+      this.call('run.unsubscribe', { run_id: run }).catch(() => {});
+    };
+  }
+
+  sendSubscribe(run, s) {
+    this.call('run.subscribe', { run_id: run, after_seq: s.after }).catch(async (e) => {
+      if (this.subs.get(run) !== s) return;
+      // A page that just stopped following this run may have its
+      // unsubscribe still in flight: requests run concurrently.
+      if (e.code === -32002 && !s.retried) {
+        s.retried = true;
+        await this.call('run.unsubscribe', { run_id: run }).catch(() => {});
+        this.sendSubscribe(run, s);
+      } else if (s.onError) {
+        s.onError(e);
+      }
+    });
+  }
+}

@@ -1,0 +1,105 @@
+package browsertest_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// TestRunApprovedInBrowser is a user's path through the console: log in,
+// start a run from the runs page, watch its events arrive on its page
+// (its model calls a tool that needs approval), approve the call with
+// edited arguments in the inbox, and see the run finish with the edited
+// input and its waterfall complete.
+func TestRunApprovedInBrowser(t *testing.T) {
+	t.Parallel()
+	p := scripted.New(nil,
+		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
+		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+			return models.ChatResponse{Message: models.Message{Content: "counted: " + req.Messages[len(req.Messages)-1].Content}}, nil
+		}),
+	)
+	k := startKeel(t, p, []keel.SideEffect{keel.SideEffectReadOnly}, "wordcount")
+	tab := newTab(t)
+	login(t, tab, k)
+
+	const goal = `count <b>words</b> & "quote"`
+	run(t, tab, "start a run from the runs page",
+		chromedp.WaitVisible(css(`#conn[data-state="open"]`)),
+		chromedp.Click(css(`details.new-run summary`)),
+		chromedp.SendKeys(css(`#new-goal`), goal),
+		chromedp.Click(css(`details.new-run button[type="submit"]`)),
+		// The page goes to the run's, whose events stream in.
+		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)),
+		chromedp.WaitVisible(css(`#events li[data-type="approval.requested"]`)),
+		chromedp.WaitVisible(css(`article.wait[data-call="c1"]`)),
+	)
+	runURL := get(t, tab, "read the run's URL", chromedp.Location())
+	shownGoal := get(t, tab, "read the goal", chromedp.Text(css(`.facts .goal`)))
+	if shownGoal != goal {
+		t.Errorf("the run page shows the goal as %q, want %q as text", shownGoal, goal)
+	}
+	id := keel.RunID(runURL[strings.LastIndex(runURL, "/")+1:])
+	bold := get(t, tab, "count markup from data", chromedp.Evaluate[int](`document.querySelectorAll('main b').length - document.querySelectorAll('main b.type, main .span-name b, main .dag-list b').length`))
+	if bold != 0 {
+		t.Errorf("the goal's <b> became an element (%d): data was parsed as markup", bold)
+	}
+
+	run(t, tab, "approve with edited arguments in the inbox",
+		chromedp.Navigate(k.base+"/#/approvals"),
+		chromedp.WaitVisible(css(`#inbox article.wait[data-call="c1"] textarea`)),
+	)
+	if png := shot(t, tab); png != nil {
+		screenshot(t, "console-approvals.png", png)
+	}
+	run(t, tab, "approve",
+		chromedp.SetValue(css(`#inbox article.wait[data-call="c1"] textarea`), `{"text":"just two"}`),
+		chromedp.Click(css(`#inbox article.wait[data-call="c1"] button.approve`)),
+		waitJS(`document.querySelector('#inbox article.wait[data-call="c1"] .alert')?.dataset.kind === 'ok' || !document.querySelector('#inbox article.wait[data-call="c1"]')`),
+	)
+
+	run(t, tab, "see the finished run and its waterfall",
+		chromedp.Navigate(runURL),
+		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)),
+		chromedp.WaitVisible(css(`#waterfall[data-status="succeeded"] tr[data-kind="tool.call"]`)),
+		chromedp.WaitVisible(css(`#waterfall tr[data-kind="human.wait"]`)),
+		chromedp.WaitVisible(css(`#waterfall tr[data-kind="model.call"]`)),
+	)
+	result := get(t, tab, "read the result", chromedp.Text(css(`.facts .result`)))
+	approval := get(t, tab, "read the approval", chromedp.Text(css(`#events li[data-type="approval.decision"] .sum`)))
+	if !strings.Contains(result, `"words":2`) {
+		t.Errorf("the run's result on its page = %q, want the edited input counted (\"words\":2)", result)
+	}
+	if !strings.Contains(approval, "approved") || !strings.Contains(approval, "edited") {
+		t.Errorf("the approval.decision event reads %q, want an approval with edited arguments", approval)
+	}
+	if png := shot(t, tab); png != nil {
+		screenshot(t, "console-run.png", png)
+	}
+
+	// What the page showed is what the daemon journaled.
+	det, err := k.dial(t).GetRun(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := get(t, tab, "count the events shown", chromedp.Evaluate[int](`document.querySelectorAll('#events li[data-seq]').length`))
+	if det.Run.Status != keel.RunSucceeded || shown != len(det.Events) {
+		t.Errorf("daemon: run %s with %d events; the page shows %d", det.Run.Status, len(det.Events), shown)
+	}
+}
+
+// shot takes a screenshot of the whole page when they are asked for.
+func shot(t *testing.T, tab context.Context) []byte {
+	t.Helper()
+	if !wantScreenshots() {
+		return nil
+	}
+	return get(t, tab, "screenshot", chromedp.FullScreenshot(100))
+}

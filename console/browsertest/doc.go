@@ -1,0 +1,16 @@
+// Package browsertest holds the web console's end-to-end tests: a real
+// daemon (scripted model, real tools, real SQLite) serving the console to
+// a real headless Chromium driven over the DevTools protocol with
+// chromedp (a pure-Go driver: no Node.js, no npm, nothing downloaded at
+// test time). The tests log in, start a run, watch its events arrive,
+// approve its tool call in the inbox, check the finished waterfall, and
+// check that other origins and used login codes are refused.
+//
+// They skip when no chromium is installed, unless CI or
+// KEEL_TEST_REQUIRE_CHROMIUM is set: then a missing browser fails them.
+// KEEL_CONSOLE_SCREENSHOTS=DIR writes the screenshots docs/ shows
+// (console-run.png, console-approvals.png) into DIR.
+//
+// The package has no code of its own: it exists to build the tests, which
+// start a whole daemon, once.
+package browsertest

@@ -1,0 +1,237 @@
+package browsertest_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
+)
+
+// timeout bounds each wait on the page: generous, as the machine may be
+// busy (tests wait on DOM conditions, never on time).
+const timeout = 90 * time.Second
+
+var (
+	browserOnce sync.Once
+	browserCtx  context.Context // the running browser; tabs derive from it
+	browserErr  error
+	stopBrowser = func() {}
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopBrowser()
+	os.Exit(code)
+}
+
+// chromium finds the browser: KEEL_CHROMIUM, else chromium or
+// chromium-browser on PATH.
+func chromium() string {
+	if p := os.Getenv("KEEL_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// newTab opens a tab in a browser context of its own (its own cookies),
+// in the one headless Chromium the package's tests share. Without a
+// chromium the test skips, unless CI or KEEL_TEST_REQUIRE_CHROMIUM is
+// set: then it fails.
+func newTab(t *testing.T) context.Context {
+	t.Helper()
+	path := chromium()
+	if path == "" {
+		if os.Getenv("CI") != "" || os.Getenv("KEEL_TEST_REQUIRE_CHROMIUM") != "" {
+			t.Fatal("no chromium on PATH (install Debian's chromium, or set KEEL_CHROMIUM), and CI requires the browser tests")
+		}
+		t.Skip("no chromium on PATH; install it (apt-get install chromium) to run the browser tests")
+	}
+	browserOnce.Do(func() {
+		opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.WindowSize(1280, 900))
+		if os.Geteuid() == 0 {
+			opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run as root with its sandbox
+		}
+		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		ctx, cancel := chromedp.NewContext(alloc)
+		browserErr = chromedp.Do(ctx)
+		browserCtx = ctx
+		stopBrowser = func() { cancel(); cancelAlloc() }
+	})
+	if browserErr != nil {
+		t.Fatalf("start chromium: %v", browserErr)
+	}
+	ctx, cancel := chromedp.NewContext(browserCtx, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
+	return ctx
+}
+
+// run runs steps in the tab, each wait bounded, failing the test with
+// what was being done and the page's text.
+func run(t *testing.T, tab context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	get(t, tab, what, chromedp.Steps(steps...))
+}
+
+// get runs one action in the tab and returns its value, as run does.
+func get[T any](t *testing.T, tab context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, timeout)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		tctx, cancel := context.WithTimeout(tab, 5*time.Second)
+		defer cancel()
+		body, _ := chromedp.Run(tctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
+		t.Fatalf("%s: %v\npage text:\n%s", what, err, body)
+	}
+	return v
+}
+
+// css is a CSS selector (chromedp's typed selector).
+type css = chromedp.CSS
+
+// instance is a daemon serving the console on a loopback port.
+type instance struct {
+	base string // http://127.0.0.1:PORT
+	dir  string
+	info protocol.DaemonInfo
+}
+
+// startKeel runs a daemon until the test ends, on a new data dir holding
+// the bundled tools named (granted nothing), with model provider p.
+func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffect, tools ...string) *instance {
+	t.Helper()
+	dir := t.TempDir()
+	toolDir := filepath.Join(dir, "tools")
+	if err := builtin.Install(filepath.Join(dir, "bundled")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(toolDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range tools {
+		b, err := os.ReadFile(filepath.Join(dir, "bundled", name+".wasm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(toolDir, name+".wasm"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Marks the bundled tools as installed: only those named are there.
+	if err := os.WriteFile(filepath.Join(toolDir, ".examples-installed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &instance{base: "http://" + ln.Addr().String(), dir: dir}
+	ready := make(chan protocol.DaemonInfo, 1)
+	d, err := daemon.New(daemon.Config{
+		DataDir:         dir,
+		Addr:            ln.Addr().String(),
+		Provider:        p,
+		RequireApproval: requireApproval,
+		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready:           func(i protocol.DaemonInfo) { ready <- i },
+		AllowedOrigins:  allowSelf(k.base),
+	})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Error("daemon did not stop within a minute")
+		}
+		d.Close()
+	})
+	select {
+	case k.info = <-ready:
+	case err := <-done:
+		t.Fatalf("daemon stopped before ready: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("daemon not ready within 2 minutes")
+	}
+	return k
+}
+
+// dial is a native client of k, for what the test checks behind the
+// page's back.
+func (k *instance) dial(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.DialDataDir(context.Background(), k.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func wantScreenshots() bool { return os.Getenv("KEEL_CONSOLE_SCREENSHOTS") != "" }
+
+// screenshot writes png as NAME into KEEL_CONSOLE_SCREENSHOTS, if set.
+func screenshot(t *testing.T, name string, png []byte) {
+	t.Helper()
+	dir := os.Getenv("KEEL_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Errorf("write screenshot: %v", err)
+	}
+}
+
+// waitJS polls a JavaScript expression in the page until it is true.
+func waitJS(expr string) chromedp.Action[chromedp.Void] {
+	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(timeout))
+}
+
+var errNoToken = errors.New("no token")
+
+func tokenOf(k *instance) (string, error) {
+	b, err := os.ReadFile(k.info.TokenFile)
+	if err != nil {
+		return "", err
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", errNoToken
+	}
+	return tok, nil
+}
