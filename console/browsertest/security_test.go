@@ -1,0 +1,59 @@
+package browsertest_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// TestNotLoggedIn opens the console in a browser that never logged in:
+// the page is served (it holds no data), the WebSocket is refused, and
+// the page tells the user how to log in.
+func TestNotLoggedIn(t *testing.T) {
+	t.Parallel()
+	k := startKeel(t, scripted.New(nil), nil)
+	tab := newTab(t)
+	run(t, tab, "open the console without logging in",
+		chromedp.Navigate(k.base+"/#/runs"),
+		chromedp.WaitVisible(css(`#conn[data-state="denied"]`)))
+	msg := get(t, tab, "read the status line", chromedp.Text(css(`#conn`)))
+	if !strings.Contains(msg, "keel open") {
+		t.Errorf("status line = %q, want it to tell the user to run keel open", msg)
+	}
+}
+
+// TestOtherOriginRefused serves a page from another loopback origin
+// that opens a WebSocket to the daemon, in a browser logged in to the
+// daemon (its credentials go with the handshake): the daemon refuses
+// it, while the console's own page, in the same browser, is connected.
+func TestOtherOriginRefused(t *testing.T) {
+	t.Parallel()
+	k := startKeel(t, scripted.New(nil), nil)
+	ws := "ws" + strings.TrimPrefix(k.base, "http") + "/v1/ws"
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><title>other</title><body><script>
+const ws = new WebSocket(%q, ["keel.v1"]);
+ws.onopen = () => { document.body.dataset.ws = "open"; };
+ws.onclose = (e) => { if (!document.body.dataset.ws) document.body.dataset.ws = "refused " + e.code; };
+</script></body>`, ws)
+	}))
+	t.Cleanup(other.Close)
+	tab := newTab(t)
+	login(t, tab, k)
+	run(t, tab, "the console's own page connects",
+		chromedp.Navigate(k.base+"/#/runs"),
+		chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
+	run(t, tab, "open the other origin's page", chromedp.Navigate(other.URL+"/"),
+		waitJS(`document.body && document.body.dataset.ws !== undefined`))
+	got := get(t, tab, "read its outcome", chromedp.Evaluate[string](`document.body.dataset.ws`))
+	if !strings.HasPrefix(got, "refused") {
+		t.Errorf("a page of %s opened a WebSocket to the daemon: %q, want it refused", other.URL, got)
+	}
+}
