@@ -68,6 +68,7 @@ func TestIndexNamesProtocol(t *testing.T) {
 	for _, want := range []string{
 		`<meta name="keel-ws-path" content="` + protocol.Path + `">`,
 		`<meta name="keel-subprotocol" content="` + protocol.Subprotocol + `">`,
+		`<meta name="keel-status-path" content="` + protocol.StatusPath + `">`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("the page lacks %s", want)

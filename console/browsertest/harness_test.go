@@ -2,14 +2,12 @@ package browsertest_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,7 +158,6 @@ func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffec
 		RequireApproval: requireApproval,
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Ready:           func(i protocol.DaemonInfo) { ready <- i },
-		AllowedOrigins:  allowSelf(k.base),
 	})
 	if err != nil {
 		ln.Close()
@@ -220,18 +217,4 @@ func screenshot(t *testing.T, name string, png []byte) {
 // waitJS polls a JavaScript expression in the page until it is true.
 func waitJS(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(timeout))
-}
-
-var errNoToken = errors.New("no token")
-
-func tokenOf(k *instance) (string, error) {
-	b, err := os.ReadFile(k.info.TokenFile)
-	if err != nil {
-		return "", err
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", errNoToken
-	}
-	return tok, nil
 }

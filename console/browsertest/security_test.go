@@ -21,7 +21,7 @@ func TestNotLoggedIn(t *testing.T) {
 	tab := newTab(t)
 	run(t, tab, "open the console without logging in",
 		chromedp.Navigate(k.base+"/#/runs"),
-		chromedp.WaitVisible(css(`#conn[data-state="denied"]`)))
+		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
 	msg := get(t, tab, "read the status line", chromedp.Text(css(`#conn`)))
 	if !strings.Contains(msg, "keel open") {
 		t.Errorf("status line = %q, want it to tell the user to run keel open", msg)
@@ -30,8 +30,9 @@ func TestNotLoggedIn(t *testing.T) {
 
 // TestOtherOriginRefused serves a page from another loopback origin
 // that opens a WebSocket to the daemon, in a browser logged in to the
-// daemon (its credentials go with the handshake): the daemon refuses
-// it, while the console's own page, in the same browser, is connected.
+// daemon (browsers send a host's cookies to all its ports, so the
+// session cookie goes with the handshake): the daemon refuses it, while
+// the console's own page, in the same browser, is connected.
 func TestOtherOriginRefused(t *testing.T) {
 	t.Parallel()
 	k := startKeel(t, scripted.New(nil), nil)
@@ -56,4 +57,25 @@ ws.onclose = (e) => { if (!document.body.dataset.ws) document.body.dataset.ws = 
 	if !strings.HasPrefix(got, "refused") {
 		t.Errorf("a page of %s opened a WebSocket to the daemon: %q, want it refused", other.URL, got)
 	}
+}
+
+// TestLoginCodeSingleUse logs one browser in through a one-time URL,
+// then opens the same URL in another browser (its own cookies): the
+// code is used up, so the second is not logged in, and its console says
+// how to log in.
+func TestLoginCodeSingleUse(t *testing.T) {
+	t.Parallel()
+	k := startKeel(t, scripted.New(nil), nil)
+	first := newTab(t)
+	used := login(t, first, k)
+
+	second := newTab(t)
+	run(t, second, "open the used URL",
+		chromedp.Navigate(used),
+		chromedp.Navigate(k.base+"/#/runs"),
+		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
+	// The first browser's session is unaffected.
+	run(t, first, "the first browser stays logged in",
+		chromedp.Reload(),
+		chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
 }

@@ -60,10 +60,17 @@ conn.addEventListener('state', (e) => {
     case 'lost':
       replace(connLine, `Connection lost; reconnecting in ${secs} s.`);
       break;
-    case 'denied':
-      replace(connLine, 'Not connected: not logged in, or the daemon is not running. Run ',
-        h('code', {}, 'keel open'), ' in a terminal and follow the link it prints. ',
-        `Retrying in ${secs} s.`);
+    case 'login':
+      replace(connLine, 'Not logged in (or the session ended, or the daemon restarted). Run ',
+        h('code', {}, 'keel open'), ' in a terminal and open the link it prints.');
+      break;
+    case 'refused':
+      replace(connLine, 'The daemon refuses this page\'s origin. Open the console at the address ',
+        h('code', {}, 'keel open'), ' prints.');
+      break;
+    case 'down':
+      replace(connLine, 'The keel daemon does not answer: is it running? Start it with ',
+        h('code', {}, 'keel daemon'), `; retrying in ${secs} s.`);
       break;
   }
 });

@@ -8,6 +8,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 
 export const WS_PATH = meta('keel-ws-path');
 export const SUBPROTOCOL = meta('keel-subprotocol');
+export const STATUS_PATH = meta('keel-status-path');
 
 // RPCError is a JSON-RPC error answer: code, message and data as sent.
 export class RPCError extends Error {
@@ -18,8 +19,9 @@ export class RPCError extends Error {
   }
 }
 
-// Conn states, shown to the user: connecting, open, lost (will retry),
-// denied (the daemon refused us: not logged in).
+// Conn states, shown to the user: connecting, open, lost (it was open;
+// retrying), login (not logged in, or the session ended), refused (this
+// page's origin is not allowed), down (the daemon does not answer).
 export class Conn extends EventTarget {
   constructor(url) {
     super();
@@ -36,7 +38,7 @@ export class Conn extends EventTarget {
   start() { this.connect(); }
 
   connect() {
-    this.setState('connecting');
+    if (this.failures === 0) this.setState('connecting'); // else the last failure stays shown
     let ws;
     try {
       ws = new WebSocket(this.url, [SUBPROTOCOL]);
@@ -64,17 +66,24 @@ export class Conn extends EventTarget {
   }
 
   // lost schedules a reconnect. A handshake the daemon refuses closes
-  // with 1006 and no reason, like a daemon that is down, so the state
-  // only says which is likelier; a status endpoint, when the daemon has
-  // one, says which it is.
-  lost(reason) {
+  // like a daemon that is down (1006, no reason), so the status endpoint
+  // says which it is: 401 login, 403 refused, no answer down.
+  async lost(reason) {
     this.failures++;
     const wait = this.backoff;
     this.backoff = Math.min(this.backoff * 2, 10000);
     this.reason = reason || '';
-    this.setState(this.everOpen ? 'lost' : 'denied', wait);
     clearTimeout(this.timer);
     this.timer = setTimeout(() => this.connect(), wait);
+    let state = 'down';
+    try {
+      const res = await fetch(STATUS_PATH, { cache: 'no-store' });
+      if (res.status === 401) state = 'login';
+      else if (res.status === 403) state = 'refused';
+      else if (res.ok) state = 'lost'; // logged in: the connection itself broke
+    } catch { /* the daemon does not answer */ }
+    if (this.ws) return; // reconnected meanwhile
+    this.setState(state, wait);
   }
 
   setState(state, retryIn) {
