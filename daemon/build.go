@@ -157,6 +157,6 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.env.policy = pol
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
-		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng}
+		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
 	return l, nil
 }

@@ -60,7 +60,7 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f := cmd.Flags()
 	f.StringVar(&cfg.Addr, "addr", DefaultAddr, "listen address HOST:PORT (port 0 picks a free port)")
 	f.BoolVar(&cfg.AllowNonLoopback, "allow-non-loopback", false, "allow a non-loopback --addr (other machines could connect)")
-	f.StringSliceVar(&cfg.AllowedOrigins, "allow-origin", nil, "browser origin allowed to connect, e.g. http://localhost:5173 (repeatable)")
+	f.StringSliceVar(&cfg.AllowedOrigins, "allow-origin", nil, "browser origin allowed to connect with a token: exact (http://localhost:5173) or a pattern (http://localhost:*, https://*.example.com, vscode-webview://*); repeatable")
 	f.StringVar(&cfg.OllamaHost, "ollama-host", os.Getenv("OLLAMA_HOST"), "Ollama server (default $OLLAMA_HOST or http://127.0.0.1:11434)")
 	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
 	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")

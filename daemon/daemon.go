@@ -43,8 +43,10 @@ type Config struct {
 	// AllowNonLoopback permits a non-loopback Addr. Default false: keel
 	// refuses to listen where other machines can reach it.
 	AllowNonLoopback bool
-	// AllowedOrigins are browser origins allowed to connect, exactly as
-	// sent in the Origin header. Default none: only native clients.
+	// AllowedOrigins are the origins (or origin patterns, see
+	// ipc.Config.AllowedOrigins) of browser pages allowed to connect
+	// with a token. Default none: only native clients, the daemon's own
+	// console and client tokens' own origins.
 	AllowedOrigins []string
 	// OllamaHost is the Ollama server; default OLLAMA_HOST or
 	// http://127.0.0.1:11434.

@@ -22,6 +22,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
@@ -596,6 +597,18 @@ func TestNonLoopbackRefused(t *testing.T) {
 		err := daemon.Run(context.Background(), daemon.Config{DataDir: t.TempDir(), Addr: addr, Provider: scripted.New(nil)})
 		if err == nil || !strings.Contains(err.Error(), "not a loopback address") {
 			t.Errorf("Run(addr %s) = %v, want a refusal", addr, err)
+		}
+	}
+}
+
+// TestAllowOriginTooBroadRefused: an --allow-origin that would let every
+// web page in is refused before the daemon starts, with a clear error.
+func TestAllowOriginTooBroadRefused(t *testing.T) {
+	t.Parallel()
+	for _, o := range []string{"*", "http://*", "https://*", "null", "https://*.com"} {
+		err := daemon.Run(context.Background(), daemon.Config{DataDir: t.TempDir(), Addr: "127.0.0.1:0", AllowedOrigins: []string{o}, Provider: scripted.New(nil)})
+		if !errors.Is(err, ipc.ErrOriginPattern) || !strings.Contains(err.Error(), "--allow-origin") {
+			t.Errorf("Run(--allow-origin %s) = %v, want an ErrOriginPattern naming the flag", o, err)
 		}
 	}
 }

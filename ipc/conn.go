@@ -209,6 +209,13 @@ func (c *conn) dispatch(data []byte) bool {
 			Message: fmt.Sprintf("method not found: %q", req.method),
 		}) == nil
 	}
+	if need := scopeOf(req.method); need != "" && !c.who.scopes.has(need) {
+		if req.id == nil {
+			return true
+		}
+		c.log.Warn("ipc: method refused", logkey.Method, req.method, logkey.Reason, "missing scope "+need)
+		return c.reply(req.id, nil, forbidden(req.method, need)) == nil
+	}
 	select {
 	case c.sem <- struct{}{}:
 	case <-c.ended:

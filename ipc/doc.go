@@ -4,7 +4,9 @@
 // It owns the transport and its security (bearer token, Origin and Host
 // checks made before the upgrade, a frame size limit; the web console's
 // one-time login codes and session cookies, valid only from the daemon's
-// own origin, and the status endpoint a page reads), the method table,
+// own origin; per-client tokens with scopes and origin patterns, and
+// which scope each method needs; the status endpoint a page reads), the
+// method table,
 // the mapping of keel's errors to the canonical error codes of package
 // protocol, and one bounded outbound queue per client, so that a slow
 // client is dropped instead of stalling the engine.

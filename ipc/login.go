@@ -110,7 +110,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		st.Message = "not logged in, or the session ended: run `keel open` for a new login link"
 	default:
 		st.Version, st.Protocol = s.cfg.Version, protocol.Version
-		st.Authenticated, st.Via = true, who.via
+		st.Authenticated, st.Via, st.Client, st.Scopes = true, who.via, who.name, who.scopes.names()
 	}
 	body, _ := json.Marshal(st)
 	h.Set("Content-Type", "application/json")

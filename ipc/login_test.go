@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/ipctest"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -405,13 +408,13 @@ func TestStatusEndpoint(t *testing.T) {
 		{"no credentials", nil, http.StatusUnauthorized,
 			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Reason: protocol.ReasonLoginRequired}, ""},
 		{"token", bearer, http.StatusOK,
-			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "token"}, ""},
+			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "token", Scopes: keel.Scopes}, ""},
 		{"session, own page", cookieHeader(ck, "Sec-Fetch-Site", "same-origin"), http.StatusOK,
-			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "session"}, ""},
+			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "session", Scopes: []string{"read", "run", "approve", "tools"}}, ""},
 		{"session from another port", cookieHeader(ck, "Sec-Fetch-Site", "same-site"), http.StatusUnauthorized,
 			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Reason: protocol.ReasonLoginRequired}, ""},
 		{"allowed origin with token", http.Header{"Authorization": {"Bearer " + testToken}, "Origin": {allowed}}, http.StatusOK,
-			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "token"}, allowed},
+			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "token", Scopes: keel.Scopes}, allowed},
 		{"refused origin with token", http.Header{"Authorization": {"Bearer " + testToken}, "Origin": {"http://evil.example"}}, http.StatusForbidden,
 			protocol.Status{Daemon: "keel", Reason: protocol.ReasonOriginRefused}, "http://evil.example"},
 		{"refused origin with cookie", cookieHeader(ck, "Origin", "http://evil.example"), http.StatusForbidden,
@@ -425,7 +428,7 @@ func TestStatusEndpoint(t *testing.T) {
 				t.Fatalf("GET %s: body %q: %v", protocol.StatusPath, body, err)
 			}
 			got.Message = ""
-			if resp.StatusCode != tt.want || got != tt.wantBody {
+			if resp.StatusCode != tt.want || !cmp.Equal(got, tt.wantBody) {
 				t.Errorf("GET %s = %d %+v, want %d %+v", protocol.StatusPath, resp.StatusCode, got, tt.want, tt.wantBody)
 			}
 			if acao := resp.Header.Get("Access-Control-Allow-Origin"); acao != tt.wantACAO {

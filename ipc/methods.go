@@ -46,6 +46,7 @@ func init() {
 	env := func(s Services) bool { return s.Env != nil }
 	pol := func(s Services) bool { return s.Policy != nil }
 	labels := func(s Services) bool { return s.Labels != nil }
+	tokens := func(s Services) bool { return s.Tokens != nil }
 	methods = map[string]method{
 		protocol.MethodInitialize:     {typed(handleInitialize), nil},
 		protocol.MethodConsoleLogin:   {typed(handleConsoleLogin), nil},
@@ -84,6 +85,9 @@ func init() {
 		}), pol},
 		protocol.MethodPolicyExplain: {typed(handlePolicyExplain), pol},
 		protocol.MethodRunDeclassify: {typed(handleRunDeclassify), labels},
+		protocol.MethodTokenCreate:   {typed(handleTokenCreate), tokens},
+		protocol.MethodTokenList:     {typed(handleTokenList), tokens},
+		protocol.MethodTokenRevoke:   {typed(handleTokenRevoke), tokens},
 	}
 }
 
@@ -132,6 +136,7 @@ func handleInitialize(_ context.Context, c *conn, p protocol.InitializeParams) (
 		Server:   "keel",
 		Version:  c.s.cfg.Version,
 		Methods:  c.s.methodNames(),
+		Scopes:   c.who.scopes.names(),
 	}, nil
 }
 

@@ -189,6 +189,7 @@ func TestMethods(t *testing.T) {
 			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
 			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsGrant, protocol.MethodToolsInspect, protocol.MethodToolsInstall, protocol.MethodToolsList, protocol.MethodToolsRemove, protocol.MethodToolsRevoke,
 		},
+		Scopes: keel.Scopes,
 	}
 	if diff := cmp.Diff(wantInit, init); diff != "" {
 		t.Errorf("initialize result (-want +got):\n%s", diff)

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,10 +28,15 @@ type Config struct {
 	// "Authorization: Bearer TOKEN" or, for browsers, as the WebSocket
 	// subprotocol protocol.TokenSubprotocolPrefix+TOKEN. Required.
 	Token string
-	// AllowedOrigins lists the exact origins (scheme://host[:port], as a
-	// browser sends them, such as "http://localhost:5173") whose pages
-	// may connect. By default no origin is allowed: only clients that
-	// send no Origin header (native programs) can connect.
+	// AllowedOrigins lists the origins whose pages may connect with a
+	// token: exact origins (scheme://host[:port], as a browser sends
+	// them, such as "http://localhost:5173") or patterns with a wildcard
+	// port ("http://localhost:*"), leading host label
+	// ("https://*.example.com") or, for schemes other than http and
+	// https, host ("vscode-webview://*"); see docs/protocol.md. By
+	// default no other origin is allowed: only the daemon's own pages
+	// (with a session) and clients that send no Origin header (native
+	// programs) can connect.
 	AllowedOrigins []string
 	// Logger receives the server's log: rejected handshakes and dropped
 	// clients at Warn, unexpected errors (with the detail clients do not
@@ -107,7 +111,7 @@ type Server struct {
 	served  map[string]methodFunc // the methods of the groups svc serves
 	log     *slog.Logger
 	token   [sha256.Size]byte
-	origins map[string]bool
+	origins originPatterns // Config.AllowedOrigins
 	mux     *http.ServeMux // see routes
 	logins  *logins
 	// cookie is the name of the session cookie, set by Run before it
@@ -129,13 +133,9 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 	if cfg.Token == "" {
 		return nil, errors.New("ipc: Config.Token is required")
 	}
-	origins := make(map[string]bool, len(cfg.AllowedOrigins))
-	for _, o := range cfg.AllowedOrigins {
-		norm, err := normalizeOrigin(o)
-		if err != nil {
-			return nil, fmt.Errorf("ipc: allowed origin %q: %w", o, err)
-		}
-		origins[norm] = true
+	origins, err := parseOriginPatterns(cfg.AllowedOrigins)
+	if err != nil {
+		return nil, fmt.Errorf("ipc: allowed origin: %w", err)
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = defaultQueueSize
@@ -208,27 +208,11 @@ func (s *Server) routes() (mux *http.ServeMux, err error) {
 }
 
 // CheckOrigins reports the first of origins that NewServer would refuse
-// as Config.AllowedOrigins, so that a composition root can reject a bad
-// flag before any slow work.
+// as Config.AllowedOrigins (wrapping ErrOriginPattern), so that a
+// composition root can reject a bad flag before any slow work.
 func CheckOrigins(origins []string) error {
-	for _, o := range origins {
-		if _, err := normalizeOrigin(o); err != nil {
-			return fmt.Errorf("allowed origin %q: %w", o, err)
-		}
-	}
-	return nil
-}
-
-// normalizeOrigin checks that o is a bare origin and lower-cases it.
-func normalizeOrigin(o string) (string, error) {
-	u, err := url.Parse(o)
-	if err != nil {
-		return "", err
-	}
-	if u.Scheme == "" || u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return "", errors.New("want scheme://host[:port]")
-	}
-	return strings.ToLower(u.Scheme + "://" + u.Host), nil
+	_, err := parseOriginPatterns(origins)
+	return err
 }
 
 // URL returns the WebSocket URL clients use to reach a server listening
@@ -426,16 +410,28 @@ func (s *Server) guard(next http.Handler) http.Handler {
 
 // caller is who a request authenticated as.
 type caller struct {
-	via string // "token" or "session"
+	via    string   // viaToken, viaClientToken or viaSession
+	name   string   // the client token's name, for viaClientToken
+	scopes scopeSet // what it may do
+	// origins are the client token's own origin patterns.
+	origins originPatterns
 }
+
+// The credentials a caller authenticates with (protocol.Status.Via).
+const (
+	viaToken       = "token"        // the daemon's own token: every scope
+	viaClientToken = "client_token" // a client token (token.create): its scopes
+	viaSession     = "session"      // a console session cookie: every scope but admin
+)
 
 type callerKey struct{}
 
 // check decides a request whose Host was checked: 403 if it has an
-// Origin that is neither the daemon's own nor an allowed one (or several
-// Origin headers), else 200 and the caller if it carries the token (a
-// bearer header or a token subprotocol) or a live session cookie, else
-// 401.
+// Origin that is neither the daemon's own, nor an allowed one, nor one
+// the client token it presents allows (or several Origin headers); else
+// 200 and the caller if it carries the daemon's token or a live client
+// token (a bearer header or a token subprotocol) or a live session
+// cookie; else 401.
 //
 // A session cookie counts only on a request from the daemon's own
 // origin: its Origin is the daemon's own, or it has no Origin and
@@ -444,27 +440,32 @@ type callerKey struct{}
 // on cross-origin WebSocket handshakes, so SameSite=Strict alone would
 // let a page on another local port, or any page for a WebSocket, use
 // the session: this check is what stops cross-site WebSocket hijacking
-// and request forgery. Native programs have no cookie; they use the
+// and request forgery. Native programs have no cookie; they use a
 // token.
 func (s *Server) check(r *http.Request) (caller, int) {
 	origins := r.Header.Values("Origin")
-	own := false
-	if len(origins) > 0 {
-		if len(origins) != 1 {
-			return caller{}, http.StatusForbidden
-		}
-		o := strings.ToLower(origins[0])
-		own = o == ownOrigin(r.Host)
-		if !own && !s.origins[o] {
-			return caller{}, http.StatusForbidden
-		}
+	if len(origins) > 1 {
+		return caller{}, http.StatusForbidden
 	}
-	if s.authorized(r) {
-		return caller{via: "token"}, http.StatusOK
+	origin, hasOrigin := "", len(origins) == 1
+	if hasOrigin {
+		origin = origins[0]
 	}
-	sameOrigin := own || (len(origins) == 0 && r.Header.Get("Sec-Fetch-Site") == "same-origin")
+	own := hasOrigin && strings.ToLower(origin) == ownOrigin(r.Host)
+	originOK := !hasOrigin || own || s.origins.match(origin)
+	who, found := s.tokenCaller(r)
+	if found && !originOK && who.origins.match(origin) {
+		originOK = true
+	}
+	if !originOK {
+		return caller{}, http.StatusForbidden
+	}
+	if found {
+		return who, http.StatusOK
+	}
+	sameOrigin := own || (!hasOrigin && r.Header.Get("Sec-Fetch-Site") == "same-origin")
 	if sameOrigin && s.sessionCookie(r) {
-		return caller{via: "session"}, http.StatusOK
+		return caller{via: viaSession, scopes: sessionScopes}, http.StatusOK
 	}
 	return caller{}, http.StatusUnauthorized
 }
@@ -520,27 +521,34 @@ func (s *Server) serveWebSocket() http.Handler {
 	})
 }
 
-// authorized reports whether r carries the token, as a bearer header or
-// as a token subprotocol. Comparisons take constant time.
-func (s *Server) authorized(r *http.Request) bool {
-	ok := false
+// maxPresented bounds the tokens of one request that are looked up.
+const maxPresented = 4
+
+// presented returns the tokens r carries, as bearer headers or token
+// subprotocols, at most maxPresented.
+func presented(r *http.Request) []string {
+	var toks []string
 	for _, h := range r.Header.Values("Authorization") {
 		scheme, tok, found := strings.Cut(strings.TrimSpace(h), " ")
-		if found && strings.EqualFold(scheme, "Bearer") && s.tokenMatches(strings.TrimSpace(tok)) {
-			ok = true
+		if found && strings.EqualFold(scheme, "Bearer") {
+			toks = append(toks, strings.TrimSpace(tok))
 		}
 	}
 	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
 		for p := range strings.SplitSeq(h, ",") {
-			p = strings.TrimSpace(p)
-			if tok, found := strings.CutPrefix(p, protocol.TokenSubprotocolPrefix); found && s.tokenMatches(tok) {
-				ok = true
+			if tok, found := strings.CutPrefix(strings.TrimSpace(p), protocol.TokenSubprotocolPrefix); found {
+				toks = append(toks, tok)
 			}
 		}
 	}
-	return ok
+	if len(toks) > maxPresented {
+		toks = toks[:maxPresented]
+	}
+	return toks
 }
 
+// tokenMatches reports whether tok is the daemon's own token, in
+// constant time.
 func (s *Server) tokenMatches(tok string) bool {
 	sum := sha256.Sum256([]byte(tok))
 	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1

@@ -3,6 +3,7 @@ package ipc
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
@@ -37,6 +38,10 @@ type Services struct {
 	Env      Environment // env.describe
 	Policy   Policy      // policy.show, policy.explain
 	Labels   RunLabels   // run.declassify, and the labels of run.get
+	// Tokens: token.create, token.list, token.revoke, and the client
+	// tokens the server accepts. Without it only the daemon's own token
+	// and console sessions authenticate.
+	Tokens ClientTokens
 }
 
 // Runs starts, cancels and follows runs.
@@ -192,4 +197,23 @@ type RunLabels interface {
 	// a label the context does not hold keel.ErrInvalid (saying what it
 	// holds); a run that has ended keel.ErrConflict.
 	Declassify(ctx context.Context, req keel.DeclassifyRequest) (keel.DeclassifyData, error)
+}
+
+// ClientTokens keeps the per-client tokens (token.create, token.list,
+// token.revoke) that the server accepts beside its own. Only the hex
+// SHA-256 of a secret is given to it.
+type ClientTokens interface {
+	// CreateClientToken stores a new token; a name (or secret) in use
+	// wraps keel.ErrConflict.
+	CreateClientToken(ctx context.Context, t keel.ClientToken) error
+	// ClientTokenBySHA256 returns the token whose secret has the hex
+	// SHA-256 sum; none wraps keel.ErrNotFound.
+	ClientTokenBySHA256(ctx context.Context, sum string) (keel.ClientToken, error)
+	// ClientTokens returns every token, by name.
+	ClientTokens(ctx context.Context) ([]keel.ClientToken, error)
+	// DeleteClientToken forgets a token; an unknown name wraps
+	// keel.ErrNotFound.
+	DeleteClientToken(ctx context.Context, name string) error
+	// TouchClientToken records that a token was used at at.
+	TouchClientToken(ctx context.Context, name string, at time.Time) error
 }

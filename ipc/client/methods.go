@@ -22,6 +22,9 @@ type None struct{}
 const (
 	Initialize     Method[protocol.InitializeParams, protocol.InitializeResult]       = protocol.MethodInitialize
 	ConsoleLogin   Method[None, protocol.ConsoleLoginResult]                          = protocol.MethodConsoleLogin
+	TokenCreate    Method[protocol.TokenCreateParams, protocol.TokenCreateResult]     = protocol.MethodTokenCreate
+	TokenList      Method[None, protocol.TokenListResult]                             = protocol.MethodTokenList
+	TokenRevoke    Method[protocol.TokenRevokeParams, protocol.TokenRevokeResult]     = protocol.MethodTokenRevoke
 	RunStart       Method[protocol.RunStartParams, keel.Run]                          = protocol.MethodRunStart
 	RunCancel      Method[protocol.RunRef, keel.Run]                                  = protocol.MethodRunCancel
 	RunList        Method[protocol.RunListParams, protocol.RunListResult]             = protocol.MethodRunList

@@ -1,10 +1,70 @@
 package protocol
 
-import "time"
+import (
+	"time"
 
-// MethodConsoleLogin asks for a one-time login link to the daemon's web
-// console (docs/protocol.md#consolelogin).
-const MethodConsoleLogin = "console.login"
+	"github.com/keel-runtime/keel"
+)
+
+// Methods of the console login and of client tokens; each needs the
+// admin scope.
+const (
+	// MethodConsoleLogin asks for a one-time login link to the daemon's
+	// web console (docs/protocol.md#consolelogin).
+	MethodConsoleLogin = "console.login"
+	MethodTokenCreate  = "token.create"
+	MethodTokenList    = "token.list"
+	MethodTokenRevoke  = "token.revoke"
+)
+
+// ForbiddenData is the data of a CodeForbidden error.
+type ForbiddenData struct {
+	Method string `json:"method"`
+	Scope  string `json:"scope"` // the scope the method needs
+}
+
+// TokenInfo is a client token as token.list shows it: never its secret.
+type TokenInfo = keel.ClientToken
+
+// TokenCreateParams creates a client token.
+type TokenCreateParams struct {
+	// Name names the token in token.list and token.revoke: 1 to 64 of
+	// a-z, 0-9, ".", "_" and "-", starting with a letter or digit.
+	Name string `json:"name"`
+	// Scopes are what the token may do (keel.ScopeRead, ...): at least
+	// one, none the caller lacks.
+	Scopes []string `json:"scopes"`
+	// Origins are origin patterns of browser pages that may use the
+	// token, beside the daemon's allowed origins (docs/protocol.md#origin-patterns).
+	Origins []string `json:"origins,omitempty"`
+	// ExpiresAt, if set, is when the token stops working; it must be in
+	// the future.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// TokenCreateResult is the result of token.create: the secret, shown
+// this once, and the token as token.list will show it.
+type TokenCreateResult struct {
+	Token string    `json:"token"`
+	Info  TokenInfo `json:"info"`
+}
+
+// TokenListResult is the result of token.list, by name.
+type TokenListResult struct {
+	Tokens []TokenInfo `json:"tokens"`
+}
+
+// TokenRevokeParams names the token to revoke.
+type TokenRevokeParams struct {
+	Name string `json:"name"`
+}
+
+// TokenRevokeResult is the result of token.revoke.
+type TokenRevokeResult struct {
+	// Closed counts the connections that used the token, which the
+	// daemon closes (status 1008, "token revoked").
+	Closed int `json:"closed"`
+}
 
 // LoginPath is the path of the daemon's login page: GET
 // LoginPath?code=CODE exchanges a one-time code from console.login for a
@@ -44,9 +104,14 @@ type Status struct {
 	Protocol string `json:"protocol,omitempty"`
 	// Authenticated reports whether the request's credentials are good.
 	Authenticated bool `json:"authenticated"`
-	// Via is the credential that authenticated the request: "token" or
-	// "session"; empty when not authenticated.
+	// Via is the credential that authenticated the request: "token"
+	// (the daemon's own), "client_token" or "session"; empty when not
+	// authenticated.
 	Via string `json:"via,omitempty"`
+	// Client is the name of the client token, for Via "client_token".
+	Client string `json:"client,omitempty"`
+	// Scopes are what the credential may do (keel.ScopeRead, ...).
+	Scopes []string `json:"scopes,omitempty"`
 	// Reason says why the request is not authenticated: one of the
 	// Reason constants; empty when it is.
 	Reason string `json:"reason,omitempty"`

@@ -89,6 +89,7 @@ const (
 	CodeNotFound         = -32001 // the run or tool named does not exist
 	CodeConflict         = -32002 // the request conflicts with the current state
 	CodeUnavailable      = -32003 // the daemon is shutting down or a dependency is down
+	CodeForbidden        = -32004 // the credential lacks the scope the method needs; data is a ForbiddenData
 	CodeToolError        = -32010 // the tool failed; data is a keel.ToolError
 	CodeInvalidToolInput = -32011 // tool arguments break its input schema; data is a keel.ToolError
 	CodeUnusableTool     = -32012 // the tool file cannot be run as a keel tool (keel.ErrUnusableTool); the message says why
@@ -137,6 +138,10 @@ type InitializeResult struct {
 	Server   string   `json:"server"`
 	Version  string   `json:"version"`
 	Methods  []string `json:"methods"`
+	// Scopes are what this connection's credential may do
+	// (keel.ScopeRead, ...): a method outside them fails with
+	// CodeForbidden.
+	Scopes []string `json:"scopes,omitempty"`
 }
 
 // RunStartParams starts a run.
