@@ -25,7 +25,8 @@ const (
 	ExitRefused = 3
 	// ExitCancelled: the followed run (or a model pull) was cancelled.
 	ExitCancelled = 4
-	// ExitDetached: Ctrl-C on `keel run` or `keel attach`: the CLI
+	// ExitDetached: Ctrl-C on `keel run`, `keel attach` or `keel trace
+	// --follow`: the CLI
 	// stopped following and the run goes on (128+SIGINT, as shells say).
 	ExitDetached = 130
 )
