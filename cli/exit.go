@@ -26,8 +26,8 @@ const (
 	// ExitCancelled: the followed run (or a model pull) was cancelled.
 	ExitCancelled = 4
 	// ExitDetached: Ctrl-C on `keel run`, `keel attach` or `keel trace
-	// --follow`: the CLI
-	// stopped following and the run goes on (128+SIGINT, as shells say).
+	// --follow`: the CLI stopped following and the run goes on
+	// (128+SIGINT, as shells say).
 	ExitDetached = 130
 )
 
