@@ -2,19 +2,19 @@ package cli_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"maps"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // traceLine returns the line of a waterfall that holds label, failing
@@ -32,13 +32,15 @@ func traceLine(t *testing.T, out, label string) string {
 
 // indent is the column where label starts in its line: the span column
 // starts at one column on every line, so deeper spans start further.
+// Columns, not bytes: a duration such as 675µs is wider in bytes.
 func indent(t *testing.T, out, label string) int {
 	t.Helper()
-	return strings.Index(traceLine(t, out, label), label)
+	l := traceLine(t, out, label)
+	return utf8.RuneCountInString(l[:strings.Index(l, label)])
 }
 
-// TestTrace runs a real daemon (SQLite, WebSocket, the wordcount tool in
-// wazero, a scripted model): `keel trace --follow` of a run waiting for
+// TestTrace runs a real daemon (SQLite, WebSocket, a tool in wazero, a
+// scripted model): `keel trace --follow` of a run waiting for
 // an approval exits with the run's code once the call is approved and
 // the run ends, printing the final waterfall (spans indented by depth,
 // the critical path marked, no terminal codes in a pipe); a DAG run's
@@ -46,25 +48,20 @@ func indent(t *testing.T, out, label string) int {
 // to --depth levels; --json gives the tree.
 func TestTrace(t *testing.T) {
 	t.Parallel()
-	tools := t.TempDir()
-	if err := builtin.Install(tools); err != nil {
-		t.Fatal(err)
-	}
-	wasm, err := os.ReadFile(filepath.Join(tools, "wordcount.wasm"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := scripted.ByGoal(nil, func(goal string) []scripted.Step {
 		if goal == "count words" {
 			return []scripted.Step{
-				scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
+				scripted.CallTools(keel.ToolCall{ID: "c1", Name: "tally", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
 				scripted.Answer("three words"),
 			}
 		}
 		return []scripted.Step{scripted.Repeat(scripted.Answer("done"))}
 	})
 	d := startDaemon(t, daemon.Config{RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}}, p,
-		map[string]string{filepath.Join("tools", "wordcount.wasm"): string(wasm)})
+		map[string]string{
+			filepath.Join("tools", "tally.wasm"):          string(cannedReactor(`{"output":{"words":3}}`)),
+			filepath.Join("tools", "tally.manifest.json"): tallyManifest,
+		})
 	bg := context.Background()
 
 	out, errs, code := d.keel(bg, "run", "--detach", "count words")
@@ -105,18 +102,21 @@ func TestTrace(t *testing.T) {
 	if !strings.HasPrefix(agent, "run "+string(id)+" (agent, succeeded): 7 spans") {
 		t.Errorf("waterfall's summary = %q, want the run, its status and 7 spans", strings.SplitN(agent, "\n", 2)[0])
 	}
-	runAt, step1At, waitAt, toolAt := indent(t, agent, "run agent "+string(id)), indent(t, agent, "step 1"), indent(t, agent, "human.wait approve wordcount"), indent(t, agent, "tool.call wordcount")
+	runAt, step1At, waitAt, toolAt := indent(t, agent, "run agent "+string(id)), indent(t, agent, "step 1"), indent(t, agent, "human.wait approve tally"), indent(t, agent, "tool.call tally")
 	if !(runAt < step1At && step1At < waitAt && waitAt == toolAt) {
 		t.Errorf("spans not indented by depth (run %d, step %d, wait %d, tool %d):\n%s", runAt, step1At, waitAt, toolAt, agent)
 	}
+	if l := strings.TrimSpace(traceLine(t, agent, "tool.call tally")); !strings.HasSuffix(l, " ok") || !strings.Contains(l, "=") {
+		t.Errorf("tool call line = %q, want a bar and ok", l)
+	}
 	// The critical path: the run, its last step, that step's model call.
-	for label, critical := range map[string]bool{"run agent": true, "step 2": true, "step 1": false, "tool.call wordcount": false} {
+	for label, critical := range map[string]bool{"run agent": true, "step 2": true, "step 1": false, "tool.call tally": false} {
 		if got := strings.HasPrefix(traceLine(t, agent, label), "*"); got != critical {
 			t.Errorf("%s marked critical: %v, want %v\n%s", label, got, critical, agent)
 		}
 	}
-	if l := traceLine(t, agent, "model.call"); !strings.HasPrefix(l, "*") && !strings.HasPrefix(traceLine(t, agent[strings.Index(agent, "step 2"):], "model.call"), "*") {
-		t.Errorf("step 2's model call is not on the critical path:\n%s", agent)
+	if first, second := traceLine(t, agent, "model.call"), traceLine(t, agent[strings.Index(agent, "step 2"):], "model.call"); strings.HasPrefix(first, "*") || !strings.HasPrefix(second, "*") {
+		t.Errorf("critical path: want step 2's model call on it, not step 1's:\n%s", agent)
 	}
 
 	// A DAG run: each step's sub-agent run under the step's span.
@@ -200,4 +200,76 @@ type jsonNode struct {
 	OffsetNS int64       `json:"offset_ns"`
 	Critical bool        `json:"critical"`
 	Children []*jsonNode `json:"children"`
+}
+
+// tallyManifest is the sidecar manifest of the tally tool: read only, so
+// a daemon started with --require-approval read_only asks for each call.
+const tallyManifest = `{"name":"tally","description":"Count words.","side_effects":"read_only",
+"input_schema":{"type":"object","properties":{"text":{"type":"string"}}}}`
+
+// cannedReactor is the least a tool can be, hand-assembled so that it
+// compiles in milliseconds (a Go-built tool takes seconds, a minute under
+// -race): keel_alloc hands out the buffer at 1024 and keel_call returns
+// result, stored at 2048, whatever the input.
+//
+//	(module (memory (export "memory") 1)
+//	  (data (i32.const 2048) "<result>")
+//	  (func (export "_initialize"))
+//	  (func (export "keel_alloc") (param i32) (result i32) (i32.const 1024))
+//	  (func (export "keel_call") (param i32 i32) (result i64) (i64.const <2048<<32 | len>)))
+func cannedReactor(result string) []byte {
+	const (
+		secType, secFunc, secMemory, secExport, secCode, secData = 1, 3, 5, 7, 10, 11
+		opI32Const, opI64Const, opEnd                            = 0x41, 0x42, 0x0b
+		exportFunc, exportMemory                                 = 0x00, 0x02
+	)
+	leb := func(n int) []byte { return binary.AppendUvarint(nil, uint64(n)) }
+	sleb := func(v int64) []byte {
+		var out []byte
+		for {
+			b := byte(v & 0x7f)
+			v >>= 7
+			if v == 0 && b&0x40 == 0 || v == -1 && b&0x40 != 0 {
+				return append(out, b)
+			}
+			out = append(out, b|0x80)
+		}
+	}
+	vec := func(items ...[]byte) []byte {
+		out := leb(len(items))
+		for _, it := range items {
+			out = append(out, it...)
+		}
+		return out
+	}
+	str := func(s string) []byte { return append(leb(len(s)), s...) }
+	section := func(id byte, content []byte) []byte {
+		return append(append([]byte{id}, leb(len(content))...), content...)
+	}
+	body := func(code ...byte) []byte {
+		b := append([]byte{0x00}, code...) // no locals
+		return append(leb(len(b)), b...)
+	}
+	voidType := []byte{0x60, 0x00, 0x00}
+	i32ToI32 := []byte{0x60, 0x01, 0x7f, 0x01, 0x7f}
+	i32i32ToI64 := []byte{0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7e}
+	out := []byte("\x00asm\x01\x00\x00\x00")
+	for _, s := range [][]byte{
+		section(secType, vec(voidType, i32ToI32, i32i32ToI64)),
+		section(secFunc, vec([]byte{0}, []byte{1}, []byte{2})),
+		section(secMemory, vec([]byte{0x00, 0x01})),
+		section(secExport, vec(
+			append(str("memory"), exportMemory, 0),
+			append(str("_initialize"), exportFunc, 0),
+			append(str("keel_alloc"), exportFunc, 1),
+			append(str("keel_call"), exportFunc, 2))),
+		section(secCode, vec(
+			body(opEnd),
+			body(append(append([]byte{opI32Const}, sleb(1024)...), opEnd)...),
+			body(append(append([]byte{opI64Const}, sleb(2048<<32|int64(len(result)))...), opEnd)...))),
+		section(secData, vec(append(append([]byte{0x00, opI32Const}, sleb(2048)...), append([]byte{opEnd}, append(leb(len(result)), result...)...)...))),
+	} {
+		out = append(out, s...)
+	}
+	return out
 }
