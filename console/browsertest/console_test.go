@@ -3,12 +3,15 @@ package browsertest_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -102,4 +105,54 @@ func shot(t *testing.T, tab context.Context) []byte {
 		return nil
 	}
 	return get(t, tab, "screenshot", chromedp.FullScreenshot(100))
+}
+
+// TestReconnectResumes follows a run on its page, breaks the page's
+// connection, and has the run journal events around the break: the page
+// reconnects, subscribes again after the last event it saw, and shows
+// every event exactly once, in order.
+func TestReconnectResumes(t *testing.T) {
+	t.Parallel()
+	k := startKeel(t, scripted.New(nil, scripted.Repeat(scripted.Block())), nil)
+	c := k.dial(t)
+	ctx := context.Background()
+	r, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "wait"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CancelRun(ctx, r.ID) })
+	say := func(msg string) {
+		t.Helper()
+		if _, err := c.SayToRun(ctx, r.ID, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	messages := func(n int) chromedp.Action[chromedp.Void] {
+		return waitJS(fmt.Sprintf(`document.querySelectorAll('#events li[data-type="human.message"]').length >= %d`, n))
+	}
+	tab := newTab(t)
+	login(t, tab, k)
+	run(t, tab, "follow the run", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)),
+		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)))
+	say("one")
+	run(t, tab, "see the first message", messages(1))
+
+	run(t, tab, "break the connection", chromedp.Evaluate[chromedp.Void](`window.keelConsole.conn.ws.close()`))
+	say("two")
+	run(t, tab, "reconnect", waitJS(`window.keelConsole.conn.opens >= 2 && window.keelConsole.conn.state === 'open'`))
+	say("three")
+	run(t, tab, "see the later messages", messages(3))
+
+	det, err := c.GetRun(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs := get(t, tab, "read the events shown", chromedp.Evaluate[[]int64](`[...document.querySelectorAll('#events li[data-seq]')].map((li) => Number(li.dataset.seq))`))
+	var want []int64
+	for _, ev := range det.Events {
+		want = append(want, ev.Seq)
+	}
+	if !slices.Equal(seqs, want) {
+		t.Errorf("after a reconnect the page shows events %v, want each journaled one once, in order: %v", seqs, want)
+	}
 }

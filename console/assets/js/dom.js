@@ -50,10 +50,12 @@ export function status(st) {
 
 export const terminal = new Set(['succeeded', 'failed', 'cancelled']);
 
+const timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'short', timeStyle: 'medium' });
+
 export function fmtTime(t) {
   if (!t) return '';
   const d = new Date(parseTime(t));
-  return isNaN(d) ? t : d.toLocaleString();
+  return isNaN(d) ? t : timeFormat.format(d);
 }
 
 // parseTime reads an RFC 3339 time as milliseconds since the epoch,

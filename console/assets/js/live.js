@@ -1,16 +1,17 @@
 // Live: the events of every run that has not ended, as they happen,
-// newest first (the last 300 kept). Runs are found with run.list every
+// newest first (the last 100 kept). Runs are found with run.list every
 // second and followed from their last seq then, so only new events show.
 //
 // #/live?record=1 also records, for each event shown, when its node was
 // inserted (performance.timeOrigin + performance.now(), in ms since the
-// epoch) beside its journal time: window.keelConsole.marks, read by the
-// console latency benchmark (bench/console).
+// epoch) beside its journal time and when its frame arrived:
+// window.keelConsole.marks, read by the console latency benchmark
+// (bench/console).
 
 import { h, replace, errorText, parseTime } from './dom.js';
 import { eventItem } from './run.js';
 
-const KEEP = 300;
+const KEEP = 100;
 const ACTIVE = ['queued', 'running', 'waiting', 'paused'];
 
 export function livePage(conn, root, _, params) {
@@ -22,11 +23,14 @@ export function livePage(conn, root, _, params) {
   replace(root, h('h1', {}, 'Live events'), note, list);
 
   const followed = new Map(); // run id -> stop
-  const onEvent = (ev) => {
+  const onEvent = (ev, at) => {
     if (ev.seq === 0) return; // deltas: on the run's own page
-    const li = eventItem(ev);
+    const li = eventItem(ev, false);
     list.prepend(li);
-    if (record) marks.push({ run: ev.run_id, seq: ev.seq, type: ev.type, journaled: parseTime(ev.time), shown: performance.timeOrigin + performance.now() });
+    if (record) {
+      marks.push({ run: ev.run_id, seq: ev.seq, type: ev.type, journaled: parseTime(ev.time),
+        received: performance.timeOrigin + at, shown: performance.timeOrigin + performance.now() });
+    }
     while (list.childElementCount > KEEP) list.lastElementChild.remove();
     if (['run.succeeded', 'run.failed', 'run.cancelled'].includes(ev.type) && followed.has(ev.run_id)) {
       followed.get(ev.run_id)();

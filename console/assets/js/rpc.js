@@ -33,6 +33,7 @@ export class Conn extends EventTarget {
     this.backoff = 250;
     this.everOpen = false;
     this.failures = 0;
+    this.opens = 0; // connections opened, reconnections included
   }
 
   start() { this.connect(); }
@@ -51,11 +52,12 @@ export class Conn extends EventTarget {
       this.backoff = 250;
       this.failures = 0;
       this.everOpen = true;
+      this.opens++;
       this.setState('open');
       this.call('initialize', { client: 'keel-console' }).catch(() => {});
       for (const [run, s] of this.subs) this.sendSubscribe(run, s);
     };
-    ws.onmessage = (m) => this.receive(m.data);
+    ws.onmessage = (m) => this.receive(m.data, performance.now());
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
       this.ws = null;
@@ -92,7 +94,9 @@ export class Conn extends EventTarget {
     this.dispatchEvent(new CustomEvent('state', { detail: { state, retryIn, reason: this.reason } }));
   }
 
-  receive(text) {
+  // receive handles one frame; at is when it arrived (performance.now()),
+  // passed on to the run's handler with each event.
+  receive(text, at) {
     let msg;
     try { msg = JSON.parse(text); } catch { return; }
     if (msg.id !== undefined && msg.id !== null && (msg.result !== undefined || msg.error)) {
@@ -111,7 +115,7 @@ export class Conn extends EventTarget {
         if (ev.seq <= s.after) return; // already seen before a reconnect
         s.after = ev.seq;
       }
-      s.onEvent(ev);
+      s.onEvent(ev, at);
     } else if (msg.method) {
       this.dispatchEvent(new CustomEvent(msg.method, { detail: msg.params }));
     }

@@ -35,14 +35,16 @@ export function summary(ev) {
   }
 }
 
-// eventItem is one event of the list: seq, time, type, summary, data.
-export function eventItem(ev) {
+// eventItem is one event of the list: seq, time, type, summary and,
+// unless withData is false, its data (JSON, folded).
+export function eventItem(ev, withData = true) {
   return h('li', { class: `ev t-${ev.type.replace(/\./g, '-')}`, 'data-seq': ev.seq, 'data-type': ev.type, 'data-run': ev.run_id },
     h('span', { class: 'seq' }, `#${ev.seq}`), ' ',
     h('time', { datetime: ev.time }, fmtTime(ev.time)), ' ',
     h('b', { class: 'type' }, ev.type), ' ',
     h('span', { class: 'sum' }, summary(ev)),
-    ev.data ? h('details', {}, h('summary', {}, 'data'), h('pre', {}, json(ev.data))) : null);
+    withData && ev.data ? h('details', {}, h('summary', {}, 'data'), h('pre', {}, json(ev.data))) : null,
+    withData ? null : [' ', h('a', { href: `#/runs/${encodeURIComponent(ev.run_id)}` }, ev.run_id)]);
 }
 
 export function runPage(conn, root, [id]) {
