@@ -71,7 +71,7 @@ func (e *Engine) gate(ctx context.Context, run keel.Run, step int, call keel.Too
 	}
 	effects, _ := e.sideEffects(ctx, call.Name)
 	sp := e.newSpan(run.ID, keel.SpanHuman, "approve "+call.Name, step)
-	sp.Attrs = policyAttrs(pd)
+	sp.Attrs = toolAttrs(pd, call.ID, nil, nil, nil)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return call, nil, nil, false, fmt.Errorf("journal: %w", err)
 	}

@@ -495,7 +495,7 @@ func (e *Engine) decideTool(ctx context.Context, run keel.Run, call keel.ToolCal
 func (e *Engine) policyDenied(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision) (*keel.ToolResultData, error) {
 	msg := fmt.Sprintf("the policy denied the call of %s: %s", call.Name, pd.Explanation)
 	sp := e.newSpan(run.ID, keel.SpanToolCall, call.Name, step)
-	sp.Status, sp.Error, sp.Attrs = keel.SpanError, msg, policyAttrs(pd)
+	sp.Status, sp.Error, sp.Attrs = keel.SpanError, msg, toolAttrs(pd, call.ID, &keel.ToolError{Code: keel.ToolPolicyDenied}, nil, nil)
 	if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}

@@ -524,18 +524,23 @@ func (e *Engine) egressCheck(run keel.Run, call keel.ToolCall, approved bool, lo
 	}
 }
 
-// toolAttrs are a tool call span's attributes: the policy's decision
-// that let it run, the labels of its result, its egress decisions; nil
-// for none.
-func toolAttrs(pd *keel.PolicyDecision, labels []string, egress []egressRecord) json.RawMessage {
-	if pd == nil && len(labels) == 0 && len(egress) == 0 {
-		return nil
+// toolAttrs are a tool call span's attributes: the call's ID, the class
+// of its error (te's code), the policy's decision that let it run, the
+// labels of its result, its egress decisions. The call ID and the error
+// class let an exporter (package telemetry) name the call and classify
+// its failure without reading the journal or parsing the error text.
+func toolAttrs(pd *keel.PolicyDecision, callID string, te *keel.ToolError, labels []string, egress []egressRecord) json.RawMessage {
+	var code keel.ToolErrorCode
+	if te != nil {
+		code = te.Code
 	}
 	b, _ := json.Marshal(struct {
-		Policy *keel.PolicyDecision `json:"policy,omitempty"`
-		Labels []string             `json:"labels,omitempty"`
-		Egress []egressRecord       `json:"egress,omitempty"`
-	}{pd, labels, egress})
+		CallID    string               `json:"call_id,omitempty"`
+		ErrorType keel.ToolErrorCode   `json:"error_type,omitempty"`
+		Policy    *keel.PolicyDecision `json:"policy,omitempty"`
+		Labels    []string             `json:"labels,omitempty"`
+		Egress    []egressRecord       `json:"egress,omitempty"`
+	}{callID, code, pd, labels, egress})
 	return b
 }
 

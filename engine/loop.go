@@ -376,7 +376,7 @@ func (e *Engine) toolStep(ctx context.Context, run keel.Run, step int, call keel
 func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel.ToolCall, pd *keel.PolicyDecision) (keel.ToolResultData, error) {
 	for attempt := 1; ; attempt++ {
 		sp := e.newSpan(run.ID, keel.SpanToolCall, call.Name, step)
-		sp.Attrs = policyAttrs(pd)
+		sp.Attrs = toolAttrs(pd, call.ID, nil, nil, nil)
 		if err := e.cfg.Store.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", err)
 		}
@@ -391,10 +391,17 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		sp.Duration, sp.Status = e.cfg.Now().Sub(start), keel.SpanOK
 		res := keel.ToolResultData{Step: step, CallID: call.ID, Name: call.Name, DurationMS: sp.Duration.Milliseconds(), Private: private}
 		res.Labels, res.Touched = e.resultLabels(run, call, touched, res.Private), touchedOrNil(touched)
-		sp.Attrs = toolAttrs(pd, res.Labels, egress.records())
+		var te *keel.ToolError
 		if err != nil {
 			sp.Status, sp.Error = keel.SpanError, err.Error()
+			if !errors.As(err, &te) {
+				te = &keel.ToolError{Code: keel.ToolCrashed, Message: err.Error()}
+			}
+			if timedOut {
+				te = &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s did not finish within the run's step timeout of %s", call.Name, run.Policy.StepTimeout)}
+			}
 		}
+		sp.Attrs = toolAttrs(pd, call.ID, te, res.Labels, egress.records())
 		if ferr := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); ferr != nil {
 			return keel.ToolResultData{}, fmt.Errorf("journal: %w", ferr)
 		}
@@ -404,13 +411,6 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		}
 		if ctx.Err() != nil {
 			return keel.ToolResultData{}, err
-		}
-		var te *keel.ToolError
-		if !errors.As(err, &te) {
-			te = &keel.ToolError{Code: keel.ToolCrashed, Message: err.Error()}
-		}
-		if timedOut {
-			te = &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("tool %s did not finish within the run's step timeout of %s", call.Name, run.Policy.StepTimeout)}
 		}
 		res.Error = te
 		if attempt > run.Policy.ToolRetries || !retryableToolError(te) || !e.rerunnable(ctx, call.Name) {
