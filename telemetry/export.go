@@ -1,0 +1,586 @@
+package telemetry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// scopeName is the instrumentation scope of what keel exports.
+const scopeName = "github.com/keel-runtime/keel/telemetry"
+
+// Runs is what the exporter reads of runs: a run, to find the top-level
+// run whose trace a sub-agent's spans join, its model, labels and
+// outcome; and the runs in each live state, for the metrics. store.Store
+// is one.
+type Runs interface {
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
+}
+
+// Tracer is the engine's trace seam (engine.Tracer), which Exporter.
+// Tracer wraps.
+type Tracer interface {
+	StartSpan(ctx context.Context, sp keel.Span) error
+	FinishSpan(ctx context.Context, sp keel.Span) error
+	Sync(ctx context.Context) error
+	Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error)
+	RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error)
+}
+
+// Options configure New.
+type Options struct {
+	// Config is telemetry.json (LoadConfig); the zero Config exports
+	// nothing and serves metrics.
+	Config Config
+	// Runs reads runs; required.
+	Runs Runs
+	// Policy returns the policy that decides the export of run's spans
+	// (the telemetry action, to the collector's URL). Nil, or a nil
+	// policy: the export is allowed.
+	Policy func(run keel.Run) *policy.Policy
+	// SpanExporter replaces the OTLP exporter Config describes (tests
+	// use tracetest.InMemoryExporter); Config.Endpoint must still be set
+	// for spans to be exported.
+	SpanExporter sdktrace.SpanExporter
+	// Version is keel's version, on the resource; default keel.Version.
+	Version string
+	// Logger; default discards.
+	Logger *slog.Logger
+}
+
+// Exporter exports finished spans and records metrics. Its methods are
+// safe for concurrent use. Close stops its goroutine.
+type Exporter struct {
+	cfg    Config
+	dest   string // the collector, as the policy sees it ("" when off)
+	log    *slog.Logger
+	runs   Runs
+	policy func(keel.Run) *policy.Policy
+	exp    sdktrace.SpanExporter // nil when export is off
+	res    *resource.Resource
+	scope  instrumentation.Scope
+	m      *metrics // nil when metrics are off
+
+	q        chan item
+	stop     chan struct{}
+	done     chan struct{}
+	closed   atomic.Bool
+	closeCtx context.Context // set by Close before stop closes
+	once     sync.Once
+
+	exported, dropped, failed, denied atomic.Uint64
+
+	mu                      sync.Mutex
+	lastErr                 string
+	lastErrAt, lastExportAt time.Time
+
+	// Owned by the worker goroutine.
+	states map[keel.RunID]*runState
+	tops   map[keel.RunID]keel.RunID
+}
+
+// item is one entry of the export queue: a finished span, or an event
+// whose content spans may carry.
+type item struct {
+	span keel.Span
+	ev   *keel.Event
+}
+
+// runState is what the worker knows of a run with spans in flight.
+type runState struct {
+	info     runInfo
+	labelled bool     // data with a label entered the run: no content from here on
+	labels   []string // the run's labels seen so far
+	models   map[int]string
+	args     map[string]string
+	results  map[string]string
+}
+
+// New returns an Exporter for opts. With export on it starts the
+// goroutine that sends spans; nothing is sent before the first span
+// finishes, so a collector that is down does not fail New. An invalid
+// Config is an error.
+func New(opts Options) (*Exporter, error) {
+	if opts.Runs == nil {
+		return nil, errors.New("telemetry: Options.Runs is required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	version := opts.Version
+	if version == "" {
+		version = keel.Version
+	}
+	cfg := opts.Config
+	x := &Exporter{cfg: cfg, log: log, runs: opts.Runs, policy: opts.Policy,
+		res:    resource.NewSchemaless(attribute.String("service.name", cfg.serviceName()), attribute.String("service.version", version)),
+		scope:  instrumentation.Scope{Name: scopeName, Version: version},
+		states: map[keel.RunID]*runState{}, tops: map[keel.RunID]keel.RunID{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.MetricsOn() {
+		m, err := newMetrics(x)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: metrics: %w", err)
+		}
+		x.m = m
+	}
+	if !cfg.Enabled() {
+		close(x.done)
+		return x, nil
+	}
+	if cfg.Protocol == "" {
+		cfg.Protocol = ProtocolGRPC
+		x.cfg.Protocol = ProtocolGRPC
+	}
+	u, err := cfg.destination()
+	if err != nil {
+		return nil, &ConfigError{File: cfg.file, Field: "endpoint", Err: ErrInvalid, Msg: err.Error()}
+	}
+	x.dest = u.String()
+	x.exp = opts.SpanExporter
+	if x.exp == nil {
+		if x.exp, err = newOTLP(cfg, u.String()); err != nil {
+			return nil, fmt.Errorf("telemetry: %w", err)
+		}
+	}
+	x.q = make(chan item, cfg.queueSize())
+	go x.loop()
+	return x, nil
+}
+
+// newOTLP makes the OTLP exporter for cfg, to url (see destination). It
+// does not retry: a batch that fails is dropped and counted, and the
+// queue, not a retry loop, absorbs a collector's hiccups.
+func newOTLP(cfg Config, url string) (sdktrace.SpanExporter, error) {
+	ctx := context.Background() // the exporters connect lazily
+	timeout := cfg.exportTimeout()
+	if cfg.Protocol == ProtocolHTTP {
+		opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(url), otlptracehttp.WithTimeout(timeout),
+			otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false})}
+		if len(cfg.Headers) > 0 {
+			opts = append(opts, otlptracehttp.WithHeaders(cfg.Headers))
+		}
+		return otlptracehttp.New(ctx, opts...)
+	}
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(url), otlptracegrpc.WithTimeout(timeout),
+		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
+	if len(cfg.Headers) > 0 {
+		opts = append(opts, otlptracegrpc.WithHeaders(cfg.Headers))
+	}
+	return otlptracegrpc.New(ctx, opts...)
+}
+
+// Config returns the configuration in use.
+func (x *Exporter) Config() Config { return x.cfg }
+
+// Tracer returns next with export added: every call is forwarded as is,
+// and each span finished without error is recorded in the metrics and
+// queued for export, without waiting (a full queue drops it and counts
+// the drop). The result satisfies engine.Tracer.
+func (x *Exporter) Tracer(next Tracer) Tracer { return &tracer{Tracer: next, x: x} }
+
+type tracer struct {
+	Tracer
+	x *Exporter
+}
+
+func (t *tracer) FinishSpan(ctx context.Context, sp keel.Span) error {
+	if err := t.Tracer.FinishSpan(ctx, sp); err != nil {
+		return err
+	}
+	t.x.finished(sp)
+	return nil
+}
+
+// finished records sp in the metrics and queues it for export.
+func (x *Exporter) finished(sp keel.Span) {
+	if x.m != nil {
+		x.m.span(sp)
+	}
+	if x.q == nil || sp.Status == keel.SpanRunning {
+		return
+	}
+	x.enqueue(item{span: sp})
+}
+
+func (x *Exporter) enqueue(it item) {
+	if x.closed.Load() {
+		if it.ev == nil {
+			x.dropped.Add(1)
+		}
+		return
+	}
+	select {
+	case x.q <- it:
+	default:
+		if it.ev == nil {
+			x.dropped.Add(1)
+		}
+	}
+}
+
+// OnEvent is an engine subscriber (engine.Engine.Subscribe): it counts
+// runs that end, and with content on queues the events whose content
+// spans carry (a model's answer, a tool's result). It never blocks.
+func (x *Exporter) OnEvent(ev keel.Event) {
+	switch ev.Type {
+	case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled, keel.EventRunInterrupted:
+		if x.m != nil {
+			x.m.runEnded(ev.Type)
+		}
+	case keel.EventModelResult, keel.EventToolResult:
+		if x.q != nil && x.cfg.Content {
+			x.enqueue(item{ev: &ev})
+		}
+	}
+}
+
+// MetricsHandler serves the metrics in the Prometheus text format; nil
+// when metrics are off (Config.Metrics).
+func (x *Exporter) MetricsHandler() http.Handler {
+	if x.m == nil {
+		return nil
+	}
+	return x.m.handler
+}
+
+// Stats is the export's state, for keel doctor.
+type Stats struct {
+	// Enabled says spans are exported, to Endpoint over Protocol.
+	Enabled  bool
+	Endpoint string
+	Protocol string
+	File     string
+	Content  bool
+	Metrics  bool
+	// Exported counts spans the collector accepted; Dropped those the
+	// full queue (or a stop) turned away; Failed those of batches the
+	// collector refused or did not answer in time; Denied those the
+	// policy kept from leaving.
+	Exported, Dropped, Failed, Denied uint64
+	// Queued is the spans waiting now, of QueueSize.
+	Queued, QueueSize int
+	// LastError is the last export's failure, at LastErrorAt; LastExport
+	// the time of the last batch the collector accepted.
+	LastError   string
+	LastErrorAt time.Time
+	LastExport  time.Time
+}
+
+// Stats returns the export's counters now.
+func (x *Exporter) Stats() Stats {
+	s := Stats{Enabled: x.cfg.Enabled(), Endpoint: x.dest, Protocol: x.cfg.Protocol, File: x.cfg.file, Content: x.cfg.Content, Metrics: x.m != nil,
+		Exported: x.exported.Load(), Dropped: x.dropped.Load(), Failed: x.failed.Load(), Denied: x.denied.Load()}
+	if x.q != nil {
+		s.Queued, s.QueueSize = len(x.q), cap(x.q)
+	}
+	x.mu.Lock()
+	s.LastError, s.LastErrorAt, s.LastExport = x.lastErr, x.lastErrAt, x.lastExportAt
+	x.mu.Unlock()
+	return s
+}
+
+// Close sends what is queued, until ctx ends, and stops the goroutine
+// and the exporters. Spans finished after Close are dropped (counted).
+// A second Close does nothing.
+func (x *Exporter) Close(ctx context.Context) error {
+	var err error
+	x.once.Do(func() {
+		x.closed.Store(true)
+		if x.q != nil {
+			x.closeCtx = ctx
+			close(x.stop)
+			select {
+			case <-x.done:
+			case <-ctx.Done():
+				err = fmt.Errorf("telemetry: flush: %w", context.Cause(ctx))
+				// The export in flight ends with ctx; wait for the
+				// goroutine, a little, in case the collector's client
+				// does not let go at once.
+				select {
+				case <-x.done:
+				case <-time.After(5 * time.Second):
+				}
+			}
+			err = errors.Join(err, x.exp.Shutdown(ctx))
+		}
+		if x.m != nil {
+			err = errors.Join(err, x.m.provider.Shutdown(ctx))
+		}
+	})
+	return err
+}
+
+// loop is the export goroutine: it gathers finished spans and sends them
+// in batches, at most every flush interval (or when a batch is full).
+// With content on, a span waits one more interval, so that the events
+// holding its content (journaled after the span ends) are there when
+// it goes.
+func (x *Exporter) loop() {
+	defer close(x.done)
+	tick := time.NewTicker(x.cfg.flushInterval())
+	defer tick.Stop()
+	var pending, ready []keel.Span
+	send := func(ctx context.Context, spans []keel.Span) {
+		if len(spans) > 0 {
+			x.flush(ctx, spans)
+		}
+	}
+	for {
+		select {
+		case it := <-x.q:
+			if it.ev != nil {
+				x.content(it.ev)
+				continue
+			}
+			pending = append(pending, it.span)
+			if len(pending)+len(ready) >= maxBatch {
+				send(context.Background(), append(ready, pending...))
+				pending, ready = nil, nil
+			}
+		case <-tick.C:
+			if x.cfg.Content {
+				send(context.Background(), ready)
+				ready, pending = pending, nil
+			} else {
+				send(context.Background(), pending)
+				pending = nil
+			}
+		case <-x.stop:
+			for drained := false; !drained; {
+				select {
+				case it := <-x.q:
+					if it.ev != nil {
+						x.content(it.ev)
+					} else {
+						pending = append(pending, it.span)
+					}
+				default:
+					drained = true
+				}
+			}
+			send(x.closeCtx, append(ready, pending...))
+			return
+		}
+	}
+}
+
+// flush maps spans and sends them, in batches of at most maxBatch.
+// ctx bounds the whole flush (on Close); each export is bounded by the
+// export timeout too.
+func (x *Exporter) flush(ctx context.Context, spans []keel.Span) {
+	out := make([]sdktrace.ReadOnlySpan, 0, len(spans))
+	allowed := map[keel.RunID]bool{}
+	for _, sp := range spans {
+		rs := x.state(ctx, sp.RunID, sp.Kind == keel.SpanRun)
+		ok, seen := allowed[sp.RunID]
+		if !seen {
+			ok = x.allowed(rs.info.run)
+			allowed[sp.RunID] = ok
+		}
+		a := decodeAttrs(sp.Attrs)
+		if len(a.Labels) > 0 {
+			rs.labelled = true
+			rs.labels = keel.UnionLabels(rs.labels, a.Labels)
+		}
+		if sp.Kind == keel.SpanRun {
+			delete(x.states, sp.RunID) // the run's loop ended (or stopped): start afresh if it resumes
+		}
+		if !ok {
+			x.denied.Add(1)
+			continue
+		}
+		labels := keel.UnionLabels(rs.labels, a.Labels)
+		var c *spanContent
+		withheld := false
+		if x.cfg.Content {
+			if rs.labelled {
+				withheld = true
+			} else {
+				c = rs.contentOf(sp, a)
+			}
+		}
+		out = append(out, stub(sp, rs.info, labels, c, withheld, x.res, x.scope).Snapshot())
+	}
+	for len(out) > 0 {
+		n := min(len(out), maxBatch)
+		x.send(ctx, out[:n])
+		out = out[n:]
+	}
+}
+
+// send exports one batch, and counts the outcome.
+func (x *Exporter) send(ctx context.Context, batch []sdktrace.ReadOnlySpan) {
+	ctx, cancel := context.WithTimeout(ctx, x.cfg.exportTimeout())
+	defer cancel()
+	err := x.exp.ExportSpans(ctx, batch)
+	now := time.Now()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err != nil {
+		x.failed.Add(uint64(len(batch)))
+		if x.lastErr == "" || now.Sub(x.lastErrAt) > time.Minute {
+			x.log.Warn("telemetry export failed; the spans are dropped", "endpoint", x.dest, "spans", len(batch), "err", err)
+		}
+		x.lastErr, x.lastErrAt = err.Error(), now
+		return
+	}
+	x.exported.Add(uint64(len(batch)))
+	x.lastExportAt = now
+}
+
+// allowed decides the export of run's spans: the telemetry action to the
+// collector, by the policy of the run. Only allow lets them go: there is
+// no person to ask about an export, so ask keeps them too.
+func (x *Exporter) allowed(run keel.Run) bool {
+	if x.policy == nil {
+		return true
+	}
+	p := x.policy(run)
+	if p == nil {
+		return true
+	}
+	return p.Decide(&policy.Action{Kind: policy.KindTelemetry, Destination: x.dest}).Outcome == policy.Allow
+}
+
+// state returns what the worker knows of run id, reading the run when it
+// is new or fresh says its state matters now (its root span ends).
+func (x *Exporter) state(ctx context.Context, id keel.RunID, fresh bool) *runState {
+	rs := x.states[id]
+	if rs != nil && !fresh {
+		return rs
+	}
+	run, err := x.runs.GetRun(ctx, id)
+	if err != nil {
+		run = keel.Run{ID: id}
+	}
+	if rs == nil {
+		rs = &runState{info: runInfo{trace: traceIDOf(x.top(ctx, run))}}
+		x.states[id] = rs
+	}
+	rs.info.run = run
+	if run.Policy.Private || len(run.Policy.Labels) > 0 {
+		rs.labelled = true
+		rs.labels = keel.UnionLabels(rs.labels, run.Policy.Labels)
+		if run.Policy.Private {
+			rs.labels = keel.UnionLabels(rs.labels, []string{keel.LabelPrivate})
+		}
+	}
+	return rs
+}
+
+// maxDepth bounds the sub-agent chain top follows.
+const maxDepth = 32
+
+// top returns the top-level run of run: itself, or the first ancestor
+// with no parent.
+func (x *Exporter) top(ctx context.Context, run keel.Run) keel.RunID {
+	if t, ok := x.tops[run.ID]; ok {
+		return t
+	}
+	if len(x.tops) > 100_000 {
+		clear(x.tops)
+	}
+	id, cur := run.ID, run
+	for i := 0; cur.ParentID != "" && i < maxDepth; i++ {
+		if t, ok := x.tops[cur.ParentID]; ok {
+			id = t
+			break
+		}
+		id = cur.ParentID
+		next, err := x.runs.GetRun(ctx, cur.ParentID)
+		if err != nil {
+			break
+		}
+		cur = next
+	}
+	x.tops[run.ID] = id
+	return id
+}
+
+// content keeps what ev says, for the spans it belongs to.
+func (x *Exporter) content(ev *keel.Event) {
+	rs := x.state(context.Background(), ev.RunID, false)
+	switch ev.Type {
+	case keel.EventModelResult:
+		var d keel.ModelResultData
+		if json.Unmarshal(ev.Data, &d) != nil {
+			return
+		}
+		parts := []part{}
+		if d.Content != "" {
+			parts = append(parts, part{Type: "text", Content: d.Content})
+		}
+		for _, c := range d.ToolCalls {
+			parts = append(parts, part{Type: "tool_call", ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+			if rs.args == nil {
+				rs.args = map[string]string{}
+			}
+			rs.args[c.ID] = string(c.Arguments)
+		}
+		if rs.models == nil {
+			rs.models = map[int]string{}
+		}
+		rs.models[d.Step] = messagesJSON(message{Role: "assistant", Parts: parts})
+	case keel.EventToolResult:
+		var d keel.ToolResultData
+		if json.Unmarshal(ev.Data, &d) != nil {
+			return
+		}
+		if rs.results == nil {
+			rs.results = map[string]string{}
+		}
+		if d.Error != nil {
+			rs.results[d.CallID] = d.Error.Error()
+		} else {
+			rs.results[d.CallID] = string(d.Output)
+		}
+	}
+}
+
+// contentOf returns what was said in sp, from the run and the events
+// seen; nil when nothing is known.
+func (rs *runState) contentOf(sp keel.Span, a spanAttrs) *spanContent {
+	var c spanContent
+	switch sp.Kind {
+	case keel.SpanRun:
+		run := rs.info.run
+		if run.Goal != "" {
+			c.input = messagesJSON(message{Role: "user", Parts: []part{{Type: "text", Content: run.Goal}}})
+		}
+		if run.Result != "" {
+			c.output = messagesJSON(message{Role: "assistant", Parts: []part{{Type: "text", Content: run.Result}}})
+		}
+	case keel.SpanModelCall:
+		if sp.Status == keel.SpanOK {
+			c.output = rs.models[sp.Step]
+		}
+	case keel.SpanToolCall, keel.SpanHuman:
+		c.args = rs.args[a.CallID]
+		if sp.Kind == keel.SpanToolCall {
+			c.result = rs.results[a.CallID]
+		}
+	}
+	if c == (spanContent{}) {
+		return nil
+	}
+	return &c
+}

@@ -1,0 +1,163 @@
+package telemetry
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// The metrics, as OTel names them; the Prometheus names are in
+// docs/observability.md (keel_tokens_total, ...).
+const (
+	metricTokens     = "keel.tokens"
+	metricCost       = "keel.cost_usd"
+	metricModelTime  = "keel.model.duration"
+	metricToolTime   = "keel.tool.duration"
+	metricFailures   = "keel.failures"
+	metricRunsEnded  = "keel.runs.ended"
+	metricRunsActive = "keel.runs.active"
+	metricSpans      = "keel.telemetry.spans"
+
+	keyTokenType = "gen_ai.token.type"
+	keyOutcome   = "outcome"
+)
+
+// durationBuckets are the histogram bounds of model and tool latency, in
+// seconds: from a millisecond (a wasm tool's call) to ten minutes.
+var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// liveStates are the run states keel.runs.active counts.
+var liveStates = []keel.RunStatus{keel.RunQueued, keel.RunRunning, keel.RunWaiting, keel.RunPaused, keel.RunInterrupted}
+
+// metrics are the OTel instruments, read by the Prometheus exporter.
+type metrics struct {
+	provider  *sdkmetric.MeterProvider
+	handler   http.Handler
+	tokens    metric.Int64Counter
+	cost      metric.Float64Counter
+	modelTime metric.Float64Histogram
+	toolTime  metric.Float64Histogram
+	failures  metric.Int64Counter
+	runsEnded metric.Int64Counter
+}
+
+func newMetrics(x *Exporter) (*metrics, error) {
+	reg := prometheus.NewRegistry()
+	pe, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		otelprom.WithoutScopeInfo())
+	if err != nil {
+		return nil, err
+	}
+	m := &metrics{
+		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(pe), sdkmetric.WithResource(x.res)),
+		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+	}
+	meter := m.provider.Meter(scopeName)
+	var errs [8]error
+	m.tokens, errs[0] = meter.Int64Counter(metricTokens, metric.WithUnit("{token}"), metric.WithDescription("Tokens of model calls, by type (input, output), model and provider."))
+	m.cost, errs[1] = meter.Float64Counter(metricCost, metric.WithUnit("{USD}"), metric.WithDescription("What model calls cost, in US dollars, by model and provider."))
+	m.modelTime, errs[2] = meter.Float64Histogram(metricModelTime, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...),
+		metric.WithDescription("Model call latency, by model and provider."))
+	m.toolTime, errs[3] = meter.Float64Histogram(metricToolTime, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...),
+		metric.WithDescription("Tool call latency, by tool and error.type."))
+	m.failures, errs[4] = meter.Int64Counter(metricFailures, metric.WithUnit("{failure}"), metric.WithDescription("Failed spans by kind (model.call, tool.call, run, ...) and error.type."))
+	m.runsEnded, errs[5] = meter.Int64Counter(metricRunsEnded, metric.WithUnit("{run}"), metric.WithDescription("Runs that ended since the daemon started, by state."))
+	_, errs[6] = meter.Int64ObservableGauge(metricRunsActive, metric.WithUnit("{run}"), metric.WithDescription("Runs in each live state (queued, running, waiting, paused, interrupted)."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			runs, err := x.runs.RunsWithStatus(ctx, liveStates...)
+			if err != nil {
+				return err
+			}
+			n := map[keel.RunStatus]int64{}
+			for _, r := range runs {
+				n[r.Status]++
+			}
+			for _, s := range liveStates {
+				o.Observe(n[s], metric.WithAttributes(attribute.String(keyRunStatus, string(s))))
+			}
+			return nil
+		}))
+	_, errs[7] = meter.Int64ObservableCounter(metricSpans, metric.WithUnit("{span}"), metric.WithDescription("Spans by export outcome: exported, dropped, failed, denied."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			s := x.Stats()
+			for k, v := range map[string]uint64{"exported": s.Exported, "dropped": s.Dropped, "failed": s.Failed, "denied": s.Denied} {
+				o.Observe(int64(v), metric.WithAttributes(attribute.String(keyOutcome, k)))
+			}
+			return nil
+		}))
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// span records a finished span: a model call's tokens, cost and latency,
+// a tool call's latency, a failure's class. It runs on the run's
+// goroutine: counters and histograms only, no I/O.
+func (m *metrics) span(sp keel.Span) {
+	ctx := context.Background()
+	var errType string
+	// A failed run counts when it ends (runEnded); a step fails with it.
+	if sp.Status == keel.SpanError && (sp.Kind == keel.SpanModelCall || sp.Kind == keel.SpanToolCall) {
+		errType = errOther
+		if sp.Kind == keel.SpanToolCall {
+			errType = cmpOr(decodeAttrs(sp.Attrs).ErrorType, errOther)
+		}
+		m.failures.Add(ctx, 1, metric.WithAttributes(attribute.String(keySpanKind, string(sp.Kind)), attribute.String(keyErrorType, errType)))
+	}
+	switch sp.Kind {
+	case keel.SpanModelCall:
+		model := attribute.String(keyResponseModel, sp.Name)
+		provider := attribute.String(keyProvider, sp.Provider)
+		if sp.PromptTokens > 0 {
+			m.tokens.Add(ctx, int64(sp.PromptTokens), metric.WithAttributes(attribute.String(keyTokenType, "input"), model, provider))
+		}
+		if sp.CompletionTokens > 0 {
+			m.tokens.Add(ctx, int64(sp.CompletionTokens), metric.WithAttributes(attribute.String(keyTokenType, "output"), model, provider))
+		}
+		if sp.CostUSD > 0 {
+			m.cost.Add(ctx, sp.CostUSD, metric.WithAttributes(model, provider))
+		}
+		m.modelTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(model, provider))
+	case keel.SpanToolCall:
+		attrs := []attribute.KeyValue{attribute.String(keyToolName, sp.Name)}
+		if errType != "" {
+			attrs = append(attrs, attribute.String(keyErrorType, errType))
+		}
+		m.toolTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(attrs...))
+	}
+}
+
+// runEnded counts a run that ended, by the state its event says.
+func (m *metrics) runEnded(t keel.EventType) {
+	var s keel.RunStatus
+	switch t {
+	case keel.EventRunSucceeded:
+		s = keel.RunSucceeded
+	case keel.EventRunFailed:
+		s = keel.RunFailed
+	case keel.EventRunCancelled:
+		s = keel.RunCancelled
+	case keel.EventRunInterrupted:
+		s = keel.RunInterrupted
+	default:
+		return
+	}
+	m.runsEnded.Add(context.Background(), 1, metric.WithAttributes(attribute.String(keyRunStatus, string(s))))
+	if s != keel.RunSucceeded {
+		m.failures.Add(context.Background(), 1, metric.WithAttributes(attribute.String(keySpanKind, string(keel.SpanRun)), attribute.String(keyErrorType, string(s))))
+	}
+}

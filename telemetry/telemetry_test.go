@@ -1,0 +1,550 @@
+package telemetry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeRuns is a hand-written Runs over a map.
+type fakeRuns struct {
+	mu   sync.Mutex
+	runs map[keel.RunID]keel.Run
+}
+
+func (f *fakeRuns) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runs[id]
+	if !ok {
+		return keel.Run{}, keel.ErrNotFound
+	}
+	return r, nil
+}
+
+func (f *fakeRuns) RunsWithStatus(_ context.Context, states ...keel.RunStatus) ([]keel.Run, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []keel.Run
+	for _, r := range f.runs {
+		for _, s := range states {
+			if r.Status == s {
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// nopTracer is the store's tracer under the exporter: it keeps nothing.
+type nopTracer struct{}
+
+func (nopTracer) StartSpan(context.Context, keel.Span) error              { return nil }
+func (nopTracer) FinishSpan(context.Context, keel.Span) error             { return nil }
+func (nopTracer) Sync(context.Context) error                              { return nil }
+func (nopTracer) Spans(context.Context, keel.RunID) ([]keel.Span, error)  { return nil, nil }
+func (nopTracer) RunsWithOpenSpans(context.Context) ([]keel.RunID, error) { return nil, nil }
+
+var t0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+// agentRun is the spans of an agent run: its root, a step holding a
+// model call, a wait for approval and a tool call; then a sub-agent run
+// whose root hangs under a step span of the first.
+func agentRun(id keel.RunID) []keel.Span {
+	root := "root_" + string(id)
+	step := "step_" + string(id)
+	toolAttrs := `{"call_id":"call_1","policy":{"outcome":"ask","explanation":"ask: rule 1 of the user layer (policy.json:3:5)","version":1,"digest":"d"},"labels":[]}`
+	return []keel.Span{
+		{ID: "model_" + string(id), RunID: id, ParentID: step, Kind: keel.SpanModelCall, Name: "keel-tiny", Step: 1, Start: t0.Add(time.Millisecond), Duration: 40 * time.Millisecond,
+			Status: keel.SpanOK, PromptTokens: 12, CompletionTokens: 7, Provider: "ollama", CostUSD: 0.5, FinishReason: "tool_calls",
+			Attrs: json.RawMessage(`{"route":"default","policy":[{"provider":"ollama","model":"keel-tiny","outcome":"allow","explanation":"allow: no rule","version":1,"digest":"d"}]}`)},
+		{ID: "human_" + string(id), RunID: id, ParentID: step, Kind: keel.SpanHuman, Name: "approve echo", Step: 1, Start: t0.Add(50 * time.Millisecond), Duration: time.Second,
+			Status: keel.SpanOK, Attrs: json.RawMessage(toolAttrs)},
+		{ID: "tool_" + string(id), RunID: id, ParentID: step, Kind: keel.SpanToolCall, Name: "echo", Step: 1, Start: t0.Add(1100 * time.Millisecond), Duration: 3 * time.Millisecond,
+			Status: keel.SpanError, Error: "crashed: the secret word is swordfish", Attrs: json.RawMessage(`{"call_id":"call_1","error_type":"crashed"}`)},
+		{ID: step, RunID: id, ParentID: root, Kind: keel.SpanStep, Name: "step", Step: 1, Start: t0, Duration: 1200 * time.Millisecond, Status: keel.SpanOK},
+		{ID: root, RunID: id, Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: 2 * time.Second, Status: keel.SpanOK},
+	}
+}
+
+// memCollector is an in-memory collector that keeps its spans after
+// Shutdown (tracetest.InMemoryExporter forgets them).
+type memCollector struct{ *tracetest.InMemoryExporter }
+
+func (memCollector) Shutdown(context.Context) error { return nil }
+
+// newTest returns an exporter to an in-memory collector over runs.
+func newTest(t *testing.T, cfg Config, runs *fakeRuns, pol func(keel.Run) *policy.Policy) (*Exporter, *tracetest.InMemoryExporter, Tracer) {
+	t.Helper()
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = "http://127.0.0.1:4317"
+		cfg.Insecure = true
+	}
+	mem := tracetest.NewInMemoryExporter()
+	x, err := New(Options{Config: cfg, Runs: runs, Policy: pol, SpanExporter: memCollector{mem}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(context.Background()) })
+	return x, mem, x.Tracer(nopTracer{})
+}
+
+func finish(t *testing.T, tr Tracer, spans ...keel.Span) {
+	t.Helper()
+	for _, sp := range spans {
+		if err := tr.FinishSpan(context.Background(), sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func attrsOf(s tracetest.SpanStub) map[string]attribute.Value {
+	m := map[string]attribute.Value{}
+	for _, kv := range s.Attributes {
+		m[string(kv.Key)] = kv.Value
+	}
+	return m
+}
+
+func byName(spans tracetest.SpanStubs) map[string]tracetest.SpanStub {
+	m := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		m[s.Name] = s
+	}
+	return m
+}
+
+func TestExportShapeAndAttributes(t *testing.T) {
+	t.Parallel()
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{
+		"run_a":   {ID: "run_a", Model: "keel-tiny", Status: keel.RunSucceeded, Kind: keel.KindPlan},
+		"run_sub": {ID: "run_sub", Model: "keel-tiny", Status: keel.RunFailed, ParentID: "run_a", ParentStep: "s1"},
+		"run_b":   {ID: "run_b", Model: "keel-tiny", Status: keel.RunSucceeded},
+	}}
+	x, mem, tr := newTest(t, Config{FlushIntervalMS: 10}, runs, nil)
+	finish(t, tr, agentRun("run_a")...)
+	// A sub-agent: its root's parent is the run_a step span.
+	finish(t, tr, keel.Span{ID: "root_run_sub", RunID: "run_sub", ParentID: "step_run_a", Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanError, Error: "failed: boom"})
+	finish(t, tr, agentRun("run_b")...)
+	// A running span is not exported (it is exported when it finishes).
+	finish(t, tr, keel.Span{ID: "open", RunID: "run_b", Kind: keel.SpanStep, Status: keel.SpanRunning})
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := mem.GetSpans()
+	if len(got) != 11 {
+		t.Fatalf("exported %d spans, want 11: %v", len(got), got)
+	}
+	if s := x.Stats(); s.Exported != 11 || s.Dropped != 0 || s.Failed != 0 || s.Denied != 0 {
+		t.Errorf("Stats() = %+v, want 11 exported and nothing else", s)
+	}
+	var a, b tracetest.SpanStubs
+	for _, s := range got {
+		if attrsOf(s)[keyRunID].AsString() == "run_b" {
+			b = append(b, s)
+		} else {
+			a = append(a, s)
+		}
+	}
+	// One trace per top-level run; the sub-agent is in its parent's.
+	for _, spans := range []tracetest.SpanStubs{a, b} {
+		for _, s := range spans {
+			if s.SpanContext.TraceID() != spans[0].SpanContext.TraceID() {
+				t.Errorf("span %s in trace %s, want %s", s.Name, s.SpanContext.TraceID(), spans[0].SpanContext.TraceID())
+			}
+		}
+	}
+	if a[0].SpanContext.TraceID() == b[0].SpanContext.TraceID() {
+		t.Errorf("two top-level runs share trace %s", a[0].SpanContext.TraceID())
+	}
+	if want := traceIDOf("run_a"); a[0].SpanContext.TraceID() != want {
+		t.Errorf("trace of run_a = %s, want the hash of its ID %s", a[0].SpanContext.TraceID(), want)
+	}
+	// Parent/child: model, wait and tool under the step, the step and the
+	// sub-agent under the root / the step, the root with no parent.
+	ids := map[string]string{}
+	var sub tracetest.SpanStub
+	for _, s := range a {
+		ids[s.SpanContext.SpanID().String()] = s.Name
+	}
+	parentOf := map[string]string{}
+	spans := map[string]tracetest.SpanStub{}
+	for _, s := range a {
+		if attrsOf(s)[keyRunID].AsString() == "run_sub" {
+			sub = s
+			continue
+		}
+		spans[s.Name] = s
+		parentOf[s.Name] = ids[s.Parent.SpanID().String()]
+		if !s.Parent.IsValid() {
+			parentOf[s.Name] = "-"
+		}
+	}
+	wantParents := map[string]string{
+		"invoke_agent agent":      "-",
+		"step 1":                  "invoke_agent agent",
+		"chat keel-tiny":          "step 1",
+		"execute_tool echo":       "step 1",
+		"human.wait approve echo": "step 1",
+	}
+	for name, want := range wantParents {
+		if parentOf[name] != want {
+			t.Errorf("parent of %q = %q, want %q (all: %v)", name, parentOf[name], want, parentOf)
+		}
+	}
+	if ids[sub.Parent.SpanID().String()] != "step 1" {
+		t.Errorf("the sub-agent's root has parent %q, want the step span of its parent run", ids[sub.Parent.SpanID().String()])
+	}
+	if sub.Status.Code != codes.Error || attrsOf(sub)[keyErrorType].AsString() != "failed" {
+		t.Errorf("sub-agent root: status %v, error.type %q; want error, failed", sub.Status, attrsOf(sub)[keyErrorType].AsString())
+	}
+
+	model := attrsOf(spans["chat keel-tiny"])
+	for k, want := range map[string]any{
+		keyOperation: "chat", keyProvider: "ollama", keyRequestModel: "keel-tiny", keyResponseModel: "keel-tiny",
+		keyInputTokens: int64(12), keyOutputTokens: int64(7), keyCost: 0.5, keyRunID: "run_a", keyStep: int64(1), keyRoute: "default",
+	} {
+		if got := model[k].AsInterface(); got != want {
+			t.Errorf("chat span %s = %v, want %v", k, got, want)
+		}
+	}
+	if d := model[keyPolicyList].AsStringSlice(); len(d) != 1 || !strings.Contains(d[0], "ollama/keel-tiny: allow") {
+		t.Errorf("chat span %s = %q, want the model decision", keyPolicyList, d)
+	}
+	if spans["chat keel-tiny"].SpanKind.String() != "client" {
+		t.Errorf("chat span kind %s, want client", spans["chat keel-tiny"].SpanKind)
+	}
+	tool := spans["execute_tool echo"]
+	ta := attrsOf(tool)
+	for k, want := range map[string]any{keyOperation: "execute_tool", keyToolName: "echo", keyToolCallID: "call_1", keyErrorType: "crashed"} {
+		if got := ta[k].AsInterface(); got != want {
+			t.Errorf("tool span %s = %v, want %v", k, got, want)
+		}
+	}
+	// Without content, an error's text does not leave: only its class.
+	if tool.Status.Code != codes.Error || tool.Status.Description != "crashed" {
+		t.Errorf("tool span status %+v, want error described by its class only", tool.Status)
+	}
+	human := attrsOf(spans["human.wait approve echo"])
+	if !human[keyHumanWait].AsBool() || human[keyPolicyOutcome].AsString() != "ask" || !strings.Contains(human[keyPolicyExplain].AsString(), "policy.json:3:5") {
+		t.Errorf("human wait span attrs %v, want keel.human.wait and the ask decision", human)
+	}
+	root := attrsOf(spans["invoke_agent agent"])
+	if root[keyOperation].AsString() != "invoke_agent" || root[keyRunKind].AsString() != "plan" || root[keyRunStatus].AsString() != "succeeded" {
+		t.Errorf("root span attrs %v", root)
+	}
+	if !spans["chat keel-tiny"].StartTime.Equal(t0.Add(time.Millisecond)) || spans["chat keel-tiny"].EndTime.Sub(spans["chat keel-tiny"].StartTime) != 40*time.Millisecond {
+		t.Errorf("chat span times %v..%v, want keel's start and duration", spans["chat keel-tiny"].StartTime, spans["chat keel-tiny"].EndTime)
+	}
+	for _, s := range got {
+		for _, kv := range s.Attributes {
+			if strings.HasPrefix(string(kv.Key), "gen_ai.input") || strings.HasPrefix(string(kv.Key), "gen_ai.output") || kv.Key == keyToolArgs || kv.Key == keyToolResult {
+				t.Errorf("span %s carries content %s without the opt-in", s.Name, kv.Key)
+			}
+		}
+		if s.Resource.Set().Len() == 0 {
+			t.Errorf("span %s has no resource", s.Name)
+		}
+	}
+}
+
+// event makes a journaled event of run id.
+func event(id keel.RunID, typ keel.EventType, data any) keel.Event {
+	b, _ := json.Marshal(data)
+	return keel.Event{RunID: id, Type: typ, Data: b}
+}
+
+func TestContentOptInAndLabels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		content bool
+		run     keel.Run
+		spanLbl string // labels on the tool span's attrs
+		want    bool   // content exported
+	}{
+		{"opted in, no labels", true, keel.Run{Goal: "say swordfish"}, "", true},
+		{"not opted in", false, keel.Run{Goal: "say swordfish"}, "", false},
+		{"private run", true, keel.Run{Goal: "say swordfish", Policy: keel.RunPolicy{Private: true}}, "", false},
+		{"labelled input", true, keel.Run{Goal: "say swordfish", Policy: keel.RunPolicy{Labels: []string{"pii"}}}, "", false},
+		{"labelled tool output", true, keel.Run{Goal: "say swordfish"}, "private", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			run := tc.run
+			run.ID, run.Status, run.Result = "run_c", keel.RunSucceeded, "the word is swordfish"
+			runs := &fakeRuns{runs: map[keel.RunID]keel.Run{run.ID: run}}
+			x, mem, tr := newTest(t, Config{FlushIntervalMS: 10, Content: tc.content}, runs, nil)
+			x.OnEvent(event(run.ID, keel.EventModelResult, keel.ModelResultData{Step: 1, Content: "swordfish", ToolCalls: []keel.ToolCall{{ID: "call_1", Name: "echo", Arguments: json.RawMessage(`{"say":"swordfish"}`)}}}))
+			x.OnEvent(event(run.ID, keel.EventToolResult, keel.ToolResultData{Step: 1, CallID: "call_1", Name: "echo", Output: json.RawMessage(`"swordfish"`)}))
+			spans := agentRun(run.ID)
+			spans[2].Status, spans[2].Error = keel.SpanOK, ""
+			if tc.spanLbl != "" {
+				spans[2].Attrs = json.RawMessage(fmt.Sprintf(`{"call_id":"call_1","labels":[%q]}`, tc.spanLbl))
+			}
+			finish(t, tr, spans...)
+			if err := x.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := byName(mem.GetSpans())
+			leaked := []string{}
+			for name, s := range got {
+				if tc.spanLbl != "" && (name == "chat keel-tiny" || strings.HasPrefix(name, "human.wait")) {
+					continue // before the labelled output entered the run
+				}
+				for _, kv := range s.Attributes {
+					if strings.Contains(kv.Value.Emit(), "swordfish") {
+						leaked = append(leaked, name+" "+string(kv.Key))
+					}
+				}
+			}
+			if !tc.want {
+				if len(leaked) > 0 {
+					t.Errorf("content left: %v", leaked)
+				}
+				if tc.content && !attrsOf(got["invoke_agent agent"])[keyContentOmitted].AsBool() {
+					t.Errorf("root span does not say its content was left out")
+				}
+				return
+			}
+			model, tool, root := attrsOf(got["chat keel-tiny"]), attrsOf(got["execute_tool echo"]), attrsOf(got["invoke_agent agent"])
+			if !strings.Contains(model[keyOutput].AsString(), `"content":"swordfish"`) || !strings.Contains(model[keyOutput].AsString(), `"tool_call"`) {
+				t.Errorf("chat %s = %s", keyOutput, model[keyOutput].AsString())
+			}
+			if tool[keyToolArgs].AsString() != `{"say":"swordfish"}` || tool[keyToolResult].AsString() != `"swordfish"` {
+				t.Errorf("tool args %s result %s", tool[keyToolArgs].AsString(), tool[keyToolResult].AsString())
+			}
+			if !strings.Contains(root[keyInput].AsString(), "say swordfish") || !strings.Contains(root[keyOutput].AsString(), "the word is swordfish") {
+				t.Errorf("root input %s output %s", root[keyInput].AsString(), root[keyOutput].AsString())
+			}
+		})
+	}
+}
+
+func TestPolicyDeniesExport(t *testing.T) {
+	t.Parallel()
+	deny, err := policy.Compile(policy.Options{}, policy.LayerFile{Layer: policy.LayerUser, Name: "policy.json",
+		Data: []byte(`{"rules": [{"action": "telemetry", "host": "127.0.0.1", "decision": "deny"}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"run_d": {ID: "run_d", Status: keel.RunSucceeded}, "run_e": {ID: "run_e", Workspace: "/ok", Status: keel.RunSucceeded}}}
+	x, mem, tr := newTest(t, Config{FlushIntervalMS: 10}, runs, func(r keel.Run) *policy.Policy {
+		if r.Workspace == "/ok" {
+			return nil
+		}
+		return deny
+	})
+	finish(t, tr, agentRun("run_d")...)
+	finish(t, tr, agentRun("run_e")...)
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range mem.GetSpans() {
+		if r := attrsOf(s)[keyRunID].AsString(); r != "run_e" {
+			t.Errorf("span %s of %s exported, though its policy denies the export", s.Name, r)
+		}
+	}
+	if s := x.Stats(); s.Denied != 5 || s.Exported != 5 {
+		t.Errorf("Stats() = %+v, want 5 denied, 5 exported", s)
+	}
+}
+
+// stuckCollector is a collector that does not answer until released.
+type stuckCollector struct {
+	release chan struct{}
+	calls   chan int
+}
+
+func (c *stuckCollector) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	c.calls <- len(spans)
+	select {
+	case <-c.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *stuckCollector) Shutdown(context.Context) error { return nil }
+
+func TestStuckCollectorNeverBlocksARun(t *testing.T) {
+	t.Parallel()
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{}}
+	col := &stuckCollector{release: make(chan struct{}), calls: make(chan int, 100)}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", QueueSize: 4, FlushIntervalMS: 5, ExportTimeoutMS: 60_000}, Runs: runs, SpanExporter: col})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := x.Tracer(nopTracer{})
+	// The first batch goes to the collector, which holds it.
+	finish(t, tr, keel.Span{ID: "first", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	select {
+	case <-col.calls:
+	case <-time.After(time.Minute):
+		t.Fatal("the first span never reached the collector")
+	}
+	// Meanwhile, runs go on: each span is handed over without waiting,
+	// the queue fills and the rest is dropped and counted.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 1000 {
+			tr.FinishSpan(context.Background(), keel.Span{ID: fmt.Sprint(i), RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("FinishSpan waited for a stuck collector")
+	}
+	if s := x.Stats(); s.Dropped != 1000-4 || s.Queued != 4 {
+		t.Errorf("Stats() = %+v, want %d dropped, 4 queued", s, 1000-4)
+	}
+	close(col.release)
+	go func() {
+		for range col.calls {
+		}
+	}()
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(col.calls)
+	if s := x.Stats(); s.Exported != 5 {
+		t.Errorf("after Close, Stats() = %+v, want the 5 spans kept exported", s)
+	}
+}
+
+func TestCloseDeadline(t *testing.T) {
+	t.Parallel()
+	col := &stuckCollector{release: make(chan struct{}), calls: make(chan int, 10)}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 60_000}, Runs: &fakeRuns{}, SpanExporter: col})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finish(t, x.Tracer(nopTracer{}), keel.Span{ID: "a", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	// The collector never answers: Close gives up at its deadline.
+	if err := x.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close() = %v, want the deadline", err)
+	}
+	if s := x.Stats(); s.Failed != 1 {
+		t.Errorf("Stats() = %+v, want the span counted as failed", s)
+	}
+	finish(t, x.Tracer(nopTracer{}), keel.Span{ID: "b", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	if s := x.Stats(); s.Dropped != 1 {
+		t.Errorf("a span after Close: Stats() = %+v, want it dropped", s)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"w": {ID: "w", Status: keel.RunWaiting}, "r": {ID: "r", Status: keel.RunRunning}, "r2": {ID: "r2", Status: keel.RunRunning}}}
+	// Metrics are on without an endpoint: nothing is exported.
+	x, err := New(Options{Config: Config{}, Runs: runs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(context.Background())
+	tr := x.Tracer(nopTracer{})
+	finish(t, tr, agentRun("run_m")...)
+	x.OnEvent(keel.Event{RunID: "run_m", Type: keel.EventRunFailed})
+	x.OnEvent(keel.Event{RunID: "run_m", Type: keel.EventRunSucceeded})
+	rec := httptest.NewRecorder()
+	x.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{
+		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="input"} 12`,
+		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="output"} 7`,
+		`keel_cost_usd_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny"} 0.5`,
+		`keel_tool_duration_seconds_bucket{error_type="crashed",gen_ai_tool_name="echo",le="0.005"} 1`,
+		`keel_model_duration_seconds_count{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny"} 1`,
+		`keel_failures_total{error_type="crashed",keel_span_kind="tool.call"} 1`,
+		`keel_failures_total{error_type="failed",keel_span_kind="run"} 1`,
+		`keel_runs_ended_total{keel_run_status="failed"} 1`,
+		`keel_runs_ended_total{keel_run_status="succeeded"} 1`,
+		`keel_runs_active{keel_run_status="running"} 2`,
+		`keel_runs_active{keel_run_status="waiting"} 1`,
+		`keel_telemetry_spans_total{outcome="dropped"} 0`,
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("metrics lack %s\n%s", want, body)
+		}
+	}
+	if s := x.Stats(); s.Enabled || s.Exported != 0 {
+		t.Errorf("Stats() = %+v, want export off", s)
+	}
+	off := false
+	y, err := New(Options{Config: Config{Metrics: &off}, Runs: runs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close(context.Background())
+	if y.MetricsHandler() != nil {
+		t.Error(`"metrics": false still serves metrics`)
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in    string
+		field string
+		err   error
+		dest  string
+	}{
+		{in: `{}`},
+		{in: `{"endpoint":"127.0.0.1:4317","insecure":true}`, dest: "http://127.0.0.1:4317"},
+		{in: `{"endpoint":"collector.example.com:4317"}`, dest: "https://collector.example.com:4317"},
+		{in: `{"endpoint":"http://localhost:4318","protocol":"http"}`, dest: "http://localhost:4318/v1/traces"},
+		{in: `{"endpoint":"https://otel.example.com/otlp/v1/traces","protocol":"http","headers":{"x-key":"k"},"content":true}`, dest: "https://otel.example.com:4318/otlp/v1/traces"},
+		{in: `{"endpoint":"127.0.0.1:4317","insecure":true,"color":"red"}`, field: "color", err: ErrUnknownField},
+		{in: `{"endpoint":"127.0.0.1:4317","protocol":"udp"}`, field: "protocol", err: ErrInvalid},
+		{in: `{"endpoint":"collector.example.com:4317","insecure":true}`, field: "endpoint", err: ErrInvalid},
+		{in: `{"endpoint":"http://10.0.0.2:4318","protocol":"http"}`, field: "endpoint", err: ErrInvalid},
+		{in: `{"endpoint":"127.0.0.1:4318","protocol":"http"}`, field: "endpoint", err: ErrInvalid},
+		{in: `{"endpoint":"https://user:pw@otel.example.com"}`, field: "endpoint", err: ErrInvalid},
+		{in: `{"queue_size":-1}`, field: "queue_size", err: ErrInvalid},
+		{in: `{"content":"yes"}`, field: "content", err: ErrInvalid},
+		{in: `[1]`, err: ErrInvalid},
+		{in: `{"endpoint":`, err: ErrInvalid},
+	} {
+		c, err := ParseConfig("telemetry.json", []byte(tc.in))
+		if tc.err != nil {
+			var ce *ConfigError
+			if !errors.Is(err, tc.err) || !errors.As(err, &ce) || ce.Field != tc.field || ce.File != "telemetry.json" || !strings.HasPrefix(err.Error(), "telemetry.json: ") {
+				t.Errorf("ParseConfig(%s) = %v, want %v naming field %q and the file", tc.in, err, tc.err, tc.field)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParseConfig(%s) = %v", tc.in, err)
+			continue
+		}
+		if got := c.Endpoint != ""; got && func() string { u, _ := c.destination(); return u.String() }() != tc.dest {
+			u, _ := c.destination()
+			t.Errorf("ParseConfig(%s) destination %s, want %s", tc.in, u, tc.dest)
+		}
+		if tc.dest == "" && c.Enabled() {
+			t.Errorf("ParseConfig(%s) enables export", tc.in)
+		}
+	}
+}
