@@ -4,6 +4,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/keel-runtime/keel"
 )
@@ -234,6 +235,38 @@ type Environment struct {
 	// Policy is the policy in force (docs/policy.md), when the runtime
 	// has one.
 	Policy *PolicyState `json:"policy,omitempty"`
+	// Telemetry is the state of the trace export and the metrics
+	// endpoint (docs/observability.md), when the runtime has them.
+	Telemetry *TelemetryState `json:"telemetry,omitempty"`
+}
+
+// TelemetryState is the state of a runtime's telemetry export.
+type TelemetryState struct {
+	// Export says spans are exported, to Endpoint over Protocol ("grpc"
+	// or "http"), as File (telemetry.json) configures; Content that
+	// prompts and outputs go too (on spans holding no label).
+	Export   bool   `json:"export"`
+	Endpoint string `json:"endpoint,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
+	File     string `json:"file,omitempty"`
+	Content  bool   `json:"content,omitempty"`
+	// Metrics says GET /metrics is served.
+	Metrics bool `json:"metrics"`
+	// Spans since the daemon started: accepted by the collector,
+	// dropped (the queue was full), failed (the collector refused them
+	// or did not answer in time), denied (the policy kept them).
+	Exported uint64 `json:"exported"`
+	Dropped  uint64 `json:"dropped"`
+	Failed   uint64 `json:"failed"`
+	Denied   uint64 `json:"denied"`
+	// Queued spans wait for export now, of at most QueueSize.
+	Queued    int `json:"queued"`
+	QueueSize int `json:"queue_size,omitempty"`
+	// LastError is the last failed export's error, at LastErrorAt;
+	// LastExport the time of the last accepted batch.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	LastExport  time.Time `json:"last_export,omitzero"`
 }
 
 // PolicyState is the policy a runtime has in force.

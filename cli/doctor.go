@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keel-runtime/keel/capabilities"
 	"github.com/spf13/cobra"
 )
 
@@ -89,6 +90,9 @@ func doctorCmd() *cobra.Command {
 					}
 				}
 			}
+			if t := env.Telemetry; t != nil {
+				describeTelemetry(out, t)
+			}
 			l := env.ToolLimits
 			fmt.Fprintf(out, "tool limits   %s per call, %d MiB memory, %s output, writes %s per grant leaving %s free, unload after %s idle, private network %s\n",
 				msDuration(l.CallTimeoutMS), l.MemoryLimitMiB, formatBytes(int64(l.MaxOutputBytes)), limitBytes(l.WriteQuotaBytes), limitBytes(l.MinFreeDiskBytes),
@@ -110,6 +114,28 @@ func doctorCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// describeTelemetry prints the export's state and counters.
+func describeTelemetry(out io.Writer, t *capabilities.TelemetryState) {
+	metrics := "metrics off"
+	if t.Metrics {
+		metrics = "metrics at GET /metrics (with the token)"
+	}
+	if !t.Export {
+		fmt.Fprintf(out, "telemetry     export off (no endpoint in telemetry.json); %s\n", metrics)
+		return
+	}
+	content := "no content"
+	if t.Content {
+		content = "content of unlabelled spans"
+	}
+	fmt.Fprintf(out, "telemetry     export %s to %s (%s, %s); %s\n", t.Protocol, t.Endpoint, t.File, content, metrics)
+	fmt.Fprintf(out, "              spans: %d exported, %d dropped (queue full), %d failed, %d denied by policy; %d/%d queued\n",
+		t.Exported, t.Dropped, t.Failed, t.Denied, t.Queued, t.QueueSize)
+	if t.LastError != "" && t.LastErrorAt.After(t.LastExport) {
+		fmt.Fprintf(out, "              FAILING since %s: %s\n", t.LastErrorAt.Format(time.RFC3339), t.LastError)
+	}
 }
 
 // limitBytes renders a byte limit, negative meaning none.

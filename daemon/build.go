@@ -17,6 +17,7 @@ import (
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/telemetry"
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
@@ -29,6 +30,9 @@ type layers struct {
 	services ipc.Services
 	// closeTools closes the tool runtime, once.
 	closeTools func()
+	// tel exports spans and serves metrics (routes).
+	tel    *telemetry.Exporter
+	routes []ipc.Route
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -134,7 +138,22 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		return l, err
 	}
 	l.closers = append(l.closers, func() { pol.Close() })
-	eng, err := engine.New(engine.Config{Store: st, Model: router, Tools: reg.RunTools(), Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	// Export: the engine's spans go through the exporter on their way to
+	// the store; each run's export is decided by that run's policy.
+	tel, err := openTelemetry(cfg, st, &engRef, log.With(logkey.Component, "telemetry"))
+	if err != nil {
+		return l, err
+	}
+	l.tel = tel
+	l.closers = append(l.closers, func() {
+		// Spans still queued get a few seconds to reach the collector.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Close(ctx); err != nil {
+			log.Warn("telemetry: stop", logkey.Err, err)
+		}
+	})
+	eng, err := engine.New(engine.Config{Store: engineStore{st, tel.Tracer(st)}, Model: router, Tools: reg.RunTools(), Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}
@@ -145,6 +164,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	l.eng = eng
 	engRef.Store(eng)
+	unsubscribe := eng.Subscribe(tel.OnEvent)
+	l.closers = append(l.closers, unsubscribe)
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
 	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, RunEffective: eng.PolicyOf, Runs: st, SideEffects: reg.SideEffects,
@@ -156,6 +177,10 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	// The limits declared are those in effect: flags, then tools.json.
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.env.policy = pol
+	l.env.telemetry = tel
+	if h := tel.MetricsHandler(); h != nil {
+		l.routes = append(l.routes, ipc.Route{Pattern: "GET /metrics", Handler: h})
+	}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
 	return l, nil

@@ -241,7 +241,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	cfg, log := d.cfg, d.log
 	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With(logkey.Component, "ipc"), Version: Version,
-		Routes: consoleRoutes()})
+		Routes: append(consoleRoutes(), l.routes...)})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/policy"
+	"github.com/keel-runtime/keel/telemetry"
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
@@ -20,6 +21,8 @@ type environment struct {
 	admin  *wasmtools.Admin
 	// policy, when set, is the policy in force (the daemon's watcher).
 	policy *policy.Watcher
+	// telemetry, when set, is the exporter (its state and counters).
+	telemetry *telemetry.Exporter
 }
 
 // newEnvironment declares what cfg fixes (the data dir, the network
@@ -58,6 +61,9 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 	env.Tools, env.ToolsCompiling = e.admin.Declare()
 	if e.policy != nil {
 		env.Policy = policyState(e.policy)
+	}
+	if e.telemetry != nil {
+		env.Telemetry = telemetryState(e.telemetry)
 	}
 	return env, nil
 }

@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/policy"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/telemetry"
+)
+
+// TelemetryConfigFile is the export configuration in the data directory
+// (docs/observability.md); optional: without it nothing is exported.
+const TelemetryConfigFile = telemetry.ConfigFile
+
+// engineStore is the store as the engine sees it: its journal, and its
+// trace through the exporter.
+type engineStore struct {
+	engine.Journal
+	engine.Tracer
+}
+
+// openTelemetry reads telemetry.json and makes the exporter. A run's
+// spans are exported only if its policy (eng's, once made) allows the
+// telemetry action to the collector. A file that does not load fails the
+// start with its file and field.
+func openTelemetry(cfg Config, st *store.Store, eng *atomic.Pointer[engine.Engine], log *slog.Logger) (*telemetry.Exporter, error) {
+	tc, err := telemetry.LoadConfig(filepath.Join(cfg.DataDir, TelemetryConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	x, err := telemetry.New(telemetry.Options{Config: tc, Runs: st, Version: Version, Logger: log,
+		Policy: func(run keel.Run) *policy.Policy {
+			if e := eng.Load(); e != nil {
+				p, _ := e.PolicyOf(run)
+				return p
+			}
+			return nil
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if tc.Enabled() {
+		s := x.Stats()
+		log.Info("exporting traces", "endpoint", s.Endpoint, "protocol", s.Protocol, "content", s.Content)
+	}
+	return x, nil
+}
+
+// telemetryState declares the export's state for env.describe (keel doctor).
+func telemetryState(x *telemetry.Exporter) *capabilities.TelemetryState {
+	s := x.Stats()
+	st := &capabilities.TelemetryState{Export: s.Enabled, Endpoint: s.Endpoint, Protocol: s.Protocol, File: s.File, Content: s.Content, Metrics: s.Metrics,
+		Exported: s.Exported, Dropped: s.Dropped, Failed: s.Failed, Denied: s.Denied, Queued: s.Queued, QueueSize: s.QueueSize, LastError: s.LastError}
+	if !s.LastErrorAt.IsZero() {
+		st.LastErrorAt = s.LastErrorAt.UTC()
+	}
+	if !s.LastExport.IsZero() {
+		st.LastExport = s.LastExport.UTC()
+	}
+	return st
+}
