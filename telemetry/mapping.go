@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	"github.com/keel-runtime/keel"
 	"go.opentelemetry.io/otel/attribute"
@@ -169,11 +168,12 @@ func stub(sp keel.Span, ri runInfo, labels []string, c *spanContent, withheld bo
 	if sp.ParentID != "" {
 		s.Parent = trace.NewSpanContext(trace.SpanContextConfig{TraceID: ri.trace, SpanID: spanIDOf(sp.ParentID), TraceFlags: trace.FlagsSampled, Remote: sp.Kind == keel.SpanRun})
 	}
-	attrs := []attribute.KeyValue{
+	attrs := make([]attribute.KeyValue, 0, 24)
+	attrs = append(attrs,
 		attribute.String(keyRunID, string(sp.RunID)),
 		attribute.String(keySpanID, sp.ID),
 		attribute.String(keySpanKind, string(sp.Kind)),
-	}
+	)
 	if sp.Step > 0 {
 		attrs = append(attrs, attribute.Int(keyStep, sp.Step))
 	}
@@ -231,11 +231,7 @@ func stub(sp keel.Span, ri runInfo, labels []string, c *spanContent, withheld bo
 		if sp.TTFT > 0 {
 			attrs = append(attrs, attribute.Float64(keyTTFT, float64(sp.TTFT)/1e6))
 		}
-		for k, v := range map[string]string{keyRoute: a.Route, keyVariant: a.Variant, keyModelDigest: sp.ModelDigest, keyPromptHash: sp.PromptHash, keyTemplateHash: sp.TemplateHash} {
-			if v != "" {
-				attrs = append(attrs, attribute.String(k, v))
-			}
-		}
+		attrs = appendNonEmpty(attrs, keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
 		var decided []keel.ModelDecision
 		if len(a.Policy) > 0 && a.Policy[0] == '[' && json.Unmarshal(a.Policy, &decided) == nil && len(decided) > 0 {
 			list := make([]string, len(decided))
@@ -299,15 +295,21 @@ func stub(sp keel.Span, ri runInfo, labels []string, c *spanContent, withheld bo
 		attrs = append(attrs, attribute.Bool(keyContentOmitted, true))
 	}
 	if c != nil {
-		for k, v := range map[string]string{keyInput: c.input, keyOutput: c.output, keyToolArgs: c.args, keyToolResult: c.result} {
-			if v != "" {
-				attrs = append(attrs, attribute.String(k, v))
-			}
-		}
+		attrs = appendNonEmpty(attrs, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result)
 	}
-	slices.SortFunc(attrs, func(x, y attribute.KeyValue) int { return cmpString(string(x.Key), string(y.Key)) })
 	s.Attributes = attrs
 	return s
+}
+
+// appendNonEmpty appends the string attributes of kv (key, value, ...)
+// whose value is not empty.
+func appendNonEmpty(attrs []attribute.KeyValue, kv ...string) []attribute.KeyValue {
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			attrs = append(attrs, attribute.String(kv[i], kv[i+1]))
+		}
+	}
+	return attrs
 }
 
 func cmpOr(s, def string) string {
@@ -315,14 +317,4 @@ func cmpOr(s, def string) string {
 		return def
 	}
 	return s
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -3,6 +3,8 @@ package telemetry
 import (
 	"context"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -48,6 +50,9 @@ type metrics struct {
 	toolTime  metric.Float64Histogram
 	failures  metric.Int64Counter
 	runsEnded metric.Int64Counter
+
+	models, tools sync.Map // attribute sets by model and provider, by tool (modelOpts, toolOpt)
+	cached        atomic.Int64
 }
 
 func newMetrics(x *Exporter) (*metrics, error) {
@@ -120,25 +125,60 @@ func (m *metrics) span(sp keel.Span) {
 	}
 	switch sp.Kind {
 	case keel.SpanModelCall:
-		model := attribute.String(keyResponseModel, sp.Name)
-		provider := attribute.String(keyProvider, sp.Provider)
+		o := m.modelOpts(sp.Name, sp.Provider)
 		if sp.PromptTokens > 0 {
-			m.tokens.Add(ctx, int64(sp.PromptTokens), metric.WithAttributes(attribute.String(keyTokenType, "input"), model, provider))
+			m.tokens.Add(ctx, int64(sp.PromptTokens), o.input)
 		}
 		if sp.CompletionTokens > 0 {
-			m.tokens.Add(ctx, int64(sp.CompletionTokens), metric.WithAttributes(attribute.String(keyTokenType, "output"), model, provider))
+			m.tokens.Add(ctx, int64(sp.CompletionTokens), o.output)
 		}
 		if sp.CostUSD > 0 {
-			m.cost.Add(ctx, sp.CostUSD, metric.WithAttributes(model, provider))
+			m.cost.Add(ctx, sp.CostUSD, o.plain)
 		}
-		m.modelTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(model, provider))
+		m.modelTime.Record(ctx, sp.Duration.Seconds(), o.plain)
 	case keel.SpanToolCall:
-		attrs := []attribute.KeyValue{attribute.String(keyToolName, sp.Name)}
 		if errType != "" {
-			attrs = append(attrs, attribute.String(keyErrorType, errType))
+			m.toolTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(attribute.String(keyToolName, sp.Name), attribute.String(keyErrorType, errType)))
+			break
 		}
-		m.toolTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(attrs...))
+		m.toolTime.Record(ctx, sp.Duration.Seconds(), m.toolOpt(sp.Name))
 	}
+}
+
+// modelOptions are the attribute sets of one model and provider's
+// measurements, made once: building a set sorts and hashes it, which
+// would otherwise be most of the cost of recording a span.
+type modelOptions struct{ input, output, plain metric.MeasurementOption }
+
+// maxCached bounds the attribute sets kept (distinct models, tools).
+const maxCached = 1024
+
+func (m *metrics) modelOpts(model, provider string) *modelOptions {
+	key := model + "\x00" + provider
+	if o, ok := m.models.Load(key); ok {
+		return o.(*modelOptions)
+	}
+	ma, pa := attribute.String(keyResponseModel, model), attribute.String(keyProvider, provider)
+	o := &modelOptions{
+		input:  metric.WithAttributeSet(attribute.NewSet(attribute.String(keyTokenType, "input"), ma, pa)),
+		output: metric.WithAttributeSet(attribute.NewSet(attribute.String(keyTokenType, "output"), ma, pa)),
+		plain:  metric.WithAttributeSet(attribute.NewSet(ma, pa)),
+	}
+	if m.cached.Add(1) <= maxCached {
+		m.models.Store(key, o)
+	}
+	return o
+}
+
+func (m *metrics) toolOpt(name string) metric.MeasurementOption {
+	if o, ok := m.tools.Load(name); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(attribute.String(keyToolName, name)))
+	if m.cached.Add(1) <= maxCached {
+		m.tools.Store(name, o)
+	}
+	return o
 }
 
 // runEnded counts a run that ended, by the state its event says.
