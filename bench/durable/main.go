@@ -66,6 +66,7 @@ type config struct {
 	skipLang bool
 	policy   bool     // measure the policy's cost only (policy.go)
 	policyIn string   // "": on and off in turns; "on" or "off": that side alone (policy.go)
+	export   bool     // measure the OTLP export's cost only (export.go)
 	syncs    []string // synchronous settings, one column each
 }
 
@@ -85,6 +86,7 @@ func main() {
 	flag.BoolVar(&cfg.skipLang, "skip-langgraph", false, "measure keel and the floor only (no node needed)")
 	flag.BoolVar(&cfg.policy, "policy", false, "measure only a run's step time with a 1,000-rule policy in force vs none (issue 16)")
 	flag.StringVar(&cfg.policyIn, "policy-only", "", "with -policy: time only runs with the policy \"on\" or \"off\", so that each side can be profiled (-cpuprofile) in its own process")
+	flag.BoolVar(&cfg.export, "export", false, "measure only a run's step time with OTLP export off vs on, collector up and down (issue 17); KEEL_TEST_OTLP_GRPC names the collector, else an in-process receiver")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -163,6 +165,9 @@ func run(cfg config) error {
 	}
 	if cfg.policy {
 		return runPolicy(ctx, cfg, dir)
+	}
+	if cfg.export {
+		return runExport(ctx, cfg, dir)
 	}
 	if !cfg.skipLang {
 		if err := installLangGraph(lgDir); err != nil {

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/store"
+	"github.com/keel-runtime/keel/telemetry"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
+)
+
+// The -export mode: a run's step time with OTLP export off, on with the
+// collector up, and on with the collector down (issue 17).
+
+// exportModes are the settings compared, in the order of the results.
+var exportModes = []string{"off", "up", "down", "off again"}
+
+// switchedTracer is the engine's tracer, switched between runs: the
+// store's alone (export off), or the store's through an exporter.
+type switchedTracer struct {
+	cur atomic.Pointer[tracerChoice]
+}
+
+type tracerChoice struct {
+	tr telemetry.Tracer
+	x  *telemetry.Exporter // nil: export off
+}
+
+func (s *switchedTracer) StartSpan(ctx context.Context, sp keel.Span) error {
+	return s.cur.Load().tr.StartSpan(ctx, sp)
+}
+func (s *switchedTracer) FinishSpan(ctx context.Context, sp keel.Span) error {
+	return s.cur.Load().tr.FinishSpan(ctx, sp)
+}
+func (s *switchedTracer) Sync(ctx context.Context) error { return s.cur.Load().tr.Sync(ctx) }
+func (s *switchedTracer) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
+	return s.cur.Load().tr.Spans(ctx, id)
+}
+func (s *switchedTracer) RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error) {
+	return s.cur.Load().tr.RunsWithOpenSpans(ctx)
+}
+
+// onEvent hands the engine's events to the exporter in use, as the
+// daemon subscribes its exporter.
+func (s *switchedTracer) onEvent(ev keel.Event) {
+	if x := s.cur.Load().x; x != nil {
+		x.OnEvent(ev)
+	}
+}
+
+// otlpReceiver is an in-process OTLP/gRPC collector that accepts and
+// discards: the collector "up" when no real one is given
+// (KEEL_TEST_OTLP_GRPC unset).
+type otlpReceiver struct {
+	collectortrace.UnimplementedTraceServiceServer
+	spans atomic.Int64
+}
+
+func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			r.spans.Add(int64(len(ss.Spans)))
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+// exportResult is the step time of one run in each mode.
+type exportResult struct {
+	sync      string
+	collector string
+	step      [4]time.Duration // medians per step, by exportModes
+	ratio     [4]float64       // medians of the reps' mode/off
+	cpu       [4]time.Duration
+	cpuRatio  [4]float64
+	up, down  telemetry.Stats
+}
+
+// measureExport times reps sets of single runs of n steps on one engine
+// and database file, the modes taking turns in a rotating order.
+func measureExport(ctx context.Context, dir, synchronous string, n, reps int, upEndpoint string) (exportResult, error) {
+	res := exportResult{sync: synchronous}
+	st, err := store.OpenWith(ctx, filepath.Join(dir, "keel-export-"+synchronous+".db"), store.Options{Synchronous: synchronous})
+	if err != nil {
+		return res, err
+	}
+	defer st.Close()
+	if upEndpoint == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return res, err
+		}
+		srv := grpc.NewServer()
+		collectortrace.RegisterTraceServiceServer(srv, &otlpReceiver{})
+		go srv.Serve(ln)
+		defer srv.Stop()
+		upEndpoint = ln.Addr().String()
+		res.collector = "an in-process OTLP/gRPC receiver (no KEEL_TEST_OTLP_GRPC)"
+	} else {
+		res.collector = "Jaeger at " + upEndpoint + " (KEEL_TEST_OTLP_GRPC)"
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return res, err
+	}
+	downEndpoint := closed.Addr().String()
+	closed.Close()
+	newX := func(endpoint string) (*telemetry.Exporter, error) {
+		cfg, err := telemetry.ParseConfig("telemetry.json", fmt.Appendf(nil, `{"endpoint": %q, "insecure": true, "service_name": "keel-bench"}`, endpoint))
+		if err != nil {
+			return nil, err
+		}
+		return telemetry.New(telemetry.Options{Config: cfg, Runs: st})
+	}
+	up, err := newX(upEndpoint)
+	if err != nil {
+		return res, err
+	}
+	down, err := newX(downEndpoint)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		up.Close(cctx)
+		down.Close(cctx)
+	}()
+	sw := &switchedTracer{}
+	choices := []*tracerChoice{{tr: st}, {tr: up.Tracer(st), x: up}, {tr: down.Tracer(st), x: down}, {tr: st}}
+	sw.cur.Store(choices[0])
+	eng, err := engine.New(engine.Config{Store: struct {
+		engine.Journal
+		engine.Tracer
+	}{st, sw}, Model: chain{n}, Tools: tools{}, DefaultMaxSteps: n})
+	if err != nil {
+		return res, err
+	}
+	unsub := eng.Subscribe(sw.onEvent)
+	defer unsub()
+	b := &bed{st: st, eng: eng}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		eng.Close(cctx)
+	}()
+	for i := 0; st.Commits() < warmCommits; i++ {
+		sw.cur.Store(choices[i%3])
+		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
+			return res, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	one := func(mode, i int) (wall, cpu time.Duration, err error) {
+		sw.cur.Store(choices[mode])
+		c0 := cpuTime()
+		bt, err := runAll(ctx, b, fmt.Sprintf("one-%d-%d", i, mode), 1, n)
+		if err != nil {
+			return 0, 0, err
+		}
+		if bt.steps != int64(n) {
+			return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
+		}
+		err = st.Sync(ctx)
+		return bt.elapsed / time.Duration(n), (cpuTime() - c0) / time.Duration(n), err
+	}
+	var walls, cpus [4][]time.Duration
+	var ratios, cpuRatios [4][]float64
+	for i := range reps {
+		var got, cpu [4]time.Duration
+		for k := range 4 {
+			m := (i + k) % 4
+			if got[m], cpu[m], err = one(m, i*4+k); err != nil {
+				return res, err
+			}
+		}
+		for m := range 4 {
+			walls[m], cpus[m] = append(walls[m], got[m]), append(cpus[m], cpu[m])
+			ratios[m] = append(ratios[m], float64(got[m])/float64(got[0]))
+			if cpu[0] > 0 {
+				cpuRatios[m] = append(cpuRatios[m], float64(cpu[m])/float64(cpu[0]))
+			}
+		}
+	}
+	for m := range 4 {
+		slices.Sort(walls[m])
+		slices.Sort(cpus[m])
+		slices.Sort(ratios[m])
+		res.step[m], res.cpu[m], res.ratio[m] = walls[m][reps/2], cpus[m][reps/2], ratios[m][reps/2]
+		if len(cpuRatios[m]) > 0 {
+			slices.Sort(cpuRatios[m])
+			res.cpuRatio[m] = cpuRatios[m][reps/2]
+		}
+	}
+	// Let the last batches go (or fail) before the counters are read.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = errors.Join(up.Close(cctx), down.Close(cctx))
+	res.up, res.down = up.Stats(), down.Stats()
+	if res.up.Exported == 0 || res.up.Failed+res.up.Dropped > 0 {
+		return res, fmt.Errorf("collector up: %+v, want every span exported (%v)", res.up, err)
+	}
+	if res.down.Exported != 0 || res.down.Failed+res.down.Dropped == 0 {
+		return res, fmt.Errorf("collector down: %+v, want every span failed or dropped", res.down)
+	}
+	return res, nil
+}
+
+// runExport is the -export mode: the export comparison alone, at each
+// synchronous setting.
+func runExport(ctx context.Context, cfg config, dir string) error {
+	fmt.Printf("OTLP export off vs on (collector up, collector down): one run of %d steps (echo tool calls), median of %d reps of 4 runs (off, up, down, off again) in rotating order\n",
+		cfg.n, cfg.reps)
+	for _, s := range cfg.syncs {
+		progress("%s: keel, export off / up / down, %d reps of 4 runs of %d steps", s, cfg.reps, cfg.n)
+		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, os.Getenv("KEEL_TEST_OTLP_GRPC"))
+		if err != nil {
+			return fmt.Errorf("synchronous=%s: %w", s, err)
+		}
+		fmt.Printf("collector up: %s; down: a closed port\n", r.collector)
+		fmt.Printf("synchronous=%-6s per step: off %s, up %s, down %s; up/off %.3f (%+.1f%%), down/off %.3f (%+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
+			r.sync, dur(r.step[0]), dur(r.step[1]), dur(r.step[2]), r.ratio[1], (r.ratio[1]-1)*100, r.ratio[2], (r.ratio[2]-1)*100, r.ratio[3], (r.ratio[3]-1)*100)
+		if r.cpu[0] > 0 {
+			fmt.Printf("synchronous=%-6s CPU per step: off %s, up %s, down %s; up/off %.3f, down/off %.3f; noise floor off/off %.3f\n",
+				r.sync, dur(r.cpu[0]), dur(r.cpu[1]), dur(r.cpu[2]), r.cpuRatio[1], r.cpuRatio[2], r.cpuRatio[3])
+		}
+		fmt.Printf("synchronous=%-6s spans: up %d exported, %d dropped, %d failed; down %d exported, %d dropped, %d failed\n",
+			r.sync, r.up.Exported, r.up.Dropped, r.up.Failed, r.down.Exported, r.down.Dropped, r.down.Failed)
+	}
+	return nil
+}
