@@ -124,7 +124,9 @@ func (e *Engine) Approve(ctx context.Context, id keel.RunID, d keel.ApprovalData
 	}
 	// Finished first, to commit with the decision: a crash after the
 	// decision must not leave the wait open in the trace.
-	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason}
+	// Its attributes again: finishing a span replaces them.
+	sp := keel.Span{ID: asked.SpanID, RunID: id, Kind: keel.SpanHuman, Status: status, Duration: e.cfg.Now().Sub(j.askedAt[d.CallID]), Error: d.Reason,
+		Attrs: toolAttrs(asked.Policy, d.CallID, nil, nil, nil)}
 	if err := e.cfg.Store.FinishSpan(context.WithoutCancel(ctx), sp); err != nil {
 		e.log.Warn("close the approval span", logkey.Run, id, logkey.Err, err)
 	}

@@ -100,6 +100,7 @@ type Exporter struct {
 // whose content spans may carry.
 type item struct {
 	span keel.Span
+	src  Tracer // the tracer the span was finished through, to complete it (see complete)
 	ev   *keel.Event
 }
 
@@ -206,19 +207,20 @@ func (t *tracer) FinishSpan(ctx context.Context, sp keel.Span) error {
 	if err := t.Tracer.FinishSpan(ctx, sp); err != nil {
 		return err
 	}
-	t.x.finished(sp)
+	t.x.finished(sp, t.Tracer)
 	return nil
 }
 
-// finished records sp in the metrics and queues it for export.
-func (x *Exporter) finished(sp keel.Span) {
+// finished records sp, finished through src, in the metrics and queues
+// it for export.
+func (x *Exporter) finished(sp keel.Span, src Tracer) {
 	if x.m != nil {
 		x.m.span(sp)
 	}
 	if x.q == nil || sp.Status == keel.SpanRunning {
 		return
 	}
-	x.enqueue(item{span: sp})
+	x.enqueue(item{span: sp, src: src})
 }
 
 func (x *Exporter) enqueue(it item) {
@@ -351,7 +353,7 @@ func (x *Exporter) loop() {
 				x.content(it.ev)
 				continue
 			}
-			pending = append(pending, it.span)
+			pending = append(pending, x.complete(it))
 			if len(pending)+len(ready) >= maxBatch {
 				send(context.Background(), append(ready, pending...))
 				pending, ready = nil, nil
@@ -371,7 +373,7 @@ func (x *Exporter) loop() {
 					if it.ev != nil {
 						x.content(it.ev)
 					} else {
-						pending = append(pending, it.span)
+						pending = append(pending, x.complete(it))
 					}
 				default:
 					drained = true
@@ -381,6 +383,37 @@ func (x *Exporter) loop() {
 			return
 		}
 	}
+}
+
+// complete returns the span of it whole. FinishSpan records a span's
+// outcome: a caller may pass only that (the end of a wait for approval
+// does, which may come in a later daemon than its start), and the
+// span's start, name and parent are then read from the tracer it was
+// finished through.
+func (x *Exporter) complete(it item) keel.Span {
+	sp := it.span
+	if !sp.Start.IsZero() || it.src == nil {
+		return sp
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.exportTimeout())
+	defer cancel()
+	spans, err := it.src.Spans(ctx, sp.RunID)
+	if err != nil {
+		return sp
+	}
+	for _, st := range spans {
+		if st.ID != sp.ID {
+			continue
+		}
+		st.Duration, st.Status, st.Error, st.PromptTokens, st.CompletionTokens = sp.Duration, sp.Status, sp.Error, sp.PromptTokens, sp.CompletionTokens
+		st.Provider, st.CostUSD, st.TTFT, st.Retries, st.FinishReason = sp.Provider, sp.CostUSD, sp.TTFT, sp.Retries, sp.FinishReason
+		st.ModelDigest, st.TemplateHash, st.PromptHash = sp.ModelDigest, sp.TemplateHash, sp.PromptHash
+		if len(sp.Attrs) > 0 {
+			st.Attrs = sp.Attrs
+		}
+		return st
+	}
+	return sp
 }
 
 // flush maps spans and sends them, in batches of at most maxBatch.

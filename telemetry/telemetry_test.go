@@ -548,3 +548,61 @@ func TestParseConfig(t *testing.T) {
 		}
 	}
 }
+
+// memTracer keeps the spans started, as the store does.
+type memTracer struct {
+	nopTracer
+	mu    sync.Mutex
+	spans []keel.Span
+}
+
+func (m *memTracer) StartSpan(_ context.Context, sp keel.Span) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.spans = append(m.spans, sp)
+	return nil
+}
+
+func (m *memTracer) Spans(_ context.Context, id keel.RunID) ([]keel.Span, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []keel.Span
+	for _, sp := range m.spans {
+		if sp.RunID == id {
+			out = append(out, sp)
+		}
+	}
+	return out, nil
+}
+
+// TestPartialFinishCompleted: the end of a wait for approval is finished
+// with its outcome only (ID, kind, status, duration); the exported span
+// has the start, name and parent it was started with.
+func TestPartialFinishCompleted(t *testing.T) {
+	t.Parallel()
+	mem := tracetest.NewInMemoryExporter()
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 10}, Runs: &fakeRuns{}, SpanExporter: memCollector{mem}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &memTracer{}
+	tr := x.Tracer(store)
+	wait := keel.Span{ID: "wait", RunID: "r", ParentID: "step", Kind: keel.SpanHuman, Name: "approve echo", Step: 1, Start: t0, Status: keel.SpanRunning}
+	if err := tr.StartSpan(context.Background(), wait); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, tr, keel.Span{ID: "wait", RunID: "r", Kind: keel.SpanHuman, Status: keel.SpanOK, Duration: time.Minute, Attrs: json.RawMessage(`{"call_id":"c1"}`)})
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := mem.GetSpans()
+	if len(got) != 1 {
+		t.Fatalf("exported %d spans, want 1", len(got))
+	}
+	s := got[0]
+	if s.Name != "human.wait approve echo" || !s.StartTime.Equal(t0) || s.EndTime.Sub(s.StartTime) != time.Minute || s.Parent.SpanID() != spanIDOf("step") ||
+		attrsOf(s)[keyToolCallID].AsString() != "c1" {
+		t.Errorf("exported %q from %v for %v, parent %s, call %q; want the started span's name, start and parent, the finish's duration and attributes",
+			s.Name, s.StartTime, s.EndTime.Sub(s.StartTime), s.Parent.SpanID(), attrsOf(s)[keyToolCallID].AsString())
+	}
+}
