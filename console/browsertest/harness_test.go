@@ -2,6 +2,7 @@ package browsertest_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -218,3 +219,5 @@ func screenshot(t *testing.T, name string, png []byte) {
 func waitJS(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(timeout))
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

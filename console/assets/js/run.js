@@ -221,6 +221,7 @@ function steering(conn, id) {
       if (res) replace(replayOut, h('p', {}, res.matches ? 'Replay matches the journal.' : `Replay differs: ${res.difference}`));
     }),
   };
+  for (const [name, b] of Object.entries(buttons)) b.dataset.action = name;
   const node = h('section', { 'aria-labelledby': 'steer-h', class: 'steer' },
     h('h2', { id: 'steer-h' }, 'Steer'),
     h('div', { class: 'row' }, h('label', { for: 'say-text' }, 'Message'), message, buttons.say),
