@@ -62,9 +62,14 @@ func TestRunApprovedInBrowser(t *testing.T) {
 	if png := shot(t, tab); png != nil {
 		screenshot(t, "console-approvals.png", png)
 	}
+	// With the keyboard: from the arguments, Tab reaches Approve, Enter
+	// presses it.
 	run(t, tab, "approve",
 		chromedp.SetValue(css(`#inbox article.wait[data-call="c1"] textarea`), `{"text":"just two"}`),
-		chromedp.Click(css(`#inbox article.wait[data-call="c1"] button.approve`)),
+		chromedp.Focus(css(`#inbox article.wait[data-call="c1"] textarea`)),
+		chromedp.KeyEvent("\t"),
+		waitJS(`document.activeElement?.classList.contains('approve')`),
+		chromedp.KeyEvent("\r"),
 		waitJS(`document.querySelector('#inbox article.wait[data-call="c1"] .alert')?.dataset.kind === 'ok' || !document.querySelector('#inbox article.wait[data-call="c1"]')`),
 	)
 
@@ -85,6 +90,13 @@ func TestRunApprovedInBrowser(t *testing.T) {
 	}
 	if png := shot(t, tab); png != nil {
 		screenshot(t, "console-run.png", png)
+	}
+
+	// At a phone's width the page folds instead of overflowing: wide
+	// tables scroll in their own box.
+	run(t, tab, "narrow the window", chromedp.EmulateViewport(360, 800))
+	if w := get(t, tab, "measure the page", chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); w[0] > w[1] {
+		t.Errorf("at 360 px the run page is %d px wide: it overflows", w[0])
 	}
 
 	// What the page showed is what the daemon journaled.

@@ -186,7 +186,34 @@ func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffec
 	case <-time.After(2 * time.Minute):
 		t.Fatal("daemon not ready within 2 minutes")
 	}
+	if len(tools) > 0 {
+		k.waitToolsLoaded(t)
+	}
 	return k
+}
+
+// waitToolsLoaded waits until k has compiled the tools it found at
+// start (the daemon says so with tools.changed), so that a run the test
+// starts runs at once: under -race on a busy machine compiling a Go tool
+// can take longer than a page wait.
+func (k *instance) waitToolsLoaded(t *testing.T) {
+	t.Helper()
+	c := k.dial(t)
+	timeout := time.After(5 * time.Minute)
+	for {
+		res, err := c.ToolsList(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Compiling == nil {
+			return
+		}
+		select {
+		case <-c.ToolsChanged():
+		case <-timeout:
+			t.Fatalf("tools still compiling after 5 minutes: %+v", res.Compiling)
+		}
+	}
 }
 
 // dial is a native client of k, for what the test checks behind the

@@ -66,6 +66,7 @@ export function runPage(conn, root, [id]) {
 
   const events = [];
   let current = null, labels = [], deltas = new Map();
+  const answered = new Set(); // model steps whose model.result is shown
   const shownWaits = new Map();
 
   function renderFacts() {
@@ -137,9 +138,12 @@ export function runPage(conn, root, [id]) {
   function onEvent(ev) {
     if (ev.type === 'model.delta') {
       const step = ev.data.step;
+      // A subscription replays stored events first: a live fragment of a
+      // step can come after the step's stored result. Its text is there.
+      if (answered.has(step)) return;
       let li = deltas.get(step);
       if (!li) {
-        li = h('li', { class: 'ev delta', 'data-type': 'model.delta' }, h('b', {}, `step ${step} streaming: `), h('span', { class: 'text' }));
+        li = h('li', { class: 'ev delta', 'data-type': 'model.delta' }, h('b', { class: 'type' }, `step ${step} streaming: `), h('span', { class: 'text' }));
         deltas.set(step, li);
         evList.append(li);
       }
@@ -147,6 +151,7 @@ export function runPage(conn, root, [id]) {
       text.textContent = (ev.data.restart ? '' : text.textContent) + ev.data.content;
       return;
     }
+    if (ev.type === 'model.result') answered.add(ev.data.step);
     if (ev.type === 'model.result' && deltas.has(ev.data.step)) {
       deltas.get(ev.data.step).remove();
       deltas.delete(ev.data.step);
