@@ -25,9 +25,9 @@ func TestRunApprovedInBrowser(t *testing.T) {
 	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
-		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
+		scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			return models.ChatResponse{Message: models.Message{Content: "counted: " + req.Messages[len(req.Messages)-1].Content}}, nil
-		}),
+		})),
 	)
 	k := startKeel(t, p, []keel.SideEffect{keel.SideEffectReadOnly}, "wordcount")
 	tab := newTab(t)
@@ -107,6 +107,20 @@ func TestRunApprovedInBrowser(t *testing.T) {
 	shown := get(t, tab, "count the events shown", chromedp.Evaluate[int](`document.querySelectorAll('#events li[data-seq]').length`))
 	if det.Run.Status != keel.RunSucceeded || shown != len(det.Events) {
 		t.Errorf("daemon: run %s with %d events; the page shows %d", det.Run.Status, len(det.Events), shown)
+	}
+
+	// Fork it from step 1: the page opens the new run, which goes on from
+	// the copied tool result.
+	run(t, tab, "fork from step 1",
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.SetValue(css(`#fork-step`), "1"),
+		chromedp.Click(css(`.steer button[data-action="fork"]`)),
+		waitJS(`location.hash.startsWith('#/runs/') && location.hash !== `+"`#/runs/"+string(id)+"`"),
+		chromedp.WaitVisible(css(`#events li[data-type="run.forked"]`)),
+		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)))
+	forked := get(t, tab, "read the fork's result", chromedp.Text(css(`.facts .result`)))
+	if !strings.Contains(forked, `"words":2`) {
+		t.Errorf("the fork's result = %q, want it built on the copied (edited) tool result", forked)
 	}
 }
 
