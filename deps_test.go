@@ -17,7 +17,7 @@ func TestDependencyDirection(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	// forbidden[pkg] lists module packages (prefixes) pkg must not depend on.
-	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "console", "daemon", "cli", "cmd", "examples"}
+	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "bridges", "console", "daemon", "cli", "cmd", "examples"}
 	except := func(allowed ...string) []string {
 		var f []string
 	next:
@@ -56,7 +56,11 @@ func TestDependencyDirection(t *testing.T) {
 		// The data directory's layout, shared by the daemon and clients.
 		"ipc/datadir": except("capabilities", "ipc"),
 		"ipc":         except("capabilities", "ipc"),
-		"cli":         except("ipc", "capabilities", "cli"),
+		"cli":         except("ipc", "capabilities", "cli", "bridges"),
+		// Protocol adapters (MCP) over small interfaces of their own: the
+		// root types and capabilities, never the engine, the store, the
+		// tool runtime or the server they are served beside.
+		"bridges": except("capabilities", "bridges"),
 		// The web console talks to the daemon only through the protocol:
 		// its wire constants, never the server (checked below).
 		"console": except("ipc", "capabilities"),

@@ -10,6 +10,11 @@ type ToolInvocation struct {
 	Step   int
 	CallID string // the model's (or a person's) ID of the call within the run
 	Name   string // the tool
+	// Client names who asked for a direct call (no run), as the client
+	// declared it, for the audit trail: such as "mcp:Claude Desktop" for
+	// an MCP client through keel's MCP server. Empty for a run's call
+	// and for a keel protocol client that named no one.
+	Client string
 	// Args is the call's input, a JSON object; empty counts as {}.
 	Args json.RawMessage
 	// Touched, when not nil, is filled in by the tool host with what the

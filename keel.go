@@ -682,14 +682,18 @@ type RunUpdate struct {
 // module hash), who called it (run and step, or a direct call), a hash of
 // the arguments, the grants in force, the outcome and the duration.
 type ToolAudit struct {
-	ID         int64         `json:"id"`
-	Time       time.Time     `json:"time"`
-	Tool       string        `json:"tool"`
-	Version    string        `json:"version,omitempty"`
-	SHA256     string        `json:"sha256,omitempty"`
-	RunID      RunID         `json:"run_id,omitempty"` // empty for a direct call
-	Step       int           `json:"step,omitempty"`
-	CallID     string        `json:"call_id,omitempty"`
+	ID      int64     `json:"id"`
+	Time    time.Time `json:"time"`
+	Tool    string    `json:"tool"`
+	Version string    `json:"version,omitempty"`
+	SHA256  string    `json:"sha256,omitempty"`
+	RunID   RunID     `json:"run_id,omitempty"` // empty for a direct call
+	Step    int       `json:"step,omitempty"`
+	CallID  string    `json:"call_id,omitempty"`
+	// Client names who asked for a direct call, as it declared itself
+	// (ToolInvocation.Client): "mcp:NAME" for an MCP client. Empty for
+	// a run's call and for a client that named no one.
+	Client     string        `json:"client,omitempty"`
 	ArgsSHA256 string        `json:"args_sha256"`
 	Grants     []string      `json:"grants,omitempty"` // e.g. "fs:/workspace=ro"
 	Outcome    string        `json:"outcome"`          // "ok" or a ToolErrorCode

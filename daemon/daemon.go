@@ -240,8 +240,13 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	cfg, log := d.cfg, d.log
+	mcp, stopMCP, err := mcpRoute(ctx, l.services.Tools, log)
+	if err != nil {
+		return err
+	}
+	defer stopMCP()
 	srv, err := ipc.NewServer(l.services, ipc.Config{Token: d.token, AllowedOrigins: cfg.AllowedOrigins, Logger: log.With(logkey.Component, "ipc"), Version: Version,
-		Routes: append(consoleRoutes(), l.routes...)})
+		Routes: append(consoleRoutes(), append(l.routes, mcp)...)})
 	if err != nil {
 		return err
 	}
@@ -256,6 +261,10 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	unwatch := context.AfterFunc(ctx, stop)
 	defer unwatch()
 	srvCtx, stopSrv := context.WithCancel(context.Background())
+	// The MCP sessions end as the server stops: their open streams would
+	// otherwise hold up its shutdown.
+	stopMCPWithSrv := context.AfterFunc(srvCtx, stopMCP)
+	defer stopMCPWithSrv()
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 
 	// The engine: interrupted runs go on from their journals once their

@@ -261,15 +261,21 @@ func handleToolsList(ctx context.Context, c *conn, params json.RawMessage) (any,
 	return res, nil
 }
 
+// maxClientName bounds tools.call's client.
+const maxClientName = 200
+
 func handleToolsCall(ctx context.Context, c *conn, p protocol.ToolsCallParams) (any, error) {
 	if p.Name == "" {
 		return nil, paramError("name", "must not be empty")
+	}
+	if len(p.Client) > maxClientName {
+		return nil, paramError("client", fmt.Sprintf("must be at most %d bytes", maxClientName))
 	}
 	if len(p.Input) == 0 {
 		p.Input = json.RawMessage("{}")
 	}
 	start := time.Now()
-	out, err := c.s.svc.Tools.CallTool(ctx, p.Name, p.Input)
+	out, err := c.s.svc.Tools.CallTool(ctx, p.Name, p.Input, p.Client)
 	if err != nil {
 		return nil, err
 	}

@@ -573,3 +573,28 @@ func (s *Server) untrack(c *conn) {
 	s.mu.Unlock()
 	s.connWG.Done()
 }
+
+// RouteCaller is who a request to a non-public route (Route) authenticated
+// as.
+type RouteCaller struct {
+	// Via is how: "token" (the daemon's own), "client_token" (a token of
+	// token.create) or "session" (a console session).
+	Via string
+	// Name is the client token's name (Via "client_token"), else empty.
+	Name string
+	// Scopes are the scopes it holds (keel.Scopes), in that order: the
+	// daemon's token holds all, a session all but admin.
+	Scopes []string
+}
+
+// CallerOf returns who r, a request a non-public route is serving,
+// authenticated as; false for a request that did not pass the server's
+// check (a public route's). A route that serves several operations
+// checks each one's scope with it, as the server does per method.
+func CallerOf(r *http.Request) (RouteCaller, bool) {
+	who, ok := r.Context().Value(callerKey{}).(caller)
+	if !ok {
+		return RouteCaller{}, false
+	}
+	return RouteCaller{Via: who.via, Name: who.name, Scopes: who.scopes.names()}, true
+}

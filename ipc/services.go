@@ -108,9 +108,10 @@ type RunSteering interface {
 type Tools interface {
 	// ListTools returns the installed tools.
 	ListTools(ctx context.Context) ([]protocol.ToolInfo, error)
-	// CallTool runs one tool with input. A tool failure is a
-	// *keel.ToolError.
-	CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error)
+	// CallTool runs one tool with input, asked for by client (as the
+	// client declared itself, for the audit trail; may be empty). A
+	// tool failure is a *keel.ToolError.
+	CallTool(ctx context.Context, name string, input json.RawMessage, client string) (json.RawMessage, error)
 	// ToolsProgress reports the compilation of the tools found at start;
 	// tools.list shows it while ready is false.
 	ToolsProgress() (loaded, total int, ready bool)

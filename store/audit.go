@@ -131,7 +131,7 @@ func (a *AuditTrail) ToolDenied(ctx context.Context, inv keel.ToolInvocation, er
 func auditRecord(inv keel.ToolInvocation, start time.Time) keel.ToolAudit {
 	sum := sha256.Sum256(inv.Args)
 	return keel.ToolAudit{Time: start.UTC(), Tool: inv.Name, RunID: inv.Run, Step: inv.Step, CallID: inv.CallID,
-		ArgsSHA256: hex.EncodeToString(sum[:]), Outcome: "ok", Policy: inv.Policy}
+		Client: inv.Client, ArgsSHA256: hex.EncodeToString(sum[:]), Outcome: "ok", Policy: inv.Policy}
 }
 
 // record writes rec, the record of inv: a run's call's with the next
@@ -161,7 +161,7 @@ func auditInsert(a keel.ToolAudit) (func(context.Context, *wtx) (sql.Result, err
 	return func(ctx context.Context, tx *wtx) (sql.Result, error) {
 		return tx.ExecContext(ctx, qInsertAudit,
 			nanos(a.Time), a.Tool, a.Version, a.SHA256, string(a.RunID), a.Step, a.CallID, a.ArgsSHA256, grants, a.Outcome, a.Error, int64(a.Duration),
-			string(pol), labels, hosts, string(refused))
+			string(pol), labels, hosts, string(refused), a.Client)
 	}, nil
 }
 
@@ -178,7 +178,7 @@ func jsonList(l []string) string {
 // not empty, keeps only that tool's calls.
 func (s *Store) ToolCalls(ctx context.Context, tool string, limit int) ([]keel.ToolAudit, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT id, time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration,
-		policy, labels, hosts, refused FROM tool_audit WHERE (? = '' OR tool = ?) ORDER BY id DESC LIMIT ?`, tool, tool, limit)
+		policy, labels, hosts, refused, client FROM tool_audit WHERE (? = '' OR tool = ?) ORDER BY id DESC LIMIT ?`, tool, tool, limit)
 	if err != nil {
 		return nil, fmt.Errorf("tool audit: %w", mapErr(err))
 	}
@@ -189,7 +189,7 @@ func (s *Store) ToolCalls(ctx context.Context, tool string, limit int) ([]keel.T
 		var at, dur int64
 		var run, grants, pol, labels, hosts, refused string
 		if err := rows.Scan(&a.ID, &at, &a.Tool, &a.Version, &a.SHA256, &run, &a.Step, &a.CallID, &a.ArgsSHA256, &grants, &a.Outcome, &a.Error, &dur,
-			&pol, &labels, &hosts, &refused); err != nil {
+			&pol, &labels, &hosts, &refused, &a.Client); err != nil {
 			return nil, fmt.Errorf("tool audit: %w", mapErr(err))
 		}
 		a.Time, a.Duration, a.RunID = fromNanos(at), time.Duration(dur), keel.RunID(run)

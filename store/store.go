@@ -62,8 +62,8 @@ const (
 	qFinishSpan = `UPDATE spans SET duration = ?, status = ?, error = ?, prompt_tokens = ?, completion_tokens = ?,
 		provider = ?, cost_usd = ?, ttft = ?, retries = ?, finish_reason = ?, attrs = ?, model_digest = ?, template_hash = ?, prompt_hash = ?
 		WHERE run_id = ? AND id = ?`
-	qInsertAudit = `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration, policy, labels, hosts, refused)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qInsertAudit = `INSERT INTO tool_audit (time, tool, version, sha256, run_id, step, call_id, args_sha256, grants, outcome, error, duration, policy, labels, hosts, refused, client)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 )
 
 // insertEvents[n-1] inserts n events in one statement; an append inserts

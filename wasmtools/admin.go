@@ -209,8 +209,10 @@ func (m *Admin) ListTools(ctx context.Context) ([]capabilities.ToolInfo, error) 
 // network requests are checked by DirectEgress, and what it touched
 // (keel.ToolInvocation.Touched) is there for the interceptors' After
 // hooks: the audit trail records its hosts, labels and refusals.
-func (m *Admin) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
-	inv := keel.ToolInvocation{Name: name, Args: input, Touched: &keel.Touched{}}
+// client names who asked, as it declared itself (the audit record's
+// client; empty: no one named).
+func (m *Admin) CallTool(ctx context.Context, name string, input json.RawMessage, client string) (json.RawMessage, error) {
+	inv := keel.ToolInvocation{Name: name, Args: input, Client: client, Touched: &keel.Touched{}}
 	if m.DirectEgress != nil {
 		inv.Egress = m.DirectEgress(name)
 	}

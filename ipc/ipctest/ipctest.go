@@ -287,7 +287,7 @@ func (f *Backend) ListTools(context.Context) ([]protocol.ToolInfo, error) {
 	}}}, nil
 }
 
-func (f *Backend) CallTool(ctx context.Context, name string, input json.RawMessage) (json.RawMessage, error) {
+func (f *Backend) CallTool(ctx context.Context, name string, input json.RawMessage, _ string) (json.RawMessage, error) {
 	f.mu.Lock()
 	call := f.OnCallTool
 	f.mu.Unlock()

@@ -227,6 +227,10 @@ type ToolsProgress struct {
 type ToolsCallParams struct {
 	Name  string          `json:"name"`
 	Input json.RawMessage `json:"input"`
+	// Client, when set, names who the call is made for, as that client
+	// declared itself (a bridge's client: "mcp:NAME"); the audit record
+	// keeps it. At most 200 bytes.
+	Client string `json:"client,omitempty"`
 }
 
 // ToolsCallResult is the result of tools.call.

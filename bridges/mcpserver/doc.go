@@ -1,0 +1,35 @@
+// Package mcpserver serves keel's installed tools to Model Context
+// Protocol clients (editors, desktop assistants, agents) with the
+// official Go SDK (github.com/modelcontextprotocol/go-sdk).
+//
+// It is an adapter over one small interface, Tools: list the installed
+// tools, call one, hear when they change. The daemon gives it the tool
+// runtime's own (the same direct call as keel's tools.call, so grants,
+// limits, the policy's egress rules and the audit trail apply unchanged)
+// and serves it at /mcp over streamable HTTP, behind the same token,
+// Origin and Host checks as its WebSocket; `keel mcp` gives it a
+// connection to the daemon over keel's own protocol and serves it on
+// stdin/stdout. In both, the daemon makes every decision: this package
+// holds no tool, grant or policy of its own, only the translation.
+//
+// What it translates:
+//
+//   - each keel.ToolSpec is an MCP tool: its input schema is the
+//     inputSchema, its output schema (an object's) the outputSchema,
+//     and its side-effect class the annotations (see Annotations);
+//   - a call's output is the result's text content, and its
+//     structuredContent when it is a JSON object;
+//   - a keel tool error (keel.ToolError: invalid input, permission
+//     denied, policy denied, timeout, ...) is a result with isError and
+//     the error as text and as structuredContent {"error": {...}}; an
+//     `ask` of the policy, which a direct call cannot wait for, is such
+//     a policy_denied error that says so (MCP elicitation is not used
+//     yet);
+//   - every change of the installed tools (install, remove, hot
+//     reload, grants) becomes notifications/tools/list_changed;
+//   - the audit record of each call names the client as it declared
+//     itself in initialize: "mcp:" + clientInfo.name.
+//
+// Over HTTP a caller needs keel's scopes as for the protocol's methods:
+// read for tools/list, run for tools/call (docs/protocol.md).
+package mcpserver

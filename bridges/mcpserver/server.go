@@ -1,0 +1,374 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/capabilities"
+)
+
+// Tools is what a Server serves: keel's installed tools.
+type Tools interface {
+	// ListTools returns the installed tools.
+	ListTools(ctx context.Context) ([]capabilities.ToolInfo, error)
+	// CallTool calls tool name with input (a JSON object) directly, as
+	// keel's tools.call does, for client (who asked, for the audit
+	// trail). A tool failure is a *keel.ToolError.
+	CallTool(ctx context.Context, name string, input json.RawMessage, client string) (json.RawMessage, error)
+	// SubscribeTools calls fn after every change of the installed tools
+	// or their grants until cancel is called. fn must not block.
+	SubscribeTools(fn func()) (cancel func())
+}
+
+// Config configures a Server. Tools is required; the zero value of every
+// other field selects a safe default.
+type Config struct {
+	// Tools are the tools served. Required.
+	Tools Tools
+	// Version is the server version given to clients. Default "dev".
+	Version string
+	// Logger receives the server's log: a tool that cannot be served
+	// (its input schema is not an object's) at Warn, a failed refresh of
+	// the tool list at Error. Default: discarded.
+	Logger *slog.Logger
+}
+
+// Server is keel's MCP server: one set of tools, served to any number of
+// clients over any number of transports (ServeHTTP, Run). Create it
+// with New and stop it with Close; its methods are safe for concurrent
+// use.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	sdk   *sdk.Server
+	stop  func() // ends the tool subscription
+	kick  chan struct{}
+	done  chan struct{}
+	close sync.Once
+
+	mu     sync.Mutex
+	served map[string][]byte // tool name → its MCP form as served
+}
+
+// CodeForbidden is the JSON-RPC error code of an MCP request whose
+// credential lacks the scope its method needs. It is not keel protocol's
+// -32004, which MCP's Go SDK uses for "server is closing" (its clients
+// would take the session for closed).
+const CodeForbidden = -32050
+
+// New returns a server of cfg.Tools, listing them once before it
+// returns; it then follows their changes until Close. It fails if
+// cfg.Tools is nil or the first listing fails.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Tools == nil {
+		return nil, errors.New("mcpserver: Config.Tools is required")
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: log, kick: make(chan struct{}, 1), done: make(chan struct{}), served: map[string][]byte{}}
+	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "keel", Title: "keel", Version: cfg.Version}, &sdk.ServerOptions{
+		Logger: log,
+		// Tools, with list changes, even while none is installed, and
+		// logging (logging/setLevel), which clients may expect.
+		Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{ListChanged: true}, Logging: &sdk.LoggingCapabilities{}},
+		Instructions: "keel's installed tools, each run in keel's WebAssembly sandbox with the grants, limits, policy and audit trail keel applies to every call.",
+	})
+	s.sdk.AddReceivingMiddleware(checkScopes)
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.stop = cfg.Tools.SubscribeTools(func() {
+		select {
+		case s.kick <- struct{}{}:
+		default: // a refresh is pending: it will see this change too
+		}
+	})
+	go s.follow()
+	return s, nil
+}
+
+// follow refreshes the served tools after each change until Close.
+func (s *Server) follow() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.done
+		cancel()
+	}()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-s.kick:
+			if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("mcp: refresh the tool list", "err", err)
+			}
+		}
+	}
+}
+
+// Close stops following the tools and ends every session. It does not
+// wait for calls in flight: their transports end them.
+func (s *Server) Close() {
+	s.close.Do(func() {
+		if s.stop != nil {
+			s.stop()
+		}
+		close(s.done)
+		for ss := range s.sdk.Sessions() {
+			ss.Close()
+		}
+	})
+}
+
+// refresh makes the served tools those cfg.Tools lists: a tool added,
+// changed or removed notifies every session (tools/list_changed).
+func (s *Server) refresh(ctx context.Context) error {
+	infos, err := s.cfg.Tools.ListTools(ctx)
+	if err != nil {
+		return fmt.Errorf("mcpserver: list tools: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := make(map[string]bool, len(infos))
+	for _, info := range infos {
+		t, err := Tool(info)
+		if err != nil {
+			s.log.Warn("mcp: tool not served", "tool", info.Name, "err", err)
+			continue
+		}
+		seen[t.Name] = true
+		b, err := json.Marshal(t)
+		if err != nil {
+			continue
+		}
+		if bytes.Equal(s.served[t.Name], b) {
+			continue
+		}
+		s.served[t.Name] = b
+		s.sdk.AddTool(t, s.handler(t.Name))
+	}
+	var gone []string
+	for name := range s.served {
+		if !seen[name] {
+			gone = append(gone, name)
+			delete(s.served, name)
+		}
+	}
+	if len(gone) > 0 {
+		s.sdk.RemoveTools(gone...)
+	}
+	return nil
+}
+
+// ErrNotObject is wrapped by Tool's error for a tool whose input schema
+// is not an object's: MCP tools take JSON objects.
+var ErrNotObject = errors.New("input schema is not of type object")
+
+// Tool returns info as an MCP tool: its name, description, input schema,
+// output schema (only an object's: MCP's structured results are
+// objects) and the annotations of its side-effect class.
+func Tool(info capabilities.ToolInfo) (*sdk.Tool, error) {
+	if !objectSchema(info.InputSchema) {
+		return nil, fmt.Errorf("mcpserver: tool %s: %w", info.Name, ErrNotObject)
+	}
+	t := &sdk.Tool{Name: info.Name, Description: info.Description, InputSchema: info.InputSchema,
+		Annotations: Annotations(info.SideEffects, len(info.Grants.Network) > 0)}
+	if objectSchema(info.OutputSchema) {
+		t.OutputSchema = info.OutputSchema
+	}
+	return t, nil
+}
+
+// objectSchema reports whether schema is a JSON Schema of "type":
+// "object".
+func objectSchema(schema json.RawMessage) bool {
+	var s struct {
+		Type any `json:"type"`
+	}
+	return len(schema) > 0 && json.Unmarshal(schema, &s) == nil && s.Type == "object"
+}
+
+// Annotations returns the MCP hints of a side-effect class: read_only is
+// read-only (and so idempotent, not destructive); idempotent_write may
+// overwrite (destructive) but repeating it changes nothing more;
+// non_idempotent_write is destructive and not idempotent; external acts
+// on the world outside the machine (open world) and is neither
+// idempotent nor harmless. An unknown class gets MCP's own defaults
+// (not read-only, destructive, not idempotent, open world).
+// openWorld, for the other classes, says whether the tool holds a
+// network grant: it can reach beyond the sandbox's files.
+func Annotations(class keel.SideEffect, network bool) *sdk.ToolAnnotations {
+	yes, no := true, false
+	a := &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &yes}
+	world := &no
+	if network {
+		world = &yes
+	}
+	switch class {
+	case keel.SideEffectReadOnly:
+		a.ReadOnlyHint, a.IdempotentHint, a.DestructiveHint, a.OpenWorldHint = true, true, &no, world
+	case keel.SideEffectIdempotentWrite:
+		a.IdempotentHint, a.OpenWorldHint = true, world
+	case keel.SideEffectNonIdempotentWrite:
+		a.OpenWorldHint = world
+	case keel.SideEffectExternal:
+	}
+	return a
+}
+
+// handler calls tool name for a client's tools/call.
+func (s *Server) handler(name string) sdk.ToolHandler {
+	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		args := req.Params.Arguments
+		if len(bytes.TrimSpace(args)) == 0 || bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
+			args = json.RawMessage("{}")
+		}
+		out, err := s.cfg.Tools.CallTool(ctx, name, args, ClientName(req.Session))
+		if err != nil {
+			var te *keel.ToolError
+			if errors.As(err, &te) {
+				return ErrorResult(te), nil
+			}
+			if errors.Is(err, keel.ErrNotFound) {
+				return ErrorResult(&keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}), nil
+			}
+			return nil, err
+		}
+		return Result(out), nil
+	}
+}
+
+// ClientName is the audit trail's name of an MCP client: "mcp:" and the
+// name it gave in initialize's clientInfo ("mcp" if none), at most 200
+// bytes.
+func ClientName(ss *sdk.ServerSession) string {
+	name := "mcp"
+	if ss != nil {
+		if p := ss.InitializeParams(); p != nil && p.ClientInfo != nil && p.ClientInfo.Name != "" {
+			name += ":" + p.ClientInfo.Name
+		}
+	}
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return name
+}
+
+// Result is a tool's output as an MCP result: the JSON as text, and as
+// structuredContent when it is an object.
+func Result(out json.RawMessage) *sdk.CallToolResult {
+	r := &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(out)}}}
+	if t := bytes.TrimSpace(out); len(t) > 0 && t[0] == '{' {
+		r.StructuredContent = json.RawMessage(t)
+	}
+	return r
+}
+
+// ErrorResult is a keel tool error as an MCP result: isError, the error
+// as text ("invalid_input: /text: ...") and as structuredContent
+// {"error": {"code", "message", "path"}}.
+func ErrorResult(te *keel.ToolError) *sdk.CallToolResult {
+	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: te.Error()}},
+		StructuredContent: map[string]any{"error": te}}
+}
+
+// scopeOf is the keel scope an MCP method needs over HTTP: run for
+// tools/call, none for the handshake, pings and notifications, read for
+// every other.
+func scopeOf(method string) string {
+	switch {
+	case method == "tools/call":
+		return keel.ScopeRun
+	case method == "initialize" || method == "ping" || len(method) > 14 && method[:14] == "notifications/":
+		return ""
+	}
+	return keel.ScopeRead
+}
+
+// checkScopes refuses a request whose credential (the TokenInfo of an
+// HTTP request) lacks the scope its method needs. A request with no
+// TokenInfo (stdio: the daemon checks the scopes of `keel mcp`'s own
+// calls) passes.
+func checkScopes(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		need := scopeOf(method)
+		if extra := req.GetExtra(); need != "" && extra != nil && extra.TokenInfo != nil && !slices.Contains(extra.TokenInfo.Scopes, need) {
+			return nil, &jsonrpc.Error{Code: CodeForbidden, Message: fmt.Sprintf("forbidden: %s needs a token with the %q scope (keel token create --scope %s)", method, need, need)}
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// Run serves the server on t (such as &sdk.StdioTransport{}) until the
+// client disconnects or ctx is done.
+func (s *Server) Run(ctx context.Context, t sdk.Transport) error {
+	return s.sdk.Run(ctx, t)
+}
+
+// Caller is who an HTTP request authenticated as, for HTTPConfig.Caller.
+type Caller struct {
+	// ID names the credential (such as "client_token:editor"): a session
+	// is bound to the credential that opened it.
+	ID string
+	// Scopes are the keel scopes it holds.
+	Scopes []string
+}
+
+// HTTPConfig configures Server.HTTPHandler. Caller is required.
+type HTTPConfig struct {
+	// Caller returns who a request authenticated as; false refuses it
+	// (401). The handler is meant to be behind the daemon's own checks
+	// of the token, Origin and Host (ipc.Route); Caller reads their
+	// outcome.
+	Caller func(*http.Request) (Caller, bool)
+	// SessionTimeout closes a session that has had no request for this
+	// long. Default 1 h.
+	SessionTimeout time.Duration
+	// MaxRequestBytes bounds a request's body; a larger one is refused
+	// (413). Default 4 MiB.
+	MaxRequestBytes int64
+}
+
+// HTTPHandler returns the streamable HTTP transport of s (MCP
+// 2025-06-18 and later): POST for requests, GET for the stream of
+// notifications such as tools/list_changed, DELETE to end a session.
+// Each request is checked by cfg.Caller; the scope each method needs is
+// checked against what it returns (see package doc).
+func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = time.Hour
+	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = 4 << 20
+	}
+	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s.sdk }, &sdk.StreamableHTTPOptions{
+		Logger: s.log, SessionTimeout: cfg.SessionTimeout, MaxRequestBodyBytes: cfg.MaxRequestBytes,
+	})
+	verify := func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+		who, ok := cfg.Caller(r)
+		if !ok {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{Scopes: who.Scopes, UserID: who.ID}, nil
+	}
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
+}
