@@ -362,6 +362,9 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 	}
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s.sdk }, &sdk.StreamableHTTPOptions{
 		Logger: s.log, SessionTimeout: cfg.SessionTimeout, MaxRequestBodyBytes: cfg.MaxRequestBytes,
+		// A client that goes away ends its call (protocol 2026-07-28 on;
+		// older clients send notifications/cancelled).
+		PropagateRequestCancellation: true,
 	})
 	verify := func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		who, ok := cfg.Caller(r)

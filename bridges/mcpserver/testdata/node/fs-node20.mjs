@@ -1,5 +1,5 @@
 // node:fs with a globSync stand-in, for the conformance suite on Node 20
-// (see node20.mjs).
+// (see harness.mjs).
 import fs from 'node:fs';
 export * from 'node:fs';
 export default fs;

@@ -1,0 +1,100 @@
+package mcpserver_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// nodeDir holds the peers nobody at keel wrote: the official MCP
+// conformance suite and TypeScript SDK (package.json, package-lock.json;
+// node_modules is installed by npm ci on first use and kept).
+const nodeDir = "testdata/node"
+
+var (
+	npmOnce sync.Once
+	npmErr  error
+)
+
+// needNode skips t when node is not installed, unless CI is set (then the
+// test fails: CI must run it), and installs the packages once.
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("node is needed (CI is set): %v", err)
+		}
+		t.Skipf("node is not installed: %v", err)
+	}
+	npmOnce.Do(func() {
+		// npm writes node_modules/.package-lock.json last: its presence
+		// means a complete install.
+		_, err := os.Stat(filepath.Join(nodeDir, "node_modules", ".package-lock.json"))
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			npmErr = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
+		cmd.Dir = nodeDir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			npmErr = fmt.Errorf("npm ci in %s: %w\n%s", nodeDir, err, out)
+		}
+	})
+	if npmErr != nil {
+		t.Fatal(npmErr)
+	}
+}
+
+// node runs a node program in nodeDir with env added and returns its
+// output.
+func node(t *testing.T, ctx context.Context, env []string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "node", args...)
+	cmd.Dir = nodeDir
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// TestConformance runs the official MCP conformance suite
+// (@modelcontextprotocol/conformance, its active server scenarios)
+// against the daemon's /mcp. Scenarios that call the suite's own
+// fixture tools, prompts and resources (test_simple_text, ...), which
+// keel does not have, are listed in conformance-baseline.yml: the suite
+// fails if one of them starts passing, or if any other fails.
+//
+// The suite drives HTTP servers only (--url); keel mcp (stdio) serves
+// the same server through the same SDK, and the TypeScript SDK client
+// exercises it (TestTypeScriptClient).
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	needNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	url := shared.base + "/mcp"
+	// KEEL_CONFORMANCE_OUT keeps the suite's checks.json files there.
+	results := os.Getenv("KEEL_CONFORMANCE_OUT")
+	if results == "" {
+		results = t.TempDir()
+	}
+	out, err := node(t, ctx, []string{"KEEL_MCP_URL=" + url, "KEEL_MCP_TOKEN=" + shared.token},
+		"--import", "./harness.mjs", "node_modules/@modelcontextprotocol/conformance/dist/index.js",
+		"server", "--url", url, "--expected-failures", "conformance-baseline.yml", "-o", results)
+	if err != nil {
+		t.Errorf("conformance suite: %v\n%s", err, out)
+	} else if testing.Verbose() {
+		t.Log(out)
+	}
+}
