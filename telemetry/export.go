@@ -91,6 +91,13 @@ type Exporter struct {
 	lastErr                 string
 	lastErrAt, lastExportAt time.Time
 
+	// Owned by the worker: while a collector that failed is given time
+	// (until retryAt, backoff doubling from minBackoff to maxBackoff),
+	// batches fail without being mapped or sent.
+	retryAt    time.Time
+	backoff    time.Duration
+	minBackoff time.Duration // minBackoff; tests set more
+
 	// Owned by the worker goroutine.
 	states map[keel.RunID]*runState
 	tops   map[keel.RunID]keel.RunID
@@ -135,7 +142,7 @@ func New(opts Options) (*Exporter, error) {
 		res:    resource.NewSchemaless(attribute.String("service.name", cfg.serviceName()), attribute.String("service.version", version)),
 		scope:  instrumentation.Scope{Name: scopeName, Version: version},
 		states: map[keel.RunID]*runState{}, tops: map[keel.RunID]keel.RunID{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), minBackoff: minBackoff}
 	if cfg.MetricsOn() {
 		m, err := newMetrics(x)
 		if err != nil {
@@ -341,9 +348,9 @@ func (x *Exporter) loop() {
 	tick := time.NewTicker(x.cfg.flushInterval())
 	defer tick.Stop()
 	var pending, ready []keel.Span
-	send := func(ctx context.Context, spans []keel.Span) {
+	send := func(spans []keel.Span) {
 		if len(spans) > 0 {
-			x.flush(ctx, spans)
+			x.flush(context.Background(), spans, false)
 		}
 	}
 	for {
@@ -355,15 +362,15 @@ func (x *Exporter) loop() {
 			}
 			pending = append(pending, x.complete(it))
 			if len(pending)+len(ready) >= maxBatch {
-				send(context.Background(), append(ready, pending...))
+				send(append(ready, pending...))
 				pending, ready = nil, nil
 			}
 		case <-tick.C:
 			if x.cfg.Content {
-				send(context.Background(), ready)
+				send(ready)
 				ready, pending = pending, nil
 			} else {
-				send(context.Background(), pending)
+				send(pending)
 				pending = nil
 			}
 		case <-x.stop:
@@ -379,7 +386,9 @@ func (x *Exporter) loop() {
 					drained = true
 				}
 			}
-			send(x.closeCtx, append(ready, pending...))
+			if spans := append(ready, pending...); len(spans) > 0 {
+				x.flush(x.closeCtx, spans, true)
+			}
 			return
 		}
 	}
@@ -418,8 +427,20 @@ func (x *Exporter) complete(it item) keel.Span {
 
 // flush maps spans and sends them, in batches of at most maxBatch.
 // ctx bounds the whole flush (on Close); each export is bounded by the
-// export timeout too.
-func (x *Exporter) flush(ctx context.Context, spans []keel.Span) {
+// export timeout too. Until a collector that failed is due to be tried
+// again, spans fail at once, unless the flush is the final one (Close).
+func (x *Exporter) flush(ctx context.Context, spans []keel.Span, final bool) {
+	if !final && time.Now().Before(x.retryAt) {
+		// The collector failed a moment ago: these spans would fail too,
+		// after the work of mapping and encoding them.
+		x.failed.Add(uint64(len(spans)))
+		for _, sp := range spans {
+			if sp.Kind == keel.SpanRun {
+				delete(x.states, sp.RunID)
+			}
+		}
+		return
+	}
 	out := make([]sdktrace.ReadOnlySpan, 0, len(spans))
 	allowed := map[keel.RunID]bool{}
 	for _, sp := range spans {
@@ -469,6 +490,8 @@ func (x *Exporter) send(ctx context.Context, batch []sdktrace.ReadOnlySpan) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
+		x.backoff = min(max(2*x.backoff, x.minBackoff), maxBackoff)
+		x.retryAt = now.Add(x.backoff)
 		x.failed.Add(uint64(len(batch)))
 		if x.lastErr == "" || now.Sub(x.lastErrAt) > time.Minute {
 			x.log.Warn("telemetry export failed; the spans are dropped", "endpoint", x.dest, "spans", len(batch), "err", err)
@@ -476,9 +499,18 @@ func (x *Exporter) send(ctx context.Context, batch []sdktrace.ReadOnlySpan) {
 		x.lastErr, x.lastErrAt = err.Error(), now
 		return
 	}
+	x.backoff, x.retryAt = 0, time.Time{}
 	x.exported.Add(uint64(len(batch)))
 	x.lastExportAt = now
 }
+
+// The wait after a failed export before the next is tried: from
+// minBackoff, doubling, up to maxBackoff. Spans finished meanwhile are
+// counted as failed without being sent.
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+)
 
 // allowed decides the export of run's spans: the telemetry action to the
 // collector, by the policy of the run. Only allow lets them go: there is

@@ -606,3 +606,56 @@ func TestPartialFinishCompleted(t *testing.T) {
 			s.Name, s.StartTime, s.EndTime.Sub(s.StartTime), s.Parent.SpanID(), attrsOf(s)[keyToolCallID].AsString())
 	}
 }
+
+// failingCollector is a collector that refuses every batch.
+type failingCollector struct{ calls chan int }
+
+func (c *failingCollector) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	c.calls <- len(spans)
+	return errors.New("connection refused")
+}
+
+func (c *failingCollector) Shutdown(context.Context) error { return nil }
+
+// TestDownCollectorBackoff: after a collector fails a batch, the spans
+// finished meanwhile fail without being sent (nor mapped), until it is
+// due again; they are counted all the same. Close still tries once more.
+func TestDownCollectorBackoff(t *testing.T) {
+	t.Parallel()
+	col := &failingCollector{calls: make(chan int, 100)}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 5}, Runs: &fakeRuns{}, SpanExporter: col})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.minBackoff = time.Hour // set before the first span reaches the worker
+	tr := x.Tracer(nopTracer{})
+	finish(t, tr, keel.Span{ID: "a", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	select {
+	case <-col.calls:
+	case <-time.After(time.Minute):
+		t.Fatal("the first span never reached the collector")
+	}
+	for i := range 10 {
+		finish(t, tr, keel.Span{ID: fmt.Sprint(i), RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	}
+	deadline := time.Now().Add(time.Minute)
+	for x.Stats().Failed != 11 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stats() = %+v, want 11 failed", x.Stats())
+		}
+		time.Sleep(5 * time.Millisecond) // a poll interval
+	}
+	if n := len(col.calls); n != 0 {
+		t.Errorf("the collector was tried %d more times while it was given time", n)
+	}
+	finish(t, tr, keel.Span{ID: "last", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(col.calls); n != 1 {
+		t.Errorf("Close tried the collector %d times, want once", n)
+	}
+	if s := x.Stats(); s.Failed != 12 || s.LastError != "connection refused" {
+		t.Errorf("Stats() = %+v, want 12 failed and the error", s)
+	}
+}
