@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -57,6 +58,37 @@ func BenchmarkStub(b *testing.B) {
 	res := resource.NewSchemaless()
 	b.ReportAllocs()
 	for i := range b.N {
-		_ = stub(spans[i%len(spans)], ri, nil, nil, false, res, instrumentation.Scope{}).Snapshot()
+		sp := spans[i%len(spans)]
+		_ = stub(sp, decodeAttrs(sp.Attrs), ri, nil, nil, false, res, instrumentation.Scope{}).Snapshot()
+	}
+}
+
+// BenchmarkFlush is the export goroutine's work per span: mapping and
+// sending batches of 512 to the real collector KEEL_TEST_OTLP_GRPC
+// names (skipped without one).
+func BenchmarkFlush(b *testing.B) {
+	ep := os.Getenv("KEEL_TEST_OTLP_GRPC")
+	if ep == "" {
+		b.Skip("no KEEL_TEST_OTLP_GRPC")
+	}
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"run_bench": {ID: "run_bench", Model: "keel-tiny"}}}
+	x, err := New(Options{Config: Config{Endpoint: ep, Insecure: true, Protocol: ProtocolGRPC, FlushIntervalMS: 3_600_000}, Runs: runs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer x.Close(context.Background())
+	spans := agentRun("run_bench")[:4] // no root: the run's state stays
+	batch := make([]keel.Span, 512)
+	for i := range batch {
+		batch[i] = spans[i%len(spans)]
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N / len(batch) {
+		x.flush(context.Background(), batch, false)
+	}
+	b.StopTimer()
+	if s := x.Stats(); s.Failed > 0 {
+		b.Fatalf("Stats() = %+v", s)
 	}
 }

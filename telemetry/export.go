@@ -78,10 +78,10 @@ type Exporter struct {
 	scope  instrumentation.Scope
 	m      *metrics // nil when metrics are off
 
-	q        chan item
+	q        *queue        // nil when export is off
+	wake     chan struct{} // the queue holds a batch
 	stop     chan struct{}
 	done     chan struct{}
-	closed   atomic.Bool
 	closeCtx context.Context // set by Close before stop closes
 	once     sync.Once
 
@@ -109,6 +109,52 @@ type item struct {
 	span keel.Span
 	src  Tracer // the tracer the span was finished through, to complete it (see complete)
 	ev   *keel.Event
+}
+
+// queue is the bounded hand-over from the runs' goroutines to the export
+// goroutine: a slice under a mutex, which the goroutine takes whole
+// every flush interval, or when it holds a batch. Handing a span over
+// never wakes the goroutine: through a channel, a wake-up per span cost
+// a run's step more CPU than all the rest of the export.
+type queue struct {
+	mu     sync.Mutex
+	items  []item
+	size   int // the most items it holds
+	wakeAt int // the length at which the goroutine is woken
+	closed bool
+}
+
+// put adds it, unless the queue is full or closed; wake reports that the
+// queue now holds a batch.
+func (q *queue) put(it item) (ok, wake bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || len(q.items) >= q.size {
+		return false, false
+	}
+	q.items = append(q.items, it)
+	return true, len(q.items) == q.wakeAt
+}
+
+// take returns what the queue holds and leaves it holding buf's storage.
+func (q *queue) take(buf []item) []item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.items
+	q.items = buf[:0]
+	return out
+}
+
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
 }
 
 // runState is what the worker knows of a run with spans in flight.
@@ -169,7 +215,8 @@ func New(opts Options) (*Exporter, error) {
 			return nil, fmt.Errorf("telemetry: %w", err)
 		}
 	}
-	x.q = make(chan item, cfg.queueSize())
+	x.q = &queue{size: cfg.queueSize(), wakeAt: min(maxBatch, cfg.queueSize())}
+	x.wake = make(chan struct{}, 1)
 	go x.loop()
 	return x, nil
 }
@@ -231,17 +278,14 @@ func (x *Exporter) finished(sp keel.Span, src Tracer) {
 }
 
 func (x *Exporter) enqueue(it item) {
-	if x.closed.Load() {
-		if it.ev == nil {
-			x.dropped.Add(1)
-		}
-		return
+	ok, wake := x.q.put(it)
+	if !ok && it.ev == nil {
+		x.dropped.Add(1)
 	}
-	select {
-	case x.q <- it:
-	default:
-		if it.ev == nil {
-			x.dropped.Add(1)
+	if wake {
+		select {
+		case x.wake <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -299,7 +343,7 @@ func (x *Exporter) Stats() Stats {
 	s := Stats{Enabled: x.cfg.Enabled(), Endpoint: x.dest, Protocol: x.cfg.Protocol, File: x.cfg.file, Content: x.cfg.Content, Metrics: x.m != nil,
 		Exported: x.exported.Load(), Dropped: x.dropped.Load(), Failed: x.failed.Load(), Denied: x.denied.Load()}
 	if x.q != nil {
-		s.Queued, s.QueueSize = len(x.q), cap(x.q)
+		s.Queued, s.QueueSize = x.q.len(), x.q.size
 	}
 	x.mu.Lock()
 	s.LastError, s.LastErrorAt, s.LastExport = x.lastErr, x.lastErrAt, x.lastExportAt
@@ -313,8 +357,8 @@ func (x *Exporter) Stats() Stats {
 func (x *Exporter) Close(ctx context.Context) error {
 	var err error
 	x.once.Do(func() {
-		x.closed.Store(true)
 		if x.q != nil {
+			x.q.close()
 			x.closeCtx = ctx
 			close(x.stop)
 			select {
@@ -347,7 +391,20 @@ func (x *Exporter) loop() {
 	defer close(x.done)
 	tick := time.NewTicker(x.cfg.flushInterval())
 	defer tick.Stop()
+	var buf []item
 	var pending, ready []keel.Span
+	drain := func() {
+		items := x.q.take(buf)
+		for _, it := range items {
+			if it.ev != nil {
+				x.content(it.ev)
+			} else {
+				pending = append(pending, x.complete(it))
+			}
+		}
+		clear(items)
+		buf = items
+	}
 	send := func(spans []keel.Span) {
 		if len(spans) > 0 {
 			x.flush(context.Background(), spans, false)
@@ -355,17 +412,14 @@ func (x *Exporter) loop() {
 	}
 	for {
 		select {
-		case it := <-x.q:
-			if it.ev != nil {
-				x.content(it.ev)
-				continue
-			}
-			pending = append(pending, x.complete(it))
+		case <-x.wake:
+			drain()
 			if len(pending)+len(ready) >= maxBatch {
 				send(append(ready, pending...))
 				pending, ready = nil, nil
 			}
 		case <-tick.C:
+			drain()
 			if x.cfg.Content {
 				send(ready)
 				ready, pending = pending, nil
@@ -374,18 +428,7 @@ func (x *Exporter) loop() {
 				pending = nil
 			}
 		case <-x.stop:
-			for drained := false; !drained; {
-				select {
-				case it := <-x.q:
-					if it.ev != nil {
-						x.content(it.ev)
-					} else {
-						pending = append(pending, x.complete(it))
-					}
-				default:
-					drained = true
-				}
-			}
+			drain()
 			if spans := append(ready, pending...); len(spans) > 0 {
 				x.flush(x.closeCtx, spans, true)
 			}
@@ -472,7 +515,7 @@ func (x *Exporter) flush(ctx context.Context, spans []keel.Span, final bool) {
 				c = rs.contentOf(sp, a)
 			}
 		}
-		out = append(out, stub(sp, rs.info, labels, c, withheld, x.res, x.scope).Snapshot())
+		out = append(out, stub(sp, a, rs.info, labels, c, withheld, x.res, x.scope).Snapshot())
 	}
 	for len(out) > 0 {
 		n := min(len(out), maxBatch)
