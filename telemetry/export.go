@@ -197,7 +197,12 @@ func New(opts Options) (*Exporter, error) {
 		x.m = m
 	}
 	if !cfg.Enabled() {
-		close(x.done)
+		if x.m == nil {
+			close(x.done)
+			return x, nil
+		}
+		// Metrics alone: the goroutine records them off the runs' path.
+		x.startLoop()
 		return x, nil
 	}
 	if cfg.Protocol == "" {
@@ -215,10 +220,14 @@ func New(opts Options) (*Exporter, error) {
 			return nil, fmt.Errorf("telemetry: %w", err)
 		}
 	}
-	x.q = &queue{size: cfg.queueSize(), wakeAt: min(maxBatch, cfg.queueSize())}
+	x.startLoop()
+	return x, nil
+}
+
+func (x *Exporter) startLoop() {
+	x.q = &queue{size: x.cfg.queueSize(), wakeAt: min(maxBatch, x.cfg.queueSize())}
 	x.wake = make(chan struct{}, 1)
 	go x.loop()
-	return x, nil
 }
 
 // newOTLP makes the OTLP exporter for cfg, to url (see destination). It
@@ -267,10 +276,11 @@ func (t *tracer) FinishSpan(ctx context.Context, sp keel.Span) error {
 
 // finished records sp, finished through src, in the metrics and queues
 // it for export.
+// The metrics of a span are recorded by the export goroutine as it takes
+// the span, so that the run pays for the hand-over alone; a span the
+// full queue turns away has its metrics recorded here instead, so that
+// the metrics never miss a span.
 func (x *Exporter) finished(sp keel.Span, src Tracer) {
-	if x.m != nil {
-		x.m.span(sp)
-	}
 	if x.q == nil || sp.Status == keel.SpanRunning {
 		return
 	}
@@ -280,7 +290,12 @@ func (x *Exporter) finished(sp keel.Span, src Tracer) {
 func (x *Exporter) enqueue(it item) {
 	ok, wake := x.q.put(it)
 	if !ok && it.ev == nil {
-		x.dropped.Add(1)
+		if x.m != nil {
+			x.m.span(it.span)
+		}
+		if x.exp != nil {
+			x.dropped.Add(1)
+		}
 	}
 	if wake {
 		select {
@@ -300,7 +315,7 @@ func (x *Exporter) OnEvent(ev keel.Event) {
 			x.m.runEnded(ev.Type)
 		}
 	case keel.EventModelResult, keel.EventToolResult:
-		if x.q != nil && x.cfg.Content {
+		if x.exp != nil && x.cfg.Content {
 			x.enqueue(item{ev: &ev})
 		}
 	}
@@ -373,7 +388,9 @@ func (x *Exporter) Close(ctx context.Context) error {
 				case <-time.After(5 * time.Second):
 				}
 			}
-			err = errors.Join(err, x.exp.Shutdown(ctx))
+			if x.exp != nil {
+				err = errors.Join(err, x.exp.Shutdown(ctx))
+			}
 		}
 		if x.m != nil {
 			err = errors.Join(err, x.m.provider.Shutdown(ctx))
@@ -396,10 +413,17 @@ func (x *Exporter) loop() {
 	drain := func() {
 		items := x.q.take(buf)
 		for _, it := range items {
-			if it.ev != nil {
+			switch {
+			case it.ev != nil:
 				x.content(it.ev)
-			} else {
-				pending = append(pending, x.complete(it))
+			case x.exp != nil:
+				sp := x.complete(it)
+				if x.m != nil {
+					x.m.span(sp)
+				}
+				pending = append(pending, sp)
+			default:
+				x.m.span(it.span)
 			}
 		}
 		clear(items)

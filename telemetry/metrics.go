@@ -110,8 +110,9 @@ func newMetrics(x *Exporter) (*metrics, error) {
 }
 
 // span records a finished span: a model call's tokens, cost and latency,
-// a tool call's latency, a failure's class. It runs on the run's
-// goroutine: counters and histograms only, no I/O.
+// a tool call's latency, a failure's class. It runs on the export
+// goroutine (or, for a span the full queue turned away, on the run's):
+// counters and histograms only, no I/O.
 func (m *metrics) span(sp keel.Span) {
 	ctx := context.Background()
 	var errType string

@@ -418,6 +418,13 @@ func TestStuckCollectorNeverBlocksARun(t *testing.T) {
 	if s := x.Stats(); s.Dropped != 1000-4 || s.Queued != 4 {
 		t.Errorf("Stats() = %+v, want %d dropped, 4 queued", s, 1000-4)
 	}
+	// A dropped span still counts in the metrics: the one sent, and the
+	// 996 turned away (the 4 queued count once taken).
+	rec := httptest.NewRecorder()
+	x.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `keel_tool_duration_seconds_count{gen_ai_tool_name=""} 997`; !strings.Contains(rec.Body.String(), want+"\n") {
+		t.Errorf("metrics lack %s:\n%s", want, rec.Body.String())
+	}
 	close(col.release)
 	go func() {
 		for range col.calls {
@@ -459,7 +466,7 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"w": {ID: "w", Status: keel.RunWaiting}, "r": {ID: "r", Status: keel.RunRunning}, "r2": {ID: "r2", Status: keel.RunRunning}}}
 	// Metrics are on without an endpoint: nothing is exported.
-	x, err := New(Options{Config: Config{}, Runs: runs})
+	x, err := New(Options{Config: Config{FlushIntervalMS: 10}, Runs: runs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,9 +475,18 @@ func TestMetrics(t *testing.T) {
 	finish(t, tr, agentRun("run_m")...)
 	x.OnEvent(keel.Event{RunID: "run_m", Type: keel.EventRunFailed})
 	x.OnEvent(keel.Event{RunID: "run_m", Type: keel.EventRunSucceeded})
-	rec := httptest.NewRecorder()
-	x.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body, _ := io.ReadAll(rec.Body)
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		x.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		body, _ := io.ReadAll(rec.Body)
+		return string(body)
+	}
+	// The spans' metrics are recorded off the runs' path, within a flush
+	// interval.
+	body := scrape()
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(body, "keel_tokens_total") && time.Now().Before(deadline); body = scrape() {
+		time.Sleep(10 * time.Millisecond) // a poll interval
+	}
 	for _, want := range []string{
 		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="input"} 12`,
 		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="output"} 7`,
@@ -485,7 +501,7 @@ func TestMetrics(t *testing.T) {
 		`keel_runs_active{keel_run_status="waiting"} 1`,
 		`keel_telemetry_spans_total{outcome="dropped"} 0`,
 	} {
-		if !strings.Contains(string(body), want+"\n") {
+		if !strings.Contains(body, want+"\n") {
 			t.Errorf("metrics lack %s\n%s", want, body)
 		}
 	}
