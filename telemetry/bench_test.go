@@ -4,50 +4,36 @@ import (
 	"context"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/keel-runtime/keel"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 )
 
-// BenchmarkFinishSpan is what the run's goroutine pays per finished span:
-// the metrics and the hand-over to the queue (export on, a collector that
-// never answers, so the queue stays full and every span is dropped, which
-// is the same work as queueing it).
-func BenchmarkFinishSpan(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "metrics"
-		if on {
-			name = "metrics+export"
-		}
-		b.Run(name, func(b *testing.B) {
-			cfg := Config{}
-			opts := Options{Runs: &fakeRuns{}}
-			if on {
-				cfg = Config{Endpoint: "http://127.0.0.1:4317", QueueSize: 1, FlushIntervalMS: 3_600_000}
-				opts.SpanExporter = &stuckCollector{release: make(chan struct{}), calls: make(chan int, 1)}
-			}
-			opts.Config = cfg
-			x, err := New(opts)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				defer cancel()
-				x.Close(ctx)
-			}()
-			tr := x.Tracer(nopTracer{})
-			spans := agentRun("run_bench")
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				tr.FinishSpan(ctx, spans[i%len(spans)])
-			}
-			b.StopTimer()
-		})
+// BenchmarkHandOver is what the run's goroutine pays per finished span
+// with export or metrics on: the hand-over to the export goroutine's
+// queue (which it takes whole; no wake-up).
+func BenchmarkHandOver(b *testing.B) {
+	spans := agentRun("run_bench")
+	q := &queue{size: b.N + 1, wakeAt: -1, items: make([]item, 0, b.N)}
+	b.ReportAllocs()
+	for i := range b.N {
+		q.put(item{span: spans[i%len(spans)]})
+	}
+}
+
+// BenchmarkMetrics is the export goroutine's recording of one span's
+// metrics.
+func BenchmarkMetrics(b *testing.B) {
+	x, err := New(Options{Runs: &fakeRuns{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer x.Close(context.Background())
+	spans := agentRun("run_bench")
+	b.ReportAllocs()
+	for i := range b.N {
+		x.m.span(spans[i%len(spans)])
 	}
 }
 
