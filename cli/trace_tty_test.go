@@ -16,6 +16,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/wasmtest"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -71,7 +72,7 @@ func TestTraceFollowTerminal(t *testing.T) {
 	})
 	d := startDaemon(t, daemon.Config{RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}}, p,
 		map[string]string{
-			filepath.Join("tools", "tally.wasm"):          string(cannedReactor(`{"output":{"words":2}}`)),
+			filepath.Join("tools", "tally.wasm"):          string(wasmtest.CannedReactor(`{"output":{"words":2}}`)),
 			filepath.Join("tools", "tally.manifest.json"): tallyManifest,
 		})
 	bg := context.Background()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/internal/testcache"
+	"github.com/keel-runtime/keel/internal/wasmtest"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
 	"github.com/tetratelabs/wazero"
 	"go.uber.org/goleak"
@@ -530,26 +531,7 @@ func fixedModule(msg string) []byte {
 //	  (func (export "_initialize"))
 //	  (func (export "keel_alloc") (param i32) (result i32) (i32.const 1024))
 //	  (func (export "keel_call") (param i32 i32) (result i64) (i64.const <2048<<32 | len>)))
-func cannedReactor(result string) []byte {
-	i32ToI32 := []byte{0x60, 0x01, 0x7f, 0x01, 0x7f}
-	i32i32ToI64 := []byte{0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7e}
-	packed := sleb(2048<<32 | int64(len(result)))
-	return module(
-		section(secType, vec(voidType, i32ToI32, i32i32ToI64)),
-		section(secFunc, vec([]byte{0}, []byte{1}, []byte{2})),
-		section(secMemory, vec([]byte{0x00, 0x01})),
-		section(secExport, vec(
-			append(str("memory"), exportMemory, 0),
-			append(str("_initialize"), exportFunc, 0),
-			append(str("keel_alloc"), exportFunc, 1),
-			append(str("keel_call"), exportFunc, 2))),
-		section(secCode, vec(
-			body(opEnd),
-			body(append(append([]byte{opI32Const}, sleb(1024)...), opEnd)...),
-			body(append(append([]byte{opI64Const}, packed...), opEnd)...))),
-		section(secData, vec(append(append([]byte{0x00, opI32Const}, sleb(2048)...), append([]byte{opEnd}, append(leb(len(result)), result...)...)...))),
-	)
-}
+func cannedReactor(result string) []byte { return wasmtest.CannedReactor(result) }
 
 // sleb encodes v as signed LEB128.
 func sleb(v int64) []byte {
