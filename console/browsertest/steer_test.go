@@ -112,3 +112,45 @@ func TestPlanGraphInBrowser(t *testing.T) {
 		t.Errorf("graph has %d edges, want 3 (one per dependency)", edges)
 	}
 }
+
+// TestPauseResumeInBrowser pauses a run with the page's button while its
+// model is thinking: the run stops at the next step boundary, before its
+// tool call, and the page lets it go on with Resume.
+func TestPauseResumeInBrowser(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p := scripted.New(nil,
+		scripted.ReplyFunc(func(ctx context.Context, _ models.ChatRequest) (models.ChatResponse, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return models.ChatResponse{}, ctx.Err()
+			}
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: []byte(`{"text":"a b"}`)}}}}, nil
+		}),
+		scripted.Answer("two words"),
+	)
+	k := startKeel(t, p, nil, "wordcount")
+	r, err := k.dial(t).StartRun(context.Background(), protocol.RunStartParams{Goal: "count"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := newTab(t)
+	login(t, tab, k)
+	run(t, tab, "pause while the model thinks", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)),
+		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)),
+		chromedp.WaitEnabled(css(`.steer button[data-action="pause"]`)),
+		chromedp.Click(css(`.steer button[data-action="pause"]`)),
+		chromedp.WaitVisible(css(`.steer .alert[data-kind="ok"]`)))
+	close(release)
+	run(t, tab, "see it paused, then resume it",
+		chromedp.WaitVisible(css(`#events li[data-type="run.paused"]`)),
+		chromedp.WaitEnabled(css(`.steer button[data-action="resume"]`)),
+		chromedp.Click(css(`.steer button[data-action="resume"]`)),
+		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)))
+	types := get(t, tab, "read the events", chromedp.Evaluate[[]string](`[...document.querySelectorAll('#events li[data-seq]')].map((li) => li.dataset.type)`))
+	paused, called := slices.Index(types, "run.paused"), slices.Index(types, "tool.result")
+	if paused < 0 || called < paused {
+		t.Errorf("events %v: want the run paused before its tool ran", types)
+	}
+}
