@@ -24,12 +24,12 @@ import (
 func TestRunApprovedInBrowser(t *testing.T) {
 	t.Parallel()
 	p := scripted.New(nil,
-		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "wordcount", Arguments: json.RawMessage(`{"text":"one two three"}`)}),
+		scripted.CallTools(keel.ToolCall{ID: "c1", Name: tally, Arguments: json.RawMessage(`{"text":"one two three"}`)}),
 		scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 			return models.ChatResponse{Message: models.Message{Content: "counted: " + req.Messages[len(req.Messages)-1].Content}}, nil
 		})),
 	)
-	k := startKeel(t, p, []keel.SideEffect{keel.SideEffectReadOnly}, "wordcount")
+	k := startKeel(t, p, []keel.SideEffect{keel.SideEffectReadOnly}, true)
 	tab := newTab(t)
 	login(t, tab, k)
 
@@ -83,7 +83,10 @@ func TestRunApprovedInBrowser(t *testing.T) {
 	result := get(t, tab, "read the result", chromedp.Text(css(`.facts .result`)))
 	approval := get(t, tab, "read the approval", chromedp.Text(css(`#events li[data-type="approval.decision"] .sum`)))
 	if !strings.Contains(result, `"words":2`) {
-		t.Errorf("the run's result on its page = %q, want the edited input counted (\"words\":2)", result)
+		t.Errorf("the run's result on its page = %q, want the tool's output (\"words\":2)", result)
+	}
+	if call := get(t, tab, "read the tool call", chromedp.Text(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
+		t.Errorf("the tool.call event reads %q, want the edited arguments", call)
 	}
 	if !strings.Contains(approval, "approved") || !strings.Contains(approval, "edited") {
 		t.Errorf("the approval.decision event reads %q, want an approval with edited arguments", approval)
@@ -109,8 +112,8 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		t.Errorf("daemon: run %s with %d events; the page shows %d", det.Run.Status, len(det.Events), shown)
 	}
 
-	// Fork it from step 1: the page opens the new run, which goes on from
-	// the copied tool result.
+	// Fork it from step 1: the page opens the new run, which holds the
+	// copied steps (the call with its edited arguments) and goes on.
 	run(t, tab, "fork from step 1",
 		chromedp.EmulateViewport(1280, 900),
 		chromedp.SetValue(css(`#fork-step`), "1"),
@@ -118,9 +121,8 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		waitJS(`location.hash.startsWith('#/runs/') && location.hash !== `+"`#/runs/"+string(id)+"`"),
 		chromedp.WaitVisible(css(`#events li[data-type="run.forked"]`)),
 		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)))
-	forked := get(t, tab, "read the fork's result", chromedp.Text(css(`.facts .result`)))
-	if !strings.Contains(forked, `"words":2`) {
-		t.Errorf("the fork's result = %q, want it built on the copied (edited) tool result", forked)
+	if call := get(t, tab, "read the fork's tool call", chromedp.Text(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
+		t.Errorf("the fork's copied tool.call reads %q, want the edited arguments", call)
 	}
 }
 
@@ -139,7 +141,7 @@ func shot(t *testing.T, tab context.Context) []byte {
 // every event exactly once, in order.
 func TestReconnectResumes(t *testing.T) {
 	t.Parallel()
-	k := startKeel(t, scripted.New(nil, scripted.Repeat(scripted.Block())), nil)
+	k := startKeel(t, scripted.New(nil, scripted.Repeat(scripted.Block())), nil, false)
 	c := k.dial(t)
 	ctx := context.Background()
 	r, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "wait"})

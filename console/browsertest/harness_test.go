@@ -17,10 +17,10 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/wasmtest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // timeout bounds each wait on the page: generous, as the machine may be
@@ -121,30 +121,31 @@ type instance struct {
 	info protocol.DaemonInfo
 }
 
-// startKeel runs a daemon until the test ends, on a new data dir holding
-// the bundled tools named (granted nothing), with model provider p.
-func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffect, tools ...string) *instance {
+// tally is a tool that compiles in milliseconds (a Go-built one takes a
+// minute under -race): a hand-built reactor whose every call returns
+// {"words":2}, read-only, whose input is {"text": string}.
+const tally = "tally"
+
+// startKeel runs a daemon until the test ends, on a new data dir with
+// model provider p and, if withTally, the tool tally (granted nothing;
+// no bundled tools).
+func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffect, withTally bool) *instance {
 	t.Helper()
 	dir := t.TempDir()
 	toolDir := filepath.Join(dir, "tools")
-	if err := builtin.Install(filepath.Join(dir, "bundled")); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.MkdirAll(toolDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range tools {
-		b, err := os.ReadFile(filepath.Join(dir, "bundled", name+".wasm"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(toolDir, name+".wasm"), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
+	files := map[string][]byte{".examples-installed": nil} // no bundled tools
+	if withTally {
+		files[tally+".wasm"] = wasmtest.CannedReactor(`{"output":{"words":2}}`)
+		files[tally+".manifest.json"] = []byte(`{"name":"tally","description":"Count words.","side_effects":"read_only",
+"input_schema":{"type":"object","properties":{"text":{"type":"string"}}}}`)
 	}
-	// Marks the bundled tools as installed: only those named are there.
-	if err := os.WriteFile(filepath.Join(toolDir, ".examples-installed"), nil, 0o600); err != nil {
-		t.Fatal(err)
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(toolDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -186,7 +187,7 @@ func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffec
 	case <-time.After(2 * time.Minute):
 		t.Fatal("daemon not ready within 2 minutes")
 	}
-	if len(tools) > 0 {
+	if withTally {
 		k.waitToolsLoaded(t)
 	}
 	return k
@@ -194,8 +195,7 @@ func startKeel(t *testing.T, p models.Provider, requireApproval []keel.SideEffec
 
 // waitToolsLoaded waits until k has compiled the tools it found at
 // start (the daemon says so with tools.changed), so that a run the test
-// starts runs at once: under -race on a busy machine compiling a Go tool
-// can take longer than a page wait.
+// starts runs at once.
 func (k *instance) waitToolsLoaded(t *testing.T) {
 	t.Helper()
 	c := k.dial(t)

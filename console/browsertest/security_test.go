@@ -17,7 +17,7 @@ import (
 // the page tells the user how to log in.
 func TestNotLoggedIn(t *testing.T) {
 	t.Parallel()
-	k := startKeel(t, scripted.New(nil), nil)
+	k := startKeel(t, scripted.New(nil), nil, false)
 	tab := newTab(t)
 	run(t, tab, "open the console without logging in",
 		chromedp.Navigate(k.base+"/#/runs"),
@@ -35,7 +35,7 @@ func TestNotLoggedIn(t *testing.T) {
 // the console's own page, in the same browser, is connected.
 func TestOtherOriginRefused(t *testing.T) {
 	t.Parallel()
-	k := startKeel(t, scripted.New(nil), nil)
+	k := startKeel(t, scripted.New(nil), nil, false)
 	ws := "ws" + strings.TrimPrefix(k.base, "http") + "/v1/ws"
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -65,7 +65,7 @@ ws.onclose = (e) => { if (!document.body.dataset.ws) document.body.dataset.ws = 
 // how to log in.
 func TestLoginCodeSingleUse(t *testing.T) {
 	t.Parallel()
-	k := startKeel(t, scripted.New(nil), nil)
+	k := startKeel(t, scripted.New(nil), nil, false)
 	first := newTab(t)
 	used := login(t, first, k)
 

@@ -21,7 +21,7 @@ import (
 // daemon's.
 func TestSteerInBrowser(t *testing.T) {
 	t.Parallel()
-	k := startKeel(t, scripted.New(nil, scripted.Repeat(scripted.Block())), nil)
+	k := startKeel(t, scripted.New(nil, scripted.Repeat(scripted.Block())), nil, false)
 	c := k.dial(t)
 	ctx := context.Background()
 	r, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "take your time"})
@@ -90,7 +90,7 @@ func TestPlanGraphInBrowser(t *testing.T) {
 	p := scripted.New(nil, scripted.Repeat(scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
 	})))
-	k := startKeel(t, p, nil)
+	k := startKeel(t, p, nil, false)
 	r, err := k.dial(t).StartRun(context.Background(), protocol.RunStartParams{Goal: "three steps", Kind: keel.KindDAG, Plan: &keel.Plan{Steps: []keel.PlanStep{
 		{ID: "fetch", Goal: "fetch"}, {ID: "check", Goal: "check", DependsOn: []string{"fetch"}},
 		{ID: "report", Goal: "report", DependsOn: []string{"fetch", "check"}},
@@ -126,11 +126,11 @@ func TestPauseResumeInBrowser(t *testing.T) {
 			case <-ctx.Done():
 				return models.ChatResponse{}, ctx.Err()
 			}
-			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: "wordcount", Arguments: []byte(`{"text":"a b"}`)}}}}, nil
+			return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{{ID: "c1", Name: tally, Arguments: []byte(`{"text":"a b"}`)}}}}, nil
 		}),
 		scripted.Answer("two words"),
 	)
-	k := startKeel(t, p, nil, "wordcount")
+	k := startKeel(t, p, nil, true)
 	r, err := k.dial(t).StartRun(context.Background(), protocol.RunStartParams{Goal: "count"})
 	if err != nil {
 		t.Fatal(err)
