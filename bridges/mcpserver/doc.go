@@ -21,7 +21,8 @@
 //     structuredContent when it is a JSON object;
 //   - a keel tool error (keel.ToolError: invalid input, permission
 //     denied, policy denied, timeout, ...) is a result with isError and
-//     the error as text and as structuredContent {"error": {...}}; an
+//     the error as text and in _meta["keel/error"] ({"code", "message",
+//     "path"}); an
 //     `ask` of the policy, which a direct call cannot wait for, is such
 //     a policy_denied error that says so (MCP elicitation is not used
 //     yet);

@@ -104,11 +104,11 @@ func TestServesTools(t *testing.T) {
 			tests := []struct {
 				tool, args string
 				isError    bool
-				want       string // structuredContent
+				want       string // structuredContent, or _meta["keel/error"] of an error
 			}{
 				{"wordcount", `{"text":"one two\nthree"}`, false, `{"chars":13,"lines":2,"words":3}`},
-				{"wordcount", `{"text":5}`, true, `{"error":{"code":"invalid_input","message":"got number, want string","path":"/text"}}`},
-				{"readfile", `{"path":"notes.txt"}`, true, `{"error":{"code":"permission_denied"}}`},
+				{"wordcount", `{"text":5}`, true, `{"code":"invalid_input","message":"got number, want string","path":"/text"}`},
+				{"readfile", `{"path":"notes.txt"}`, true, `{"code":"permission_denied"}`},
 			}
 			for _, tt := range tests {
 				res, err := cs.CallTool(context.Background(), &sdk.CallToolParams{Name: tt.tool, Arguments: json.RawMessage(tt.args)})
@@ -116,6 +116,12 @@ func TestServesTools(t *testing.T) {
 					t.Fatalf("tools/call %s %s: %v", tt.tool, tt.args, err)
 				}
 				got, _ := json.Marshal(res.StructuredContent)
+				if res.IsError {
+					if res.StructuredContent != nil {
+						t.Errorf("tools/call %s %s: an error with structuredContent %s (clients check it against the output schema)", tt.tool, tt.args, got)
+					}
+					got, _ = json.Marshal(res.Meta[mcpserver.ErrorMetaKey])
+				}
 				if res.IsError != tt.isError || !jsonHas(t, got, tt.want) {
 					t.Errorf("tools/call %s %s = isError %v, %s; want isError %v, %s", tt.tool, tt.args, res.IsError, got, tt.isError, tt.want)
 				}

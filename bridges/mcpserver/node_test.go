@@ -1,17 +1,23 @@
 package mcpserver_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/keel-runtime/keel/ipc/client"
+	"github.com/keel-runtime/keel/ipc/protocol"
 )
 
 // nodeDir holds the peers nobody at keel wrote: the official MCP
@@ -96,5 +102,52 @@ func TestConformance(t *testing.T) {
 		t.Errorf("conformance suite: %v\n%s", err, out)
 	} else if testing.Verbose() {
 		t.Log(out)
+	}
+}
+
+// TestTypeScriptClient drives keel's MCP server with the official
+// TypeScript SDK client (testdata/node/client.mjs) over HTTP and over
+// stdio (keel mcp): listing, a call checked against the output schema, a
+// schema error, a permission denial, and the notification of a tool
+// installed meanwhile.
+func TestTypeScriptClient(t *testing.T) {
+	needNode(t)
+	toolChange.Lock()
+	defer toolChange.Unlock()
+	command, _ := json.Marshal([]string{os.Args[0], "mcp", "--data-dir", shared.dir})
+	for _, transport := range []string{"http", "stdio"} {
+		t.Run(transport, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", "client.mjs")
+			cmd.Dir = nodeDir
+			cmd.Env = append(os.Environ(), "KEEL_MCP_TRANSPORT="+transport, "KEEL_MCP_URL="+shared.base+"/mcp",
+				"KEEL_MCP_TOKEN="+shared.token, "KEEL_MCP_COMMAND="+string(command), cliEnv+"=1")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var lines []string
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines = append(lines, sc.Text())
+				if sc.Text() == "ready for a change" {
+					if _, err := client.Do(ctx, shared.c, client.ToolsInstall, protocol.ToolsInstallParams{Path: shared.spare}); err != nil {
+						t.Errorf("install writefile: %v", err)
+					}
+				}
+			}
+			err = cmd.Wait()
+			// Not installed if the script failed before: then this fails.
+			client.Do(context.Background(), shared.c, client.ToolsRemove, protocol.ToolRef{Name: "writefile"})
+			if err != nil || len(lines) == 0 || lines[len(lines)-1] != "ok" {
+				t.Errorf("client.mjs over %s: %v\nstdout:\n%s\nstderr:\n%s", transport, err, strings.Join(lines, "\n"), stderr.String())
+			}
+		})
 	}
 }

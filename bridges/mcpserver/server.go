@@ -283,12 +283,17 @@ func Result(out json.RawMessage) *sdk.CallToolResult {
 	return r
 }
 
+// ErrorMetaKey is the _meta key of an error result's keel tool error.
+const ErrorMetaKey = "keel/error"
+
 // ErrorResult is a keel tool error as an MCP result: isError, the error
-// as text ("invalid_input: /text: ...") and as structuredContent
-// {"error": {"code", "message", "path"}}.
+// as text ("invalid_input: /text: ...") and, in _meta under ErrorMetaKey,
+// as {"code", "message", "path"}. It has no structuredContent: clients
+// (the TypeScript SDK's) check any structuredContent of a result, error
+// or not, against the tool's outputSchema.
 func ErrorResult(te *keel.ToolError) *sdk.CallToolResult {
 	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: te.Error()}},
-		StructuredContent: map[string]any{"error": te}}
+		Meta: sdk.Meta{ErrorMetaKey: te}}
 }
 
 // scopeOf is the keel scope an MCP method needs over HTTP: run for
