@@ -326,3 +326,25 @@ func TestToolListChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestStdioNoDaemon: keel mcp with no daemon says so on stderr, with the
+// command that starts one, and exits 1 without waiting for its client.
+func TestStdioNoDaemon(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "mcp", "--data-dir", dir)
+	cmd.Env = append(os.Environ(), cliEnv+"=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(initializeBody+"\n"), &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("keel mcp without a daemon: %v, want exit status 1", err)
+	}
+	if msg := stderr.String(); !strings.Contains(msg, "keel daemon is not running") || !strings.Contains(msg, "keel daemon --data-dir "+dir) {
+		t.Errorf("keel mcp without a daemon: stderr %q, want it to say none runs and how to start one", msg)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("keel mcp without a daemon wrote %q to stdout, its MCP channel", stdout.String())
+	}
+}
