@@ -54,6 +54,7 @@ func TestBadInput(t *testing.T) {
 		{"negative after_seq", `{"jsonrpc":"2.0","id":20,"method":"run.subscribe","params":{"run_id":"r1","after_seq":-1}}`, "20", protocol.CodeInvalidParams, "after_seq"},
 		{"limit too large", `{"jsonrpc":"2.0","id":21,"method":"run.list","params":{"limit":100000}}`, "21", protocol.CodeInvalidParams, "limit"},
 		{"tools.call without name", `{"jsonrpc":"2.0","id":22,"method":"tools.call","params":{"input":{}}}`, "22", protocol.CodeInvalidParams, "name"},
+		{"tools.call client too long", `{"jsonrpc":"2.0","id":35,"method":"tools.call","params":{"name":"echo","client":"` + strings.Repeat("x", 201) + `"}}`, "35", protocol.CodeInvalidParams, "client"},
 		{"unknown field in tools.list", `{"jsonrpc":"2.0","id":23,"method":"tools.list","params":{"all":true}}`, "23", protocol.CodeInvalidParams, "all"},
 		{"tools.audit limit too large", `{"jsonrpc":"2.0","id":24,"method":"tools.audit","params":{"limit":5000}}`, "24", protocol.CodeInvalidParams, "limit"},
 		{"tools.install relative path", `{"jsonrpc":"2.0","id":26,"method":"tools.install","params":{"path":"x.wasm"}}`, "26", protocol.CodeInvalidParams, "absolute"},

@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -58,9 +59,18 @@ func main() {
 	n := flag.Int("n", 2000, "calls per measurement")
 	nodeDir := flag.String("node", filepath.Join("bench", "mcp", "node"), "the Node peer's directory")
 	skipNode := flag.Bool("skip-node", false, "do not measure the Node peer")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the daemon and the clients) to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	if err := run(*n, *nodeDir, *skipNode); err != nil {
 		fmt.Fprintln(os.Stderr, "mcp:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
