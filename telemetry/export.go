@@ -605,6 +605,11 @@ func (x *Exporter) state(ctx context.Context, id keel.RunID, fresh bool) *runSta
 		run = keel.Run{ID: id}
 	}
 	if rs == nil {
+		if len(x.states) >= maxStates {
+			// Runs whose root span never came (dropped, or the daemon
+			// stopped first): start afresh rather than grow.
+			clear(x.states)
+		}
 		rs = &runState{info: runInfo{trace: traceIDOf(x.top(ctx, run))}}
 		x.states[id] = rs
 	}
@@ -618,6 +623,9 @@ func (x *Exporter) state(ctx context.Context, id keel.RunID, fresh bool) *runSta
 	}
 	return rs
 }
+
+// maxStates bounds the runs the worker keeps state for at once.
+const maxStates = 10_000
 
 // maxDepth bounds the sub-agent chain top follows.
 const maxDepth = 32
