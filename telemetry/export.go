@@ -412,18 +412,29 @@ func (x *Exporter) loop() {
 	var pending, ready []keel.Span
 	drain := func() {
 		items := x.q.take(buf)
+		// While a collector that failed is given time, spans fail here,
+		// before any work on them (see flush).
+		failing := x.exp != nil && !x.cfg.Content && time.Now().Before(x.retryAt)
 		for _, it := range items {
 			switch {
 			case it.ev != nil:
 				x.content(it.ev)
-			case x.exp != nil:
+			case x.exp == nil:
+				x.m.span(it.span)
+			case failing:
+				if x.m != nil {
+					x.m.span(it.span)
+				}
+				x.failed.Add(1)
+				if it.span.Kind == keel.SpanRun {
+					delete(x.states, it.span.RunID)
+				}
+			default:
 				sp := x.complete(it)
 				if x.m != nil {
 					x.m.span(sp)
 				}
 				pending = append(pending, sp)
-			default:
-				x.m.span(it.span)
 			}
 		}
 		clear(items)
@@ -449,7 +460,8 @@ func (x *Exporter) loop() {
 				ready, pending = pending, nil
 			} else {
 				send(pending)
-				pending = nil
+				clear(pending)
+				pending = pending[:0] // flush keeps none of it
 			}
 		case <-x.stop:
 			drain()

@@ -151,11 +151,13 @@ func (m *metrics) span(sp keel.Span) {
 // would otherwise be most of the cost of recording a span.
 type modelOptions struct{ input, output, plain metric.MeasurementOption }
 
+type modelKey struct{ model, provider string }
+
 // maxCached bounds the attribute sets kept (distinct models, tools).
 const maxCached = 1024
 
 func (m *metrics) modelOpts(model, provider string) *modelOptions {
-	key := model + "\x00" + provider
+	key := modelKey{model, provider}
 	if o, ok := m.models.Load(key); ok {
 		return o.(*modelOptions)
 	}
