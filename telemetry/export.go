@@ -78,7 +78,7 @@ type Exporter struct {
 	scope  instrumentation.Scope
 	m      *metrics // nil when metrics are off
 
-	q        *queue        // nil when export is off
+	q        *queue        // nil when export and metrics are off
 	wake     chan struct{} // the queue holds a batch
 	stop     chan struct{}
 	done     chan struct{}
