@@ -316,7 +316,8 @@ func (x *Exporter) OnEvent(ev keel.Event) {
 		}
 	case keel.EventModelResult, keel.EventToolResult:
 		if x.exp != nil && x.cfg.Content {
-			x.enqueue(item{ev: &ev})
+			e := ev // a copy, so that ev does not escape for every event
+			x.enqueue(item{ev: &e})
 		}
 	}
 }

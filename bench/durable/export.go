@@ -22,8 +22,13 @@ import (
 // The -export mode: a run's step time with OTLP export off, on with the
 // collector up, and on with the collector down (issue 17).
 
-// exportModes are the settings compared, in the order of the results.
-var exportModes = []string{"off", "up", "down", "off again"}
+// exportModes are the settings compared, in the order of the results:
+// no telemetry at all, the daemon's default (metrics, no export), export
+// to a collector that is up, to one that is down, and no telemetry again
+// (the noise floor).
+var exportModes = []string{"off", "metrics", "up", "down", "off again"}
+
+const numModes = 5
 
 // switchedTracer is the engine's tracer, switched between runs: the
 // store's alone (export off), or the store's through an exporter.
@@ -79,11 +84,14 @@ func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTrace
 type exportResult struct {
 	sync      string
 	collector string
-	step      [4]time.Duration // medians per step, by exportModes
-	ratio     [4]float64       // medians of the reps' mode/off
-	cpu       [4]time.Duration
-	cpuRatio  [4]float64
-	up, down  telemetry.Stats
+	step      [numModes]time.Duration // medians per step, by exportModes
+	ratio     [numModes]float64       // medians of the reps' mode/off
+	cpu       [numModes]time.Duration
+	cpuRatio  [numModes]float64
+	// exportRatio and cpuExport are the medians of the reps' up/metrics
+	// and down/metrics: what export adds to the daemon's default.
+	exportRatio, cpuExport [2]float64
+	up, down               telemetry.Stats
 }
 
 // measureExport times reps sets of single runs of n steps on one engine
@@ -116,11 +124,19 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 	downEndpoint := closed.Addr().String()
 	closed.Close()
 	newX := func(endpoint string) (*telemetry.Exporter, error) {
-		cfg, err := telemetry.ParseConfig("telemetry.json", fmt.Appendf(nil, `{"endpoint": %q, "insecure": true, "service_name": "keel-bench"}`, endpoint))
+		file := `{}`
+		if endpoint != "" {
+			file = fmt.Sprintf(`{"endpoint": %q, "insecure": true, "service_name": "keel-bench"}`, endpoint)
+		}
+		cfg, err := telemetry.ParseConfig("telemetry.json", []byte(file))
 		if err != nil {
 			return nil, err
 		}
 		return telemetry.New(telemetry.Options{Config: cfg, Runs: st})
+	}
+	metricsOnly, err := newX("")
+	if err != nil {
+		return res, err
 	}
 	up, err := newX(upEndpoint)
 	if err != nil {
@@ -135,9 +151,10 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 		defer cancel()
 		up.Close(cctx)
 		down.Close(cctx)
+		metricsOnly.Close(cctx)
 	}()
 	sw := &switchedTracer{}
-	choices := []*tracerChoice{{tr: st}, {tr: up.Tracer(st), x: up}, {tr: down.Tracer(st), x: down}, {tr: st}}
+	choices := []*tracerChoice{{tr: st}, {tr: metricsOnly.Tracer(st), x: metricsOnly}, {tr: up.Tracer(st), x: up}, {tr: down.Tracer(st), x: down}, {tr: st}}
 	sw.cur.Store(choices[0])
 	eng, err := engine.New(engine.Config{Store: struct {
 		engine.Journal
@@ -155,7 +172,7 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 		eng.Close(cctx)
 	}()
 	for i := 0; st.Commits() < warmCommits; i++ {
-		sw.cur.Store(choices[i%3])
+		sw.cur.Store(choices[i%4])
 		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
 			return res, fmt.Errorf("warm-up: %w", err)
 		}
@@ -173,17 +190,22 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 		err = st.Sync(ctx)
 		return bt.elapsed / time.Duration(n), (cpuTime() - c0) / time.Duration(n), err
 	}
-	var walls, cpus [4][]time.Duration
-	var ratios, cpuRatios [4][]float64
+	var walls, cpus [numModes][]time.Duration
+	var ratios, cpuRatios [numModes][]float64
+	var exp, cpuExp [2][]float64
 	for i := range reps {
-		var got, cpu [4]time.Duration
-		for k := range 4 {
-			m := (i + k) % 4
-			if got[m], cpu[m], err = one(m, i*4+k); err != nil {
+		var got, cpu [numModes]time.Duration
+		for k := range numModes {
+			m := (i + k) % numModes
+			if got[m], cpu[m], err = one(m, i*numModes+k); err != nil {
 				return res, err
 			}
 		}
-		for m := range 4 {
+		for j := range 2 {
+			exp[j] = append(exp[j], float64(got[2+j])/float64(got[1]))
+			cpuExp[j] = append(cpuExp[j], float64(cpu[2+j])/float64(max(cpu[1], 1)))
+		}
+		for m := range numModes {
 			walls[m], cpus[m] = append(walls[m], got[m]), append(cpus[m], cpu[m])
 			ratios[m] = append(ratios[m], float64(got[m])/float64(got[0]))
 			if cpu[0] > 0 {
@@ -191,7 +213,12 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 			}
 		}
 	}
-	for m := range 4 {
+	for j := range 2 {
+		slices.Sort(exp[j])
+		slices.Sort(cpuExp[j])
+		res.exportRatio[j], res.cpuExport[j] = exp[j][reps/2], cpuExp[j][reps/2]
+	}
+	for m := range numModes {
 		slices.Sort(walls[m])
 		slices.Sort(cpus[m])
 		slices.Sort(ratios[m])
@@ -218,20 +245,22 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 // runExport is the -export mode: the export comparison alone, at each
 // synchronous setting.
 func runExport(ctx context.Context, cfg config, dir string) error {
-	fmt.Printf("OTLP export off vs on (collector up, collector down): one run of %d steps (echo tool calls), median of %d reps of 4 runs (off, up, down, off again) in rotating order\n",
+	fmt.Printf("OTLP export off vs on (collector up, collector down): one run of %d steps (echo tool calls), median of %d reps of 5 runs (off: no telemetry; metrics: the daemon's default, no export; up; down; off again) in rotating order\n",
 		cfg.n, cfg.reps)
 	for _, s := range cfg.syncs {
-		progress("%s: keel, export off / up / down, %d reps of 4 runs of %d steps", s, cfg.reps, cfg.n)
+		progress("%s: keel, telemetry off / metrics / up / down, %d reps of 5 runs of %d steps", s, cfg.reps, cfg.n)
 		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, os.Getenv("KEEL_TEST_OTLP_GRPC"))
 		if err != nil {
 			return fmt.Errorf("synchronous=%s: %w", s, err)
 		}
 		fmt.Printf("collector up: %s; down: a closed port\n", r.collector)
-		fmt.Printf("synchronous=%-6s per step: off %s, up %s, down %s; up/off %.3f (%+.1f%%), down/off %.3f (%+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
-			r.sync, dur(r.step[0]), dur(r.step[1]), dur(r.step[2]), r.ratio[1], (r.ratio[1]-1)*100, r.ratio[2], (r.ratio[2]-1)*100, r.ratio[3], (r.ratio[3]-1)*100)
+		fmt.Printf("synchronous=%-6s per step: off %s, metrics %s, up %s, down %s; metrics/off %+.1f%%, up/off %+.1f%%, down/off %+.1f%%; noise floor off/off %+.1f%%\n",
+			r.sync, dur(r.step[0]), dur(r.step[1]), dur(r.step[2]), dur(r.step[3]), (r.ratio[1]-1)*100, (r.ratio[2]-1)*100, (r.ratio[3]-1)*100, (r.ratio[4]-1)*100)
+		fmt.Printf("synchronous=%-6s export's own cost per step: up/metrics %+.1f%%, down/metrics %+.1f%%\n", r.sync, (r.exportRatio[0]-1)*100, (r.exportRatio[1]-1)*100)
 		if r.cpu[0] > 0 {
-			fmt.Printf("synchronous=%-6s CPU per step: off %s, up %s, down %s; up/off %.3f, down/off %.3f; noise floor off/off %.3f\n",
-				r.sync, dur(r.cpu[0]), dur(r.cpu[1]), dur(r.cpu[2]), r.cpuRatio[1], r.cpuRatio[2], r.cpuRatio[3])
+			fmt.Printf("synchronous=%-6s CPU per step: off %s, metrics %s, up %s, down %s; metrics/off %+.1f%%, up/off %+.1f%%, down/off %+.1f%%; noise floor %+.1f%%; up/metrics %+.1f%%, down/metrics %+.1f%%\n",
+				r.sync, dur(r.cpu[0]), dur(r.cpu[1]), dur(r.cpu[2]), dur(r.cpu[3]), (r.cpuRatio[1]-1)*100, (r.cpuRatio[2]-1)*100, (r.cpuRatio[3]-1)*100, (r.cpuRatio[4]-1)*100,
+				(r.cpuExport[0]-1)*100, (r.cpuExport[1]-1)*100)
 		}
 		fmt.Printf("synchronous=%-6s spans: up %d exported, %d dropped, %d failed; down %d exported, %d dropped, %d failed\n",
 			r.sync, r.up.Exported, r.up.Dropped, r.up.Failed, r.down.Exported, r.down.Dropped, r.down.Failed)
