@@ -8,6 +8,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/telemetry"
@@ -46,7 +47,7 @@ func openTelemetry(cfg Config, st *store.Store, eng *atomic.Pointer[engine.Engin
 	}
 	if tc.Enabled() {
 		s := x.Stats()
-		log.Info("exporting traces", "endpoint", s.Endpoint, "protocol", s.Protocol, "content", s.Content)
+		log.Info("exporting traces", logkey.Endpoint, s.Endpoint, logkey.Protocol, s.Protocol, logkey.Content, s.Content)
 	}
 	return x, nil
 }

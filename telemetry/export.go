@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -574,7 +575,7 @@ func (x *Exporter) send(ctx context.Context, batch []sdktrace.ReadOnlySpan) {
 		x.retryAt = now.Add(x.backoff)
 		x.failed.Add(uint64(len(batch)))
 		if x.lastErr == "" || now.Sub(x.lastErrAt) > time.Minute {
-			x.log.Warn("telemetry export failed; the spans are dropped", "endpoint", x.dest, "spans", len(batch), "err", err)
+			x.log.Warn("telemetry export failed; the spans are dropped", logkey.Endpoint, x.dest, logkey.Spans, len(batch), logkey.Err, err)
 		}
 		x.lastErr, x.lastErrAt = err.Error(), now
 		return

@@ -59,6 +59,8 @@ const (
 	FinishReason     = "finish_reason"     // why a model's reply ended
 	Stream           = "stream"            // whether a model call streamed
 	PeakRSSKiB       = "peak_rss_kib"      // a process's peak resident memory, KiB
+	Spans            = "spans"             // a number of trace spans
+	Content          = "content"           // whether exported spans carry prompts and outputs
 )
 
 // Places.
@@ -73,5 +75,7 @@ const (
 	Digest      = "digest"       // the digest of what was loaded (a policy)
 	Workspace   = "workspace"    // a run's workspace directory ("" none)
 	Env         = "env"          // an environment variable's name
+	Endpoint    = "endpoint"     // a telemetry collector's address
+	Protocol    = "protocol"     // the protocol spoken to it (grpc, http)
 	What        = "what"         // what is retried: a model step, a tool call
 )
