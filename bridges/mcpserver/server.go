@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,17 +48,20 @@ type Config struct {
 }
 
 // Server is keel's MCP server: one set of tools, served to any number of
-// clients over any number of transports (ServeHTTP, Run). Create it
+// clients over any number of transports (HTTPHandler, Run). Create it
 // with New and stop it with Close; its methods are safe for concurrent
 // use.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	sdk   *sdk.Server
-	stop  func() // ends the tool subscription
-	kick  chan struct{}
-	done  chan struct{}
-	close sync.Once
+	cfg  Config
+	log  *slog.Logger
+	sdk  *sdk.Server
+	stop func() // ends the tool subscription
+	kick chan struct{}
+	// ctx is the server's lifetime, cancelled by Close; wg joins follow.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	close  sync.Once
 
 	mu     sync.Mutex
 	served map[string][]byte // tool name → its MCP form as served
@@ -83,7 +87,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, kick: make(chan struct{}, 1), done: make(chan struct{}), served: map[string][]byte{}}
+	s := &Server{cfg: cfg, log: log, kick: make(chan struct{}, 1), served: map[string][]byte{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "keel", Title: "keel", Version: cfg.Version}, &sdk.ServerOptions{
 		Logger: log,
 		// Tools, with list changes, even while none is installed, and
@@ -93,6 +98,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	s.sdk.AddReceivingMiddleware(checkScopes)
 	if err := s.refresh(ctx); err != nil {
+		s.cancel()
 		return nil, err
 	}
 	s.stop = cfg.Tools.SubscribeTools(func() {
@@ -101,38 +107,34 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		default: // a refresh is pending: it will see this change too
 		}
 	})
+	s.wg.Add(1)
 	go s.follow()
 	return s, nil
 }
 
 // follow refreshes the served tools after each change until Close.
 func (s *Server) follow() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-s.done
-		cancel()
-	}()
+	defer s.wg.Done()
 	for {
 		select {
-		case <-s.done:
+		case <-s.ctx.Done():
 			return
 		case <-s.kick:
-			if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
+			if err := s.refresh(s.ctx); err != nil && s.ctx.Err() == nil {
 				s.log.Error("mcp: refresh the tool list", "err", err)
 			}
 		}
 	}
 }
 
-// Close stops following the tools and ends every session. It does not
-// wait for calls in flight: their transports end them.
+// Close stops following the tools, waits for a refresh in progress and
+// ends every session. It does not wait for calls in flight: their
+// transports end them. A second Close does nothing.
 func (s *Server) Close() {
 	s.close.Do(func() {
-		if s.stop != nil {
-			s.stop()
-		}
-		close(s.done)
+		s.stop()
+		s.cancel()
+		s.wg.Wait()
 		for ss := range s.sdk.Sessions() {
 			ss.Close()
 		}
@@ -268,7 +270,7 @@ func ClientName(ss *sdk.ServerSession) string {
 		}
 	}
 	if len(name) > 200 {
-		name = name[:200]
+		name = strings.ToValidUTF8(name[:200], "")
 	}
 	return name
 }
