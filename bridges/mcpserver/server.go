@@ -19,6 +19,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/capabilities"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // Tools is what a Server serves: keel's installed tools.
@@ -121,7 +122,7 @@ func (s *Server) follow() {
 			return
 		case <-s.kick:
 			if err := s.refresh(s.ctx); err != nil && s.ctx.Err() == nil {
-				s.log.Error("mcp: refresh the tool list", "err", err)
+				s.log.Error("mcp: refresh the tool list", logkey.Err, err)
 			}
 		}
 	}
@@ -154,7 +155,7 @@ func (s *Server) refresh(ctx context.Context) error {
 	for _, info := range infos {
 		t, err := Tool(info)
 		if err != nil {
-			s.log.Warn("mcp: tool not served", "tool", info.Name, "err", err)
+			s.log.Warn("mcp: tool not served", logkey.Tool, info.Name, logkey.Err, err)
 			continue
 		}
 		seen[t.Name] = true
