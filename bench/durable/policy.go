@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -85,7 +86,8 @@ func benchPolicy() (*policy.Policy, error) {
 type policyResult struct {
 	sync    string
 	off, on time.Duration // median per step
-	ratio   float64       // median of the reps' on/off
+	ratio   float64       // median of the reps' on/mean(off, off again)
+	lo, hi  float64       // the ratio's 95% confidence interval (medianCI)
 	noise   float64       // median of the reps' off/off: the noise floor
 	// cpuOff and cpuOn are the process's CPU time per step, medians
 	// (0 where it cannot be read).
@@ -138,23 +140,26 @@ func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (p
 		err = b.st.Sync(ctx)
 		return bt.elapsed / time.Duration(n), (cpuTime() - c0) / time.Duration(n), err
 	}
-	// Each rep times three runs, policy off, on and off again, in an
-	// order that rotates; the second off run against the first is the
-	// noise floor of the comparison (an A/A ratio).
+	// Each rep times three runs, policy off, on and off again, in one of
+	// the six orders, each order equally often (a rotation would always
+	// put the same kind of run before another, and what a run leaves
+	// behind, such as the GC's pacing, biases the next). The policy's
+	// ratio is on against the mean of the two offs; the noise floor is
+	// the second off against the first (an A/A ratio).
+	orders := [6][3]int{{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}}
 	offs, ons, cpuOffs, cpuOns := make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps), make([]time.Duration, reps)
 	ratios, noise, cpuRatios, cpuNoise := make([]float64, reps), make([]float64, reps), make([]float64, reps), make([]float64, reps)
 	for i := range reps {
 		var got, cpu [3]time.Duration // off, on, off again
-		for k := range 3 {
-			j := (i + k) % 3
+		for k, j := range orders[i%6] {
 			if got[j], cpu[j], err = one(j == 1, i*3+k); err != nil {
 				return policyResult{}, err
 			}
 		}
 		offs[i], ons[i], cpuOffs[i], cpuOns[i] = got[0], got[1], cpu[0], cpu[1]
-		ratios[i], noise[i] = float64(got[1])/float64(got[0]), float64(got[2])/float64(got[0])
+		ratios[i], noise[i] = 2*float64(got[1])/float64(got[0]+got[2]), float64(got[2])/float64(got[0])
 		if cpu[0] > 0 {
-			cpuRatios[i], cpuNoise[i] = float64(cpu[1])/float64(cpu[0]), float64(cpu[2])/float64(cpu[0])
+			cpuRatios[i], cpuNoise[i] = 2*float64(cpu[1])/float64(cpu[0]+cpu[2]), float64(cpu[2])/float64(cpu[0])
 		}
 	}
 	for _, s := range [][]time.Duration{offs, ons, cpuOffs, cpuOns} {
@@ -163,7 +168,8 @@ func measurePolicy(ctx context.Context, dir, synchronous string, n, reps int) (p
 	for _, s := range [][]float64{ratios, noise, cpuRatios, cpuNoise} {
 		slices.Sort(s)
 	}
-	return policyResult{sync: synchronous, off: offs[reps/2], on: ons[reps/2], ratio: ratios[reps/2], noise: noise[reps/2],
+	lo, hi := medianCI(ratios)
+	return policyResult{sync: synchronous, off: offs[reps/2], on: ons[reps/2], ratio: ratios[reps/2], lo: lo, hi: hi, noise: noise[reps/2],
 		cpuOff: cpuOffs[reps/2], cpuOn: cpuOns[reps/2], cpuRatio: cpuRatios[reps/2], cpuNoise: cpuNoise[reps/2]}, nil
 }
 
@@ -231,12 +237,25 @@ func runPolicy(ctx context.Context, cfg config, dir string) error {
 		if err != nil {
 			return fmt.Errorf("synchronous=%s: %w", s, err)
 		}
-		fmt.Printf("synchronous=%-6s per step: policy off %s, on %s; on/off %.3f (%+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
-			r.sync, dur(r.off), dur(r.on), r.ratio, (r.ratio-1)*100, r.noise, (r.noise-1)*100)
+		fmt.Printf("synchronous=%-6s per step: policy off %s, on %s; on/off %.3f (%+.1f%%, 95%% CI %+.1f%% to %+.1f%%); noise floor off/off %.3f (%+.1f%%)\n",
+			r.sync, dur(r.off), dur(r.on), r.ratio, (r.ratio-1)*100, (r.lo-1)*100, (r.hi-1)*100, r.noise, (r.noise-1)*100)
 		if r.cpuOff > 0 {
 			fmt.Printf("synchronous=%-6s CPU per step: policy off %s, on %s; on/off %.3f; noise floor off/off %.3f\n",
 				r.sync, dur(r.cpuOff), dur(r.cpuOn), r.cpuRatio, r.cpuNoise)
 		}
 	}
 	return nil
+}
+
+// medianCI is a distribution-free 95% confidence interval of the median
+// of sorted xs: the order statistics around n/2 ± 1.96·√n/2 (the
+// binomial's normal approximation), so that the noise of single reps
+// shows as a range instead of being read as a difference.
+func medianCI(xs []float64) (lo, hi float64) {
+	n := len(xs)
+	if n == 0 {
+		return 0, 0
+	}
+	d := int(math.Ceil(1.96 * math.Sqrt(float64(n)) / 2))
+	return xs[max(0, n/2-d)], xs[min(n-1, n/2+d)]
 }
