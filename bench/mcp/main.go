@@ -31,12 +31,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/keel-runtime/keel/bench/internal/timing"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/ipc/client"
@@ -135,11 +135,11 @@ func run(n int, nodeDir string, skipNode bool) error {
 
 	var results []result
 	add := func(name string, f func() error) error {
-		d, err := measure(n, f)
+		d, err := timing.Measure(n, f)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		results = append(results, result{name, pct(d, 0.5), pct(d, 0.99)})
+		results = append(results, result{name, timing.Pct(d, 0.5), timing.Pct(d, 0.99)})
 		return nil
 	}
 
@@ -281,30 +281,4 @@ func installNode(dir string) error {
 		return fmt.Errorf("npm ci in %s: %w", dir, err)
 	}
 	return nil
-}
-
-// measure times n calls of f, after a few untimed ones (the first fills
-// caches and pools) and a garbage collection.
-func measure(n int, f func() error) ([]time.Duration, error) {
-	for range min(n/10+1, 100) {
-		if err := f(); err != nil {
-			return nil, err
-		}
-	}
-	runtime.GC()
-	d := make([]time.Duration, 0, n)
-	for range n {
-		start := time.Now()
-		if err := f(); err != nil {
-			return nil, err
-		}
-		d = append(d, time.Since(start))
-	}
-	return d, nil
-}
-
-func pct(d []time.Duration, p float64) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[int(float64(len(s)-1)*p)].Round(time.Microsecond)
 }

@@ -25,11 +25,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/bench/internal/timing"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
@@ -144,29 +143,29 @@ func run(n, ncold int) error {
 		if round < n%rounds {
 			k++
 		}
-		d, err := measure(k, call(warm))
+		d, err := timing.Measure(k, call(warm))
 		if err != nil {
 			return fmt.Errorf("warm: %w", err)
 		}
 		w = append(w, d...)
-		if d, err = measure(k, spawn); err != nil {
+		if d, err = timing.Measure(k, spawn); err != nil {
 			return fmt.Errorf("spawn: %w", err)
 		}
 		s = append(s, d...)
 		time.Sleep(settle)
 	}
-	c, err := measure(ncold, call(cold))
+	c, err := timing.Measure(ncold, call(cold))
 	if err != nil {
 		return fmt.Errorf("cold: %w", err)
 	}
 	ps, _ := warm.PoolStats("wordcount")
 
 	fmt.Printf("wordcount, input %d bytes; warm and spawn n=%d each, in %d alternating rounds; cold n=%d\n", len(input), n, rounds, ncold)
-	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "warm call (pooled reactor instance)", pct(w, .50), pct(w, .99))
-	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "cold call (fresh instance, cache warm)", pct(c, .50), pct(c, .99))
-	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "native process spawned per call", pct(s, .50), pct(s, .99))
+	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "warm call (pooled reactor instance)", timing.Pct(w, .50), timing.Pct(w, .99))
+	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "cold call (fresh instance, cache warm)", timing.Pct(c, .50), timing.Pct(c, .99))
+	fmt.Printf("%-44s p50 %10v  p99 %10v\n", "native process spawned per call", timing.Pct(s, .50), timing.Pct(s, .99))
 	fmt.Printf("spawn/warm at p50: %.1fx   cold/warm at p50: %.1fx\n",
-		float64(pct(s, .50))/float64(pct(w, .50)), float64(pct(c, .50))/float64(pct(w, .50)))
+		float64(timing.Pct(s, .50))/float64(timing.Pct(w, .50)), float64(timing.Pct(c, .50))/float64(timing.Pct(w, .50)))
 	if ps.Idle > 0 {
 		fmt.Printf("idle pooled instances: %d; linear memory per idle instance: %.1f MiB (WebAssembly pages x 64 KiB; compiled code is shared)\n",
 			ps.Idle, float64(ps.IdleMemoryBytes)/float64(ps.Idle)/(1<<20))
@@ -181,29 +180,3 @@ const rounds = 10
 // settle is the pause after each round of spawns: the kernel is still
 // tearing the last processes down for a few milliseconds.
 const settle = 50 * time.Millisecond
-
-// measure times n calls of f, after a few untimed ones (the first fills
-// caches and pools) and a garbage collection.
-func measure(n int, f func() error) ([]time.Duration, error) {
-	for range min(n/10+1, 100) {
-		if err := f(); err != nil {
-			return nil, err
-		}
-	}
-	runtime.GC()
-	d := make([]time.Duration, 0, n)
-	for range n {
-		start := time.Now()
-		if err := f(); err != nil {
-			return nil, err
-		}
-		d = append(d, time.Since(start))
-	}
-	return d, nil
-}
-
-func pct(d []time.Duration, p float64) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[int(float64(len(s)-1)*p)].Round(time.Microsecond)
-}
