@@ -26,7 +26,8 @@ var lifecycleOnly = []keel.EventType{keel.EventRunInterrupted, keel.EventRunResu
 // from 1). For a run that went straight through they equal the
 // journal's, durations aside (see SameEvents); the events of
 // interruptions, pauses and human decisions are not reproduced, their
-// effect (a result) is.
+// effect (a result) is. A run cancelled while a model or tool call was in
+// flight replays to its cancellation at that call.
 func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error) {
 	run, err := e.cfg.Store.GetRun(ctx, id)
 	if err != nil {
@@ -114,6 +115,14 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 			}
 		}
 	}
+	// A run cancelled while a model or tool call was in flight has no
+	// result for that call: where the recording runs out, the replay is
+	// cancelled as the run was.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if run.Status == keel.RunCancelled {
+		rec.cancel = func() { cancel(errCanceled) }
+	}
 	mem := &memStore{}
 	run.Status, run.LastSeq = keel.RunQueued, 0
 	if err := mem.CreateRun(ctx, run); err != nil {
@@ -191,6 +200,9 @@ type recording struct {
 	// the replay fails them again, so the engine retries as it did.
 	modelFailures map[int][]string
 	toolFailures  map[string][]string
+	// cancel, for a run that was cancelled, cancels the replay where the
+	// journal has no result for a call; nil otherwise.
+	cancel func()
 }
 
 func (r *recording) Models(context.Context) ([]models.ModelInfo, error) { return nil, nil }
@@ -199,6 +211,10 @@ func (r *recording) Chat(_ context.Context, _ models.ChatRequest, _ func(models.
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next >= len(r.steps) {
+		if r.cancel != nil {
+			r.cancel()
+			return models.ChatResponse{}, &models.Error{Kind: models.KindCancelled, Msg: "the run was cancelled during this call"}
+		}
 		return models.ChatResponse{}, fmt.Errorf("the journal has no model result for step %d", r.next+1)
 	}
 	d := r.steps[r.next]
@@ -251,6 +267,9 @@ func (r *recording) Call(_ context.Context, inv keel.ToolInvocation) (json.RawMe
 		*inv.Touched = *res.Touched
 	}
 	switch {
+	case !ok && r.cancel != nil:
+		r.cancel()
+		return nil, fmt.Errorf("the run was cancelled during call %s of %s: %w", inv.CallID, inv.Name, context.Canceled)
 	case !ok:
 		return nil, fmt.Errorf("the journal has no result for call %s of %s", inv.CallID, inv.Name)
 	case res.Error != nil:

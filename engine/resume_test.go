@@ -613,3 +613,49 @@ func TestResumedBudgetCountsJournaledUsage(t *testing.T) {
 		t.Errorf("the model was asked %d times, want none", n)
 	}
 }
+
+// TestReplayOfCancelledRun: a run cancelled while its model call or its
+// tool call was in flight has no result for that call; its replay is
+// cancelled there as the run was, and equals its journal (it failed with
+// "the journal has no model result" before).
+func TestReplayOfCancelledRun(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		steps []scripted.Step
+		tool  bool // cancelled in the tool call, not the model call
+	}{
+		{"in a model call", []scripted.Step{scripted.CallTool("echo", `{"text":"one"}`), scripted.Block()}, false},
+		{"in a tool call", []scripted.Step{scripted.CallTool("echo", `{"text":"one"}`), scripted.CallTool("slow", `{}`)}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := scripted.New(nil, tt.steps...)
+			tools := &echoTools{slowEntered: make(chan struct{}, 1)}
+			st, eng := newEngine(t, engine.Config{Model: p, Tools: tools})
+			ctx := context.Background()
+			r, err := eng.Start(ctx, engine.StartRequest{Goal: "g"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.tool {
+				<-tools.slowEntered
+			} else {
+				waitRequests(t, p, 2)
+			}
+			if _, err := eng.Cancel(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			if got := waitRun(t, eng, st, r.ID); got.Status != keel.RunCancelled {
+				t.Fatalf("run = %s %q, want cancelled", got.Status, got.Error)
+			}
+			replay, err := eng.Replay(ctx, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := engine.SameEvents(journal(t, st, r.ID), replay); diff != "" {
+				t.Errorf("replay differs: %s", diff)
+			}
+		})
+	}
+}
