@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -76,5 +77,34 @@ func BenchmarkFlush(b *testing.B) {
 	b.StopTimer()
 	if s := x.Stats(); s.Failed > 0 {
 		b.Fatalf("Stats() = %+v", s)
+	}
+}
+
+// TestQueueWakesToArmTheTimerOnly: the export goroutine's flush timer
+// runs only while spans wait (an idle daemon's exporter never wakes):
+// the first span into an untimed queue wakes the goroutine, later ones
+// do not until a batch is full; the timer stops only when nothing came
+// in since the last take, and the next span wakes it again.
+func TestQueueWakesToArmTheTimerOnly(t *testing.T) {
+	q := &queue{size: 10, wakeAt: 4}
+	var wakes []bool
+	for range 4 {
+		_, wake := q.put(item{})
+		wakes = append(wakes, wake)
+	}
+	if want := []bool{true, false, false, true}; !slices.Equal(wakes, want) {
+		t.Errorf("wakes of four puts = %v, want %v", wakes, want)
+	}
+	q.take(nil)
+	q.put(item{})
+	if q.untime() {
+		t.Error("untime with a span in the queue = true, want the timer to run on")
+	}
+	q.take(nil)
+	if !q.untime() {
+		t.Error("untime of an empty queue = false, want the timer stopped")
+	}
+	if _, wake := q.put(item{}); !wake {
+		t.Error("the first put after the timer stopped did not wake the goroutine")
 	}
 }

@@ -123,10 +123,15 @@ type queue struct {
 	size   int // the most items it holds
 	wakeAt int // the length at which the goroutine is woken
 	closed bool
+	// timed is set while the goroutine's flush timer runs (or the wake
+	// that arms it is on its way); the first item into a queue without
+	// it wakes the goroutine, later ones do not.
+	timed bool
 }
 
 // put adds it, unless the queue is full or closed; wake reports that the
-// queue now holds a batch.
+// goroutine's flush timer is to be armed (it was not running) or that
+// the queue now holds a batch: a few times per flush, never per item.
 func (q *queue) put(it item) (ok, wake bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -134,7 +139,21 @@ func (q *queue) put(it item) (ok, wake bool) {
 		return false, false
 	}
 	q.items = append(q.items, it)
-	return true, len(q.items) == q.wakeAt
+	arm := !q.timed
+	q.timed = true
+	return true, arm || len(q.items) == q.wakeAt
+}
+
+// untime records that the flush timer stops, unless items came in since
+// the last take: then it reports false and the timer must run on.
+func (q *queue) untime() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) > 0 {
+		return false
+	}
+	q.timed = false
+	return true
 }
 
 // take returns what the queue holds and leaves it holding buf's storage.
@@ -405,10 +424,19 @@ func (x *Exporter) Close(ctx context.Context) error {
 // in batches, at most every flush interval (or when a batch is full).
 // With content on, a span waits one more interval, so that the events
 // holding its content (journaled after the span ends) are there when
-// it goes.
+// it goes. Its flush timer runs only while something waits to be
+// flushed: an idle daemon's exporter never wakes.
 func (x *Exporter) loop() {
 	defer close(x.done)
-	tick := time.NewTicker(x.cfg.flushInterval())
+	tick := time.NewTimer(x.cfg.flushInterval())
+	tick.Stop()
+	armed := false
+	arm := func() {
+		if !armed {
+			tick.Reset(x.cfg.flushInterval())
+			armed = true
+		}
+	}
 	defer tick.Stop()
 	var buf []item
 	var pending, ready []keel.Span
@@ -455,7 +483,9 @@ func (x *Exporter) loop() {
 				send(append(ready, pending...))
 				pending, ready = nil, nil
 			}
+			arm()
 		case <-tick.C:
+			armed = false
 			drain()
 			if x.cfg.Content {
 				send(ready)
@@ -464,6 +494,9 @@ func (x *Exporter) loop() {
 				send(pending)
 				clear(pending)
 				pending = pending[:0] // flush keeps none of it
+			}
+			if len(pending)+len(ready) > 0 || !x.q.untime() {
+				arm()
 			}
 		case <-x.stop:
 			drain()

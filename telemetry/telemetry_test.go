@@ -483,11 +483,7 @@ func TestMetrics(t *testing.T) {
 	}
 	// The spans' metrics are recorded off the runs' path, within a flush
 	// interval.
-	body := scrape()
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(body, "keel_tokens_total") && time.Now().Before(deadline); body = scrape() {
-		time.Sleep(10 * time.Millisecond) // a poll interval
-	}
-	for _, want := range []string{
+	wants := []string{
 		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="input"} 12`,
 		`keel_tokens_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny",gen_ai_token_type="output"} 7`,
 		`keel_cost_usd_total{gen_ai_provider_name="ollama",gen_ai_response_model="keel-tiny"} 0.5`,
@@ -500,7 +496,20 @@ func TestMetrics(t *testing.T) {
 		`keel_runs_active{keel_run_status="running"} 2`,
 		`keel_runs_active{keel_run_status="waiting"} 1`,
 		`keel_telemetry_spans_total{outcome="dropped"} 0`,
-	} {
+	}
+	hasAll := func(body string) bool {
+		for _, want := range wants {
+			if !strings.Contains(body, want+"\n") {
+				return false
+			}
+		}
+		return true
+	}
+	body := scrape()
+	for deadline := time.Now().Add(time.Minute); !hasAll(body) && time.Now().Before(deadline); body = scrape() {
+		time.Sleep(10 * time.Millisecond) // a poll interval
+	}
+	for _, want := range wants {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("metrics lack %s\n%s", want, body)
 		}
