@@ -2,8 +2,6 @@ package mcpserver_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -19,11 +16,10 @@ import (
 
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
-	"github.com/keel-runtime/keel/internal/testcache"
+	"github.com/keel-runtime/keel/internal/wasmtest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // cliEnv, set to "1", makes the test binary the keel command line: the
@@ -33,7 +29,8 @@ const cliEnv = "KEEL_MCPSERVER_TEST_CLI"
 // The daemon every test of the package shares, started by TestMain:
 // wordcount (read-only, no grants) and readfile (requests a directory,
 // granted none, so its calls are refused) are installed; writefile is at
-// hand to install and remove (toolChange).
+// hand to install and remove (toolChange). All three are canned
+// reactors (see writeTool).
 var (
 	shared struct {
 		dir   string // data dir
@@ -65,29 +62,29 @@ func testMain(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
-	bundled := filepath.Join(tmp, "bundled")
-	if err := builtin.Install(bundled); err != nil {
-		return 0, err
-	}
 	dir := filepath.Join(tmp, "data")
 	tools := filepath.Join(dir, "tools")
-	if err := os.MkdirAll(tools, 0o700); err != nil {
-		return 0, err
-	}
-	// The bundled tools count as installed: only these two are there.
-	if err := os.WriteFile(filepath.Join(tools, ".examples-installed"), nil, 0o600); err != nil {
-		return 0, err
-	}
-	for _, name := range []string{"wordcount", "readfile"} {
-		if err := copyFile(filepath.Join(bundled, name+".wasm"), filepath.Join(tools, name+".wasm")); err != nil {
+	spare := filepath.Join(tmp, "spare")
+	for _, d := range []string{tools, spare} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return 0, err
 		}
 	}
-	shared.spare = filepath.Join(bundled, "writefile.wasm")
-	cache, err := compileCache(bundled)
-	if err != nil {
+	// No bundled tools: only these two are installed.
+	if err := os.WriteFile(filepath.Join(tools, ".examples-installed"), nil, 0o600); err != nil {
 		return 0, err
 	}
+	for _, f := range []struct{ dir, name, output, manifest string }{
+		{tools, "wordcount", wordcountOutput, wordcountManifest},
+		{tools, "readfile", `{"path":"x","content":"","truncated":false}`, readfileManifest},
+		{spare, "writefile", `{"written":0}`, writefileManifest},
+	} {
+		if err := writeTool(f.dir, f.name, f.output, f.manifest); err != nil {
+			return 0, err
+		}
+	}
+	shared.spare = filepath.Join(spare, "writefile.wasm")
+	cache := filepath.Join(tmp, "cache")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan protocol.DaemonInfo, 1)
@@ -146,50 +143,34 @@ func isToolError(err error) bool {
 	return ok && (pe.Code == protocol.CodeToolError || pe.Code == protocol.CodeInvalidToolInput)
 }
 
-func copyFile(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
+// The installed tools are wasmtest's canned reactors (a Go-built tool
+// takes seconds to compile, these milliseconds), each with the manifest
+// of the example tool of that name: what keel checks before a call (the
+// input schema, the grants) is the real tool's, and a call that runs
+// returns the canned output whatever its input.
+const (
+	// wordcountOutput is what every call of wordcount returns: the count
+	// of "one two\nthree".
+	wordcountOutput   = `{"words":3,"lines":2,"chars":13}`
+	wordcountManifest = `{"name":"wordcount","version":"0.1.0","description":"Count the words, lines and characters of a text.",
+"side_effects":"read_only",
+"input_schema":{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false},
+"output_schema":{"type":"object","properties":{"words":{"type":"integer","minimum":0},"lines":{"type":"integer","minimum":0},"chars":{"type":"integer","minimum":0}},"required":["words","lines","chars"],"additionalProperties":false}}`
+	// readfile requests a directory it is never granted.
+	readfileManifest = `{"name":"readfile","version":"0.1.0","description":"Read a text file from the workspace.","side_effects":"read_only",
+"input_schema":{"type":"object","properties":{"path":{"type":"string","minLength":1}},"required":["path"]},
+"requests":{"fs":[{"guest_path":"/workspace","read_only":true}]}}`
+	writefileManifest = `{"name":"writefile","version":"0.1.0","description":"Write a text file.","side_effects":"idempotent_write",
+"input_schema":{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"]}}`
+)
+
+// writeTool writes dir/NAME.wasm, a canned reactor answering output, and
+// its sidecar manifest.
+func writeTool(dir, name, output, manifest string) error {
+	if err := os.WriteFile(filepath.Join(dir, name+".wasm"), wasmtest.CannedReactor(`{"output":`+output+`}`), 0o600); err != nil {
 		return err
 	}
-	return os.WriteFile(dst, b, 0o600)
-}
-
-// compileCache returns a wazero compilation cache for the tools in dir
-// that outlives the test binary (compiling Go modules takes seconds, far
-// more under -race), under a key naming what its content depends on:
-// wazero's version, wasmtools' code and the tool files.
-func compileCache(dir string) (string, error) {
-	h := sha256.New()
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, dep := range bi.Deps {
-			if dep.Path == "github.com/tetratelabs/wazero" {
-				fmt.Fprintf(h, "wazero %s %s\n", dep.Version, dep.Sum)
-			}
-		}
-	}
-	src, err := filepath.Glob(filepath.Join("..", "..", "wasmtools", "*.go"))
-	if err != nil || len(src) == 0 {
-		return "", fmt.Errorf("wasmtools sources for the cache key: %v (found %d)", err, len(src))
-	}
-	wasm, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
-	for _, f := range append(src, wasm...) {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(h, "%s %x\n", filepath.Base(f), sha256.Sum256(b))
-	}
-	key := hex.EncodeToString(h.Sum(nil))[:16]
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return filepath.Join(dir, "cache"), nil
-	}
-	parent := filepath.Join(base, "keel", "mcpserver-test")
-	testcache.PruneDirs(parent, key, 24*time.Hour, 512*testcache.MiB)
-	return filepath.Join(parent, key), nil
+	return os.WriteFile(filepath.Join(dir, name+".manifest.json"), []byte(manifest), 0o600)
 }
 
 // bearer is an http.RoundTripper that adds a token to every request.
