@@ -2,16 +2,10 @@ package daemon_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/keel-runtime/keel/internal/testcache"
 	"github.com/keel-runtime/keel/wasmtools"
@@ -24,7 +18,7 @@ var (
 	// compiled, and writefileVariant too. Compiling a Go module takes
 	// seconds (far more under -race), so it lives in the user's cache
 	// directory and survives between runs, like Go's build cache, under
-	// a key naming everything its content depends on (see cacheKey).
+	// a key naming everything its content depends on (see testcache.Dir).
 	// Tests do not use it directly: linkWarmCache gives each daemon a
 	// view of its own.
 	warmCache string
@@ -77,16 +71,11 @@ func testMain(m *testing.M) (int, error) {
 		return 0, err
 	}
 
-	warmCache = filepath.Join(tmp, "cache")
-	if dir, err := os.UserCacheDir(); err == nil {
-		key, err := cacheKey(bundledDir, variantDir)
-		if err != nil {
-			return 0, err
-		}
-		warmCache = filepath.Join(dir, "keel", "daemon-test", key)
-		// Caches of other wasmtools code or tools go when no test binary
-		// used them for a day, or beyond 1 GiB (about 150 MiB each).
-		testcache.PruneDirs(filepath.Dir(warmCache), filepath.Base(warmCache), 24*time.Hour, 1024*testcache.MiB)
+	// Caches of other wasmtools code or tools go when no test binary
+	// used them for a day, or beyond 1 GiB (about 150 MiB each).
+	warmCache, err = testcache.Dir("daemon-test", filepath.Join("..", "wasmtools"), filepath.Join(tmp, "cache"), 1024*testcache.MiB, bundledDir, variantDir)
+	if err != nil {
+		return 0, err
 	}
 	// Compile the tools into the cache up front, without a deadline, so
 	// that each test's daemon loads them from it. A warm cache makes this
@@ -118,48 +107,6 @@ func fill(cache, dir string) error {
 	return nil
 }
 
-// cacheKey names what the content of a compilation cache for the tools
-// of dirs depends on: the tool files, wazero's version, and wasmtools'
-// own code (how it instruments a module and what it keeps beside the
-// compiled code), so that a change to any of them starts a new cache
-// rather than reading a stale one.
-func cacheKey(dirs ...string) (string, error) {
-	h := sha256.New()
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, dep := range bi.Deps {
-			if dep.Path == "github.com/tetratelabs/wazero" {
-				fmt.Fprintf(h, "wazero %s %s\n", dep.Version, dep.Sum)
-			}
-		}
-	}
-	src, err := filepath.Glob(filepath.Join("..", "wasmtools", "*.go"))
-	if err != nil || len(src) == 0 {
-		return "", fmt.Errorf("wasmtools sources for the cache key: %v (found %d)", err, len(src))
-	}
-	var files []string
-	for _, f := range src {
-		if !strings.HasSuffix(f, "_test.go") {
-			files = append(files, f)
-		}
-	}
-	for _, dir := range dirs {
-		wasm, err := filepath.Glob(filepath.Join(dir, "*.wasm"))
-		if err != nil {
-			return "", err
-		}
-		files = append(files, wasm...)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", err
-		}
-		sum := sha256.Sum256(b)
-		fmt.Fprintf(h, "%s %x\n", filepath.Base(f), sum)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
 // linkWarmCache makes dst a compilation cache for one test's daemon: a
 // new directory whose files are links to those of warmCache. What the
 // daemon adds (its tool index, a module no other test compiles) stays in
@@ -168,23 +115,7 @@ func cacheKey(dirs ...string) (string, error) {
 // it.
 func linkWarmCache(t *testing.T, dst string) {
 	t.Helper()
-	err := filepath.WalkDir(warmCache, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(warmCache, path)
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o700)
-		}
-		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") || strings.Contains(d.Name(), ".tmp") {
-			return nil // a temporary file another test binary is writing
-		}
-		return os.Symlink(path, filepath.Join(dst, rel))
-	})
-	if err != nil {
+	if err := testcache.Link(warmCache, dst); err != nil {
 		t.Fatalf("link the warm compilation cache: %v", err)
 	}
 }

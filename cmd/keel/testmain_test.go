@@ -12,10 +12,10 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
-	"testing"
-
+	"github.com/keel-runtime/keel/internal/testcache"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
@@ -141,7 +141,7 @@ func buildShared(tmp string) error {
 	if shared.coverRaw != "" {
 		keel = exec.Command("go", "build", "-cover", "-coverpkg=github.com/keel-runtime/keel/...", "-o", shared.bin, ".")
 	}
-	tally := exec.Command("go", "build", "-buildmode=c-shared", "-o", shared.tally, "./testdata/tally")
+	tally := exec.Command("go", "build", "-trimpath", "-buildmode=c-shared", "-o", shared.tally, "./testdata/tally")
 	tally.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -156,12 +156,32 @@ func buildShared(tmp string) error {
 	return errors.Join(errs...)
 }
 
-// warmCache starts the keel daemon once on a data directory of its own
-// holding tally beside the bundled tools, waits until it has compiled
-// them all, and stops it: its cache is then shared.cache.
+// warmCache makes shared.cache a wazero compilation cache holding the
+// bundled tools and tally compiled by the keel binary. It outlives the
+// test binary (compiling these Go modules takes tens of seconds), under
+// a key naming what its content depends on (testcache.Dir); a cache
+// already complete (marked by warmDone) is used as it is. Otherwise it
+// starts the daemon once on a data directory of its own holding tally
+// beside the bundled tools, with that cache, waits until it has compiled
+// them all, and stops it.
 func warmCache(tmp string) error {
+	cache, err := testcache.Dir("cmd-test", filepath.Join("..", "..", "wasmtools"), filepath.Join(tmp, "cache"), 512*testcache.MiB,
+		shared.tally, filepath.Join("..", "..", "wasmtools", "builtin", "embedded"))
+	if err != nil {
+		return err
+	}
+	shared.cache = cache
+	if _, err := os.Stat(filepath.Join(cache, warmDone)); err == nil {
+		return nil
+	}
 	dir := filepath.Join(tmp, "warm")
 	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "cache"), 0o700); err != nil {
+		return err
+	}
+	if err := os.Symlink(cache, filepath.Join(dir, "cache", "wazero")); err != nil {
 		return err
 	}
 	if err := copyFile(shared.tally, filepath.Join(dir, "tools", "tally.wasm")); err != nil {
@@ -184,24 +204,29 @@ func warmCache(tmp string) error {
 	if err != nil {
 		return fmt.Errorf("warm the tool cache: %w\n%s", err, p.logs.String())
 	}
-	shared.cache = filepath.Join(dir, "cache", "wazero")
-	return nil
+	// The warm daemon's tool index names a temporary directory: only the
+	// compiled modules are worth keeping.
+	index, _ := filepath.Glob(filepath.Join(cache, "index-v*"))
+	for _, d := range index {
+		os.RemoveAll(d)
+	}
+	return os.WriteFile(filepath.Join(cache, warmDone), nil, 0o600)
 }
 
+// warmDone marks a complete warm cache (a dot file: testcache.Link does
+// not link it).
+const warmDone = ".warm"
+
 // newDataDir returns a new data directory, under a test's temp dir tmp,
-// whose wazero cache is shared.cache: a daemon started on it loads the
-// bundled tools and tally compiled. Several daemons may share the cache
-// at once: wazero and keel write each file of it to a temporary name
-// and rename it into place.
+// whose wazero cache is a view of shared.cache (testcache.Link): a
+// daemon started on it loads the bundled tools and tally compiled, and
+// what it writes stays in its own directory.
 func newDataDir(tmp string) (string, error) {
 	dir := filepath.Join(tmp, "data")
-	if err := os.MkdirAll(filepath.Join(dir, "cache"), 0o700); err != nil {
-		return "", err
-	}
 	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o700); err != nil {
 		return "", err
 	}
-	return dir, os.Symlink(shared.cache, filepath.Join(dir, "cache", "wazero"))
+	return dir, testcache.Link(shared.cache, filepath.Join(dir, "cache", "wazero"))
 }
 
 // deadAddr is a loopback address where nothing listens: Ollama is down.

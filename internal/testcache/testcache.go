@@ -1,6 +1,7 @@
 // Package testcache keeps bounded the compilation caches that test
 // binaries share in the user cache directory (keel/wasmtools-test,
-// keel/daemon-test). The caches outlive a test run so that the next run
+// keel/daemon-test, keel/cmd-test, ...), and names them (Dir: a key over
+// everything a cache's content depends on). The caches outlive a test run so that the next run
 // loads compiled tools instead of compiling them again; without a bound
 // they would grow by every tool module a change produces, for good.
 //
