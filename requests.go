@@ -44,6 +44,19 @@ type ForkRequest struct {
 	// Model and Goal, when set, replace the source's.
 	Model string `json:"model,omitempty"`
 	Goal  string `json:"goal,omitempty"`
+	// Message, when set, is a person's message journaled in the fork
+	// after the copied steps (human.message, with the labels the policy
+	// gives human messages): the fork's next model step reads it. A fork
+	// of a run that answered goes on with this message instead of ending
+	// with the same answer: the next turn of a conversation.
+	Message string `json:"message,omitempty"`
+	// MaxSteps, when not 0, bounds the fork's model steps, copied ones
+	// included; it must be greater than Step. 0 keeps the source's.
+	MaxSteps int `json:"max_steps,omitempty"`
+	// IdempotencyKey (at most 200 bytes) makes a retried fork safe: a
+	// fork with a key already used returns the run that key created,
+	// when that run was forked from the same run (else ErrConflict).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // RunQuery selects a page of runs, newest first (the params of

@@ -136,6 +136,9 @@ type recorded struct {
 	approvals map[string]keel.ApprovalData
 	models    map[int][][]keel.ModelDecision
 	labels    map[string][]string // the labels journaled with each tool result
+	// goesOn holds the steps that answered and yet were followed by
+	// another: a fork with a message (keel.ForkRequest.Message) went on.
+	goesOn map[int]bool
 }
 
 // modelDecisions returns the decisions journaled with the next model

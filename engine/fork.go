@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/policy"
 )
 
 // ForkRequest asks for a run forked from another.
@@ -21,6 +23,16 @@ type ForkRequest struct {
 	Model string
 	// Goal, when set, replaces the goal (edited input).
 	Goal string
+	// Message, when set, is a person's message journaled after the
+	// copied steps, which the fork's next model step reads (see
+	// keel.ForkRequest.Message).
+	Message string
+	// MaxSteps, when not 0, is the fork's step bound, greater than Step;
+	// 0 keeps the source's.
+	MaxSteps int
+	// IdempotencyKey, when set, makes a retried fork return the run the
+	// first one created (see keel.ForkRequest.IdempotencyKey).
+	IdempotencyKey string
 }
 
 // forkCopied are the events a fork copies from its source: what the run
@@ -36,7 +48,27 @@ var forkCopied = []keel.EventType{keel.EventModelResult, keel.EventToolCall, kee
 // tool call of step req.Step without a result in the source never
 // finished there and runs in the fork. Source runs that are still
 // advancing cannot be forked: pause them first.
+//
+// With req.Message the fork is the next turn of a conversation: the
+// message is journaled after the copied steps, and a fork of a run that
+// answered asks the model again, reading it. With req.IdempotencyKey a
+// fork asked for again (a lost response) returns the run the first one
+// created. Errors wrap keel.ErrInvalid (a step outside the source's,
+// MaxSteps not above Step, a key over 200 bytes, a malformed label),
+// keel.ErrNotFound or keel.ErrConflict (a source still advancing, or a
+// key used for another run).
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
+	if len(req.IdempotencyKey) > 200 {
+		return keel.Run{}, fmt.Errorf("idempotency key longer than 200 bytes: %w", keel.ErrInvalid)
+	}
+	if req.MaxSteps < 0 || req.MaxSteps != 0 && req.MaxSteps <= req.Step {
+		return keel.Run{}, fmt.Errorf("max_steps %d must be above the step forked from (%d): %w", req.MaxSteps, req.Step, keel.ErrInvalid)
+	}
+	if req.IdempotencyKey != "" {
+		if r, err := e.sameFork(ctx, req); err == nil || !errors.Is(err, keel.ErrNotFound) {
+			return r, err
+		}
+	}
 	src, err := e.cfg.Store.GetRun(ctx, req.From)
 	if err != nil {
 		return keel.Run{}, err
@@ -60,7 +92,10 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 	}
 	run := src
 	run.ID = keel.RunID("run_" + e.cfg.NewID())
-	run.Status, run.Result, run.Error, run.LastSeq, run.IdempotencyKey = keel.RunQueued, "", "", 0, ""
+	run.Status, run.Result, run.Error, run.LastSeq, run.IdempotencyKey = keel.RunQueued, "", "", 0, req.IdempotencyKey
+	if req.MaxSteps != 0 {
+		run.MaxSteps = req.MaxSteps
+	}
 	run.Policy.Deadline = time.Time{} // a fork is a new run: the source's deadline is not its own
 	if g := strings.TrimSpace(req.Goal); g != "" {
 		run.Goal = g
@@ -73,6 +108,10 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 	now := e.cfg.Now()
 	run.CreatedAt, run.UpdatedAt = now, now
 	if err := e.cfg.Store.CreateRun(ctx, run); err != nil {
+		if req.IdempotencyKey != "" && errors.Is(err, keel.ErrConflict) {
+			// Another fork with the key won the race.
+			return e.sameFork(ctx, req)
+		}
 		return keel.Run{}, fmt.Errorf("fork: %w", err)
 	}
 	fork := keel.RunForkedData{From: src.ID, Step: req.Step}
@@ -111,6 +150,12 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 		}
 		seqs[ev.Seq] = stored[0].Seq
 	}
+	if req.Message != "" {
+		labels := labelNames(e.labelPolicy(run).LabelsOf(policy.Source{Kind: policy.SourceHuman}))
+		if _, err := e.appendEvent(ctx, run.ID, keel.EventHumanMessage, keel.HumanMessageData{Content: req.Message, Labels: labels}, nil); err != nil {
+			return keel.Run{}, err
+		}
+	}
 	// The fork now looks like a run the daemon stopped after step
 	// req.Step: it goes on from its journal like a resumed one.
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventRunInterrupted, keel.RunEndData{Status: keel.RunInterrupted, Reason: "forked; starting"},
@@ -125,6 +170,25 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 		return run, err
 	}
 	return run, nil
+}
+
+// sameFork returns the run an earlier Fork with req's idempotency key
+// created: keel.ErrNotFound if none did, keel.ErrConflict if that key
+// made another run (a start, or a fork of another source).
+func (e *Engine) sameFork(ctx context.Context, req ForkRequest) (keel.Run, error) {
+	r, err := e.cfg.Store.RunByIdempotencyKey(ctx, req.IdempotencyKey)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	evs, err := e.cfg.Store.Events(ctx, r.ID, 0)
+	if err != nil {
+		return keel.Run{}, err
+	}
+	var d keel.RunForkedData
+	if len(evs) == 0 || evs[0].Type != keel.EventRunForked || json.Unmarshal(evs[0].Data, &d) != nil || d.From != req.From {
+		return keel.Run{}, fmt.Errorf("idempotency key %q was used for run %s, not a fork of %s: %w", req.IdempotencyKey, r.ID, req.From, keel.ErrConflict)
+	}
+	return r, nil
 }
 
 // forkPrefix returns the events of evs a fork from step keeps (those of

@@ -73,3 +73,59 @@ func TestFork(t *testing.T) {
 	}
 	replayMatches(t, eng, st, fork.ID)
 }
+
+// TestForkWithMessage: a fork of a run that answered, with a message, is
+// the next turn of a conversation: its model reads the whole earlier
+// exchange and the message, and answers anew (without the message the
+// fork ends with the source's answer); max_steps gives the turn room; a
+// fork asked for again with the same idempotency key is the same run.
+func TestForkWithMessage(t *testing.T) {
+	p := scripted.New(nil,
+		scripted.CallTool("echo", `{"text":"one"}`),
+		scripted.Answer("first answer"),
+		scripted.Answer("second answer"),
+	)
+	st, eng, _ := resumeHarness(t, p)
+	ctx := context.Background()
+	src, err := eng.Start(ctx, engine.StartRequest{Goal: "first turn", MaxSteps: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRun(t, eng, st, src.ID); r.Status != keel.RunSucceeded {
+		t.Fatalf("source = %s %q", r.Status, r.Error)
+	}
+	if _, err := eng.Fork(ctx, engine.ForkRequest{From: src.ID, Step: 2, Message: "x", MaxSteps: 2}); !errors.Is(err, keel.ErrInvalid) {
+		t.Errorf("Fork with max_steps not above the step = %v, want ErrInvalid", err)
+	}
+	req := engine.ForkRequest{From: src.ID, Step: 2, Message: "second turn", MaxSteps: 4, IdempotencyKey: "conversation/2"}
+	fork, err := eng.Fork(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := waitRun(t, eng, st, fork.ID)
+	if r.Status != keel.RunSucceeded || r.Result != "second answer" || r.MaxSteps != 4 {
+		t.Fatalf("fork = %s %q (max_steps %d), want succeeded with the second answer", r.Status, r.Result, r.MaxSteps)
+	}
+	reqs := p.Requests()
+	if len(reqs) != 3 {
+		t.Fatalf("%d model calls, want 3", len(reqs))
+	}
+	var seen []string
+	for _, m := range reqs[2].Messages {
+		seen = append(seen, string(m.Role)+": "+m.Content)
+	}
+	got := strings.Join(seen, "\n")
+	if !strings.Contains(got, "first turn") || !strings.Contains(got, "first answer") || !strings.HasSuffix(got, "second turn") {
+		t.Errorf("the fork's model saw:\n%s\nwant the first exchange, then the message last", got)
+	}
+	again, err := eng.Fork(ctx, req)
+	if err != nil || again.ID != fork.ID {
+		t.Errorf("Fork again with the key = %s, %v; want %s", again.ID, err, fork.ID)
+	}
+	other := req
+	other.From = fork.ID
+	if _, err := eng.Fork(ctx, other); !errors.Is(err, keel.ErrConflict) {
+		t.Errorf("Fork of another run with the key = %v, want ErrConflict", err)
+	}
+	replayMatches(t, eng, st, fork.ID)
+}

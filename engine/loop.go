@@ -176,8 +176,14 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 		}
 		msgs = append(msgs, resp.Message)
 		if len(resp.Message.ToolCalls) == 0 {
-			e.end(ctx, run.ID, nil, resp.Message.Content)
-			return
+			if e.replay == nil || !e.replay.goesOn[step] {
+				e.end(ctx, run.ID, nil, resp.Message.Content)
+				return
+			}
+			// A replay of a fork with a message: the journal asked
+			// again after this answer, reading the message.
+			e.endStep(ctx, run.ID)
+			continue
 		}
 		for _, call := range resp.Message.ToolCalls {
 			if e.paused(ctx, run.ID) {

@@ -138,6 +138,12 @@ func (e *Engine) Replay(ctx context.Context, id keel.RunID) ([]keel.Event, error
 	if err != nil {
 		return nil, err
 	}
+	dec.goesOn = map[int]bool{}
+	for i, st := range rec.steps {
+		if len(st.ToolCalls) == 0 && i+1 < len(rec.steps) {
+			dec.goesOn[st.Step] = true
+		}
+	}
 	replayer.fit = replayer.recordedSummaries(summaries)
 	replayer.replay = dec
 	replayer.loop(ctx, run, nil)

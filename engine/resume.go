@@ -127,6 +127,9 @@ func (e *Engine) restore(ctx context.Context, run keel.Run) (journal, error) {
 				return journal{}, fmt.Errorf("journal event %d: %w", ev.Seq, err)
 			}
 			j.unread = append(j.unread, inboxMsg{seq: ev.Seq, text: d.Content, labels: d.Labels})
+			// A message after an answer (a fork that is the next turn of
+			// a conversation, keel.ForkRequest.Message) asks for another.
+			j.answer = nil
 		case keel.EventContextSummary:
 			var d keel.ContextSummaryData
 			if err := json.Unmarshal(ev.Data, &d); err != nil {

@@ -12,7 +12,8 @@ import (
 
 // ForkRun is Fork for a request as the protocol sends it.
 func (e *Engine) ForkRun(ctx context.Context, req keel.ForkRequest) (keel.Run, error) {
-	return e.Fork(ctx, ForkRequest{From: req.RunID, Step: req.Step, Model: req.Model, Goal: req.Goal})
+	return e.Fork(ctx, ForkRequest{From: req.RunID, Step: req.Step, Model: req.Model, Goal: req.Goal,
+		Message: req.Message, MaxSteps: req.MaxSteps, IdempotencyKey: req.IdempotencyKey})
 }
 
 // CheckReplay replays the finished run id (see Replay) and compares the
