@@ -19,8 +19,9 @@
 //     and model.result text as agent_message_chunk, each tool call as
 //     tool_call (pending) then tool_call_update (in_progress, completed
 //     or failed, with its output or error), a plan run's plan.proposed
-//     and step events as plan entries; session/load sends the last run's
-//     journal so, the person's words as user_message_chunk;
+//     and step events as plan entries (a session's runs are agent runs,
+//     which have none yet); session/load sends the last run's journal
+//     so, the person's words as user_message_chunk;
 //   - an approval.requested (a policy rule or --require-approval asks)
 //     becomes session/request_permission with allow_once and reject_once;
 //     the answer is run.approve with the call's args_sha256, so it
