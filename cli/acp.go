@@ -143,9 +143,9 @@ func (d *daemonRuns) Approve(ctx context.Context, a acp.Approval) error {
 	return sentinel(err)
 }
 
-func (d *daemonRuns) Get(ctx context.Context, id keel.RunID) (keel.Run, []keel.Event, error) {
+func (d *daemonRuns) Get(ctx context.Context, id keel.RunID) (acp.Detail, error) {
 	r, err := client.Do(ctx, d.c, client.RunGet, protocol.RunRef{RunID: id})
-	return r.Run, r.Events, sentinel(err)
+	return acp.Detail{Run: r.Run, Events: r.Events, Spans: r.Spans}, sentinel(err)
 }
 
 func (d *daemonRuns) List(ctx context.Context, q keel.RunQuery) (keel.RunPage, error) {

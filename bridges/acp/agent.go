@@ -43,14 +43,21 @@ type Runs interface {
 	Cancel(ctx context.Context, id keel.RunID) error
 	// Approve is run.approve.
 	Approve(ctx context.Context, a Approval) error
-	// Get is run.get: the run and its journal.
-	Get(ctx context.Context, id keel.RunID) (keel.Run, []keel.Event, error)
+	// Get is run.get: the run, its journal and its trace.
+	Get(ctx context.Context, id keel.RunID) (Detail, error)
 	// List is run.list.
 	List(ctx context.Context, q keel.RunQuery) (keel.RunPage, error)
 	// Subscribe is run.subscribe: the run's events after afterSeq, then
 	// live ones, on the channel, until stop is called (run.unsubscribe)
 	// or the connection ends (the channel is then closed).
 	Subscribe(ctx context.Context, id keel.RunID, afterSeq int64) (events <-chan keel.Event, stop func(), err error)
+}
+
+// Detail is a run with its journal and its trace (run.get).
+type Detail struct {
+	Run    keel.Run
+	Events []keel.Event
+	Spans  []keel.Span
 }
 
 // Approval is a person's answer to an approval.requested (run.approve).
@@ -269,14 +276,26 @@ func (a *Agent) loadSession(ctx context.Context, params json.RawMessage) (any, e
 		return nil, err
 	}
 	a.ignoreMCP(p)
+	a.mu.Lock()
+	known := a.sessions[p.SessionID]
+	a.mu.Unlock()
+	if known != nil {
+		known.mu.Lock()
+		empty := known.head.ID == ""
+		known.mu.Unlock()
+		if empty {
+			return map[string]any{}, nil // nothing said yet: no history
+		}
+	}
 	head, turns, err := a.findHead(ctx, p.SessionID)
 	if err != nil {
 		return nil, err
 	}
-	_, evs, err := a.cfg.Runs.Get(ctx, head.ID)
+	d, err := a.cfg.Runs.Get(ctx, head.ID)
 	if err != nil {
 		return nil, err
 	}
+	evs := d.Events
 	s := &session{id: p.SessionID, cwd: cwd, head: head, turns: turns}
 	r := newRenderer(a.c, s.id, true)
 	for _, ev := range evs {
@@ -458,6 +477,9 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 				if reason == "" {
 					return nil, fmt.Errorf("the run %s failed: %s", run.ID, r.failure)
 				}
+				if reason == "end_turn" && r.status == keel.RunSucceeded {
+					reason = a.finish(ctx, run.ID, r.runStep)
+				}
 				return map[string]string{"stopReason": reason}, nil
 			}
 		case <-ctx.Done():
@@ -466,13 +488,43 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 	}
 }
 
+// finish is the stopReason of a turn whose run answered at step: the
+// answer's finish reason, from the model call's span, says whether the
+// model was cut off (max_tokens) or its provider refused (refusal).
+func (a *Agent) finish(ctx context.Context, id keel.RunID, step int) string {
+	d, err := a.cfg.Runs.Get(ctx, id)
+	if err != nil {
+		return "end_turn"
+	}
+	why := ""
+	for _, sp := range d.Spans {
+		if sp.Kind == keel.SpanModelCall && sp.Step == step {
+			why = sp.FinishReason // the last call of the step answered
+		}
+	}
+	return stopReason(why)
+}
+
+// stopReason maps a model's finish reason (Ollama's and OpenAI's words)
+// to ACP's stopReason of a turn that ended with the model's answer.
+func stopReason(finish string) string {
+	switch finish {
+	case "length":
+		return "max_tokens"
+	case "content_filter", "refusal":
+		return "refusal"
+	}
+	return "end_turn"
+}
+
 // fork makes the next turn's run: a fork of the session's last run from
 // its last complete step, with the prompt as its message.
 func (a *Agent) fork(ctx context.Context, s *session, head keel.Run, text, key string) (keel.Run, error) {
-	hr, evs, err := a.cfg.Runs.Get(ctx, head.ID)
+	d, err := a.cfg.Runs.Get(ctx, head.ID)
 	if err != nil {
 		return keel.Run{}, err
 	}
+	hr, evs := d.Run, d.Events
 	if !hr.Status.Terminal() {
 		return keel.Run{}, &rpcError{Code: codeInvalidRequest, Message: fmt.Sprintf("the session's run %s is %s: wait for it or cancel it first", hr.ID, hr.Status)}
 	}

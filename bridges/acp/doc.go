@@ -27,9 +27,11 @@
 //     the answer is run.approve with the call's args_sha256, so it
 //     releases exactly the call shown;
 //   - session/cancel is run.cancel, and the prompt answers cancelled; a
-//     run that succeeded is end_turn, one that used every step without
-//     an answer max_turn_requests, any other failure a JSON-RPC error
-//     with the run's reason.
+//     run that succeeded is end_turn (max_tokens when the answer's model
+//     call finished for its token limit, refusal when its provider
+//     refused), one that used every step without an answer
+//     max_turn_requests, any other failure a JSON-RPC error with the
+//     run's reason.
 //
 // The editor's mcpServers are accepted and ignored (logged): keel's tools
 // are those installed and granted in keel. Malformed JSON (-32700), a

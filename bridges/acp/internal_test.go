@@ -1,0 +1,73 @@
+package acp
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+)
+
+func ev(typ keel.EventType, data any) keel.Event {
+	raw, _ := json.Marshal(data)
+	return keel.Event{Type: typ, Data: raw}
+}
+
+// TestCompleteStep: the next turn forks from the last step whose calls
+// all finished, so a call cut off by a cancel does not run again.
+func TestCompleteStep(t *testing.T) {
+	t.Parallel()
+	call := func(id string) []keel.ToolCall { return []keel.ToolCall{{ID: id, Name: "tally"}} }
+	for _, tt := range []struct {
+		name string
+		evs  []keel.Event
+		want int
+	}{
+		{"nothing", nil, 0},
+		{"an answer", []keel.Event{ev(keel.EventModelResult, keel.ModelResultData{Step: 1, Content: "hi"})}, 1},
+		{"a call and its result, then an answer", []keel.Event{
+			ev(keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: call("c1")}),
+			ev(keel.EventToolResult, keel.ToolResultData{Step: 1, CallID: "c1"}),
+			ev(keel.EventModelResult, keel.ModelResultData{Step: 2, Content: "done"}),
+		}, 2},
+		{"a call cut off at step 2", []keel.Event{
+			ev(keel.EventModelResult, keel.ModelResultData{Step: 1, ToolCalls: call("c1")}),
+			ev(keel.EventToolResult, keel.ToolResultData{Step: 1, CallID: "c1"}),
+			ev(keel.EventModelResult, keel.ModelResultData{Step: 2, ToolCalls: call("c2")}),
+			ev(keel.EventToolCall, keel.ToolCallData{Step: 2, Call: call("c2")[0]}),
+		}, 1},
+	} {
+		if got := completeStep(tt.evs); got != tt.want {
+			t.Errorf("%s: completeStep = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestPromptText: text is the message, a resource link is named, an
+// embedded resource quoted; other content and empty prompts are refused.
+func TestPromptText(t *testing.T) {
+	t.Parallel()
+	var blocks []contentBlock
+	json.Unmarshal([]byte(`[{"type":"text","text":"look at"},{"type":"resource_link","name":"a.go","uri":"file:///w/a.go"},
+		{"type":"resource","resource":{"uri":"file:///w/b.go","text":"package b"}}]`), &blocks)
+	got, err := promptText(blocks)
+	if want := "look at\n[a.go](file:///w/a.go)\nContents of file:///w/b.go:\npackage b"; err != nil || got != want {
+		t.Errorf("promptText = %q, %v; want %q", got, err, want)
+	}
+	for _, bad := range []string{`[]`, `[{"type":"text","text":"  "}]`, `[{"type":"image","data":"AAAA","mimeType":"image/png"}]`, `[{"type":"resource"}]`} {
+		var blocks []contentBlock
+		json.Unmarshal([]byte(bad), &blocks)
+		if _, err := promptText(blocks); err == nil {
+			t.Errorf("promptText(%s) = nil error, want invalid params", bad)
+		}
+	}
+}
+
+// TestStopReason maps finish reasons.
+func TestStopReason(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"": "end_turn", "stop": "end_turn", "length": "max_tokens", "content_filter": "refusal"} {
+		if got := stopReason(in); got != want {
+			t.Errorf("stopReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

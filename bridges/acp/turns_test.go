@@ -1,0 +1,96 @@
+package acp_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// call sends a request with id and reads until its response, answering
+// each session/request_permission with the option optionID and keeping
+// every session/update. It returns the response and the updates.
+func (a *agent) call(t *testing.T, id int, method, params, optionID string) (reply, []map[string]any) {
+	t.Helper()
+	a.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":%q,"params":%s}`, id, method, params))
+	var updates []map[string]any
+	for {
+		m := a.next(t)
+		switch {
+		case m.Method == "session/update":
+			var p struct {
+				Update map[string]any `json:"update"`
+			}
+			json.Unmarshal(m.Params, &p)
+			updates = append(updates, p.Update)
+		case m.Method == "session/request_permission":
+			a.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"outcome":{"outcome":"selected","optionId":%q}}}`, m.ID, optionID))
+		case m.Method == "" && string(m.ID) == fmt.Sprint(id):
+			return m, updates
+		}
+	}
+}
+
+// TestTurnEnds: how a turn ends follows from its run. A model cut off by
+// its token limit (finish reason "length") ends the turn with
+// max_tokens, a provider's refusal ("content_filter") with refusal; a
+// call the person rejects fails (keel's denied error) and the model goes
+// on without it to end_turn.
+func TestTurnEnds(t *testing.T) {
+	t.Parallel()
+	dir := newDataDir(t)
+	answer := func(content, finish string) scripted.Step {
+		return scripted.AnswerFunc(func(models.ChatRequest) (models.ChatResponse, error) {
+			return models.ChatResponse{Message: models.Message{Content: content}, FinishReason: finish}, nil
+		})
+	}
+	startDaemon(t, dir, scripted.ByGoal(nil, func(goal string) []scripted.Step {
+		switch goal {
+		case "write a lot":
+			return []scripted.Step{answer("and so on and", "length")}
+		case "say something bad":
+			return []scripted.Step{answer("", "content_filter")}
+		case "count, if allowed":
+			return []scripted.Step{scripted.CallTool("tally", `{"text":"x"}`), answer("could not count", "stop")}
+		}
+		return nil
+	}))
+	a := startAgent(t, dir)
+	id := 0
+	for _, tt := range []struct {
+		prompt, option, stop string
+	}{
+		{"write a lot", "", "max_tokens"},
+		{"say something bad", "", "refusal"},
+		{"count, if allowed", "reject_once", "end_turn"},
+	} {
+		id++
+		r, _ := a.call(t, id, "session/new", fmt.Sprintf(`{"cwd":%q,"mcpServers":[]}`, t.TempDir()), "")
+		var s struct {
+			SessionID string `json:"sessionId"`
+		}
+		if r.Error != nil || json.Unmarshal(r.Result, &s) != nil {
+			t.Fatalf("session/new = %s", r)
+		}
+		id++
+		r, updates := a.call(t, id, "session/prompt", fmt.Sprintf(`{"sessionId":%q,"prompt":[{"type":"text","text":%q}]}`, s.SessionID, tt.prompt), tt.option)
+		if want := fmt.Sprintf(`{"stopReason":%q}`, tt.stop); r.Error != nil || string(r.Result) != want {
+			t.Errorf("%q: session/prompt = %s, want %s", tt.prompt, r, want)
+		}
+		if tt.option == "reject_once" {
+			var failed bool
+			for _, u := range updates {
+				if u["sessionUpdate"] == "tool_call_update" && u["status"] == "failed" {
+					raw, _ := json.Marshal(u["rawOutput"])
+					failed = strings.Contains(string(raw), `"denied"`)
+				}
+			}
+			if !failed {
+				t.Errorf("%q: no failed tool_call_update with keel's denied error in %v", tt.prompt, updates)
+			}
+		}
+	}
+}
