@@ -237,7 +237,7 @@ func (a *Agent) ignoreMCP(p sessionParams) {
 	if len(p.McpServers) > 0 {
 		// keel's tools are its own, installed and granted in keel: the
 		// editor's MCP servers are not connected (docs/bridges.md).
-		a.log.Info("acp: the session's MCP servers are ignored; install tools in keel instead", "servers", len(p.McpServers))
+		a.log.Warn("acp: the session's MCP servers are ignored; install tools in keel instead", "servers", len(p.McpServers))
 	}
 }
 
@@ -531,7 +531,7 @@ func (a *Agent) fork(ctx context.Context, s *session, head keel.Run, text, key s
 	step := completeStep(evs)
 	per := s.perTurn
 	if per <= 0 {
-		per = firstMaxSteps(evs)
+		per = turnSteps(hr, evs)
 	}
 	return a.cfg.Runs.Fork(ctx, keel.ForkRequest{RunID: head.ID, Step: step, Message: text, MaxSteps: step + per, IdempotencyKey: key})
 }
@@ -569,17 +569,14 @@ func completeStep(evs []keel.Event) int {
 	return done
 }
 
-// firstMaxSteps is the step bound the session's first run had.
-func firstMaxSteps(evs []keel.Event) int {
-	for _, ev := range evs {
-		if ev.Type == keel.EventRunStarted {
-			var d keel.RunStartedData
-			if json.Unmarshal(ev.Data, &d) == nil && d.MaxSteps > 0 {
-				return d.MaxSteps
-			}
-		}
+// turnSteps is the steps a turn may take, as the session's run run had:
+// its step bound, less the steps it forked with.
+func turnSteps(run keel.Run, evs []keel.Event) int {
+	var d keel.RunForkedData
+	if len(evs) > 0 && evs[0].Type == keel.EventRunForked && json.Unmarshal(evs[0].Data, &d) == nil {
+		return max(run.MaxSteps-d.Step, 1)
 	}
-	return 8
+	return max(run.MaxSteps, 1)
 }
 
 // cancel handles session/cancel: the turn's run is cancelled, and the

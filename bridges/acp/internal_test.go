@@ -71,3 +71,18 @@ func TestStopReason(t *testing.T) {
 		}
 	}
 }
+
+// TestTurnSteps: a loaded session's next turn gets the steps a turn had,
+// not the whole bound of its last run (which counts the steps it forked
+// with).
+func TestTurnSteps(t *testing.T) {
+	t.Parallel()
+	first := keel.Run{MaxSteps: 8}
+	if got := turnSteps(first, []keel.Event{ev(keel.EventRunStarted, keel.RunStartedData{MaxSteps: 8})}); got != 8 {
+		t.Errorf("turnSteps(first run) = %d, want 8", got)
+	}
+	fork := keel.Run{MaxSteps: 11}
+	if got := turnSteps(fork, []keel.Event{ev(keel.EventRunForked, keel.RunForkedData{Step: 3})}); got != 8 {
+		t.Errorf("turnSteps(a fork from step 3 bounded at 11) = %d, want 8", got)
+	}
+}

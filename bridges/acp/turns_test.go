@@ -1,11 +1,15 @@
 package acp_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -92,5 +96,79 @@ func TestTurnEnds(t *testing.T) {
 				t.Errorf("%q: no failed tool_call_update with keel's denied error in %v", tt.prompt, updates)
 			}
 		}
+	}
+}
+
+// TestDisconnectMidTurn: an editor that goes away while a turn runs
+// (its end of the pipe closes) ends keel acp cleanly; the run goes on in
+// the daemon and succeeds, and another keel acp serves as before.
+func TestDisconnectMidTurn(t *testing.T) {
+	t.Parallel()
+	dir := newDataDir(t)
+	busy, release := make(chan struct{}, 1), make(chan struct{})
+	startDaemon(t, dir, scripted.ByGoal(nil, func(goal string) []scripted.Step {
+		return []scripted.Step{scripted.ReplyFunc(func(ctx context.Context, _ models.ChatRequest) (models.ChatResponse, error) {
+			busy <- struct{}{}
+			select {
+			case <-release:
+				return models.ChatResponse{Message: models.Message{Content: "finished alone"}}, nil
+			case <-ctx.Done():
+				return models.ChatResponse{}, ctx.Err()
+			}
+		})}
+	}))
+	a := startAgent(t, dir)
+	r, _ := a.call(t, 1, "session/new", fmt.Sprintf(`{"cwd":%q,"mcpServers":[]}`, t.TempDir()), "")
+	if r.Error != nil {
+		t.Fatalf("session/new = %s", r)
+	}
+	var s struct {
+		SessionID string `json:"sessionId"`
+	}
+	json.Unmarshal(r.Result, &s)
+	a.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":%q,"prompt":[{"type":"text","text":"take your time"}]}}`, s.SessionID))
+	select {
+	case <-busy:
+	case <-time.After(time.Minute):
+		t.Fatalf("the model was not called within a minute (stderr %s)", a.stderr)
+	}
+	a.stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- a.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("keel acp after its editor went away: %v (stderr %s)", err, a.stderr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("keel acp did not end within 30 s of its editor going away")
+	}
+	close(release)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.DialDataDir(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	runs, err := c.ListRuns(ctx, 10)
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("run.list = %v, %v; want the session's run", runs, err)
+	}
+	if _, err := c.Subscribe(ctx, runs[0].ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range c.Events() {
+		if ev.Type == keel.EventRunSucceeded {
+			break
+		}
+		if ev.Type == keel.EventRunFailed || ev.Type == keel.EventRunCancelled {
+			t.Fatalf("the run ended %s: %s", ev.Type, ev.Data)
+		}
+	}
+	b := startAgent(t, dir)
+	if r, _ := b.call(t, 1, "session/load", fmt.Sprintf(`{"sessionId":%q,"cwd":%q,"mcpServers":[]}`, s.SessionID, t.TempDir()), ""); r.Error != nil {
+		t.Errorf("session/load in a new keel acp = %s", r)
 	}
 }
