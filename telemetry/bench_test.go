@@ -4,11 +4,15 @@ import (
 	"context"
 	"os"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
-	"go.opentelemetry.io/otel/sdk/instrumentation"
-	"go.opentelemetry.io/otel/sdk/resource"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // BenchmarkHandOver is what the run's goroutine pays per finished span
@@ -24,7 +28,8 @@ func BenchmarkHandOver(b *testing.B) {
 }
 
 // BenchmarkMetrics is the export goroutine's recording of one span's
-// metrics.
+// metrics (with metrics alone: the attributes are decoded only for a
+// failed tool call's class).
 func BenchmarkMetrics(b *testing.B) {
 	x, err := New(Options{Runs: &fakeRuns{}})
 	if err != nil {
@@ -33,51 +38,108 @@ func BenchmarkMetrics(b *testing.B) {
 	defer x.Close(context.Background())
 	spans := agentRun("run_bench")
 	b.ReportAllocs()
+	c0 := cpuTime()
 	for i := range b.N {
-		x.m.span(spans[i%len(spans)])
+		x.m.span(spans[i%len(spans)], nil)
 	}
+	reportCPU(b, c0)
 }
 
-// BenchmarkStub is the export goroutine's mapping of one span.
-func BenchmarkStub(b *testing.B) {
+// BenchmarkEncode is the export goroutine's encoding of one span: its
+// attributes decoded, the OTLP messages filled in (reused from batch to
+// batch of 512).
+func BenchmarkEncode(b *testing.B) {
 	spans := agentRun("run_bench")
 	ri := runInfo{run: keel.Run{ID: "run_bench", Model: "keel-tiny"}, trace: traceIDOf("run_bench")}
-	res := resource.NewSchemaless()
+	e := newEncoder("keel", "v1", scopeName)
 	b.ReportAllocs()
 	for i := range b.N {
+		if e.len() == maxBatch {
+			e.request()
+			e.reset()
+		}
 		sp := spans[i%len(spans)]
-		_ = stub(sp, decodeAttrs(sp.Attrs), ri, nil, nil, false, res, instrumentation.Scope{}).Snapshot()
+		a := decodeAttrs(sp.Attrs)
+		e.add(&sp, &a, &ri, nil, nil, false)
 	}
 }
 
-// BenchmarkFlush is the export goroutine's work per span: mapping and
-// sending batches of 512 to the real collector KEEL_TEST_OTLP_GRPC
-// names (skipped without one).
+// marshalClient is an OTLP client that encodes each request to the
+// protobuf wire format, as the gRPC client does (size, then marshal),
+// and sends it nowhere.
+type marshalClient struct{ buf []byte }
+
+func (*marshalClient) Start(context.Context) error { return nil }
+func (*marshalClient) Stop(context.Context) error  { return nil }
+func (c *marshalClient) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans) error {
+	req := &collectortrace.ExportTraceServiceRequest{ResourceSpans: rss}
+	c.buf = slices.Grow(c.buf[:0], proto.Size(req))
+	var err error
+	c.buf, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(c.buf, req)
+	return err
+}
+
+// BenchmarkFlush is the export goroutine's work per span: encoding
+// batches of 512 and sending them, to the protobuf wire format and
+// nowhere ("marshal"), or over gRPC to the real collector
+// KEEL_TEST_OTLP_GRPC names ("collector", skipped without one). ns/op
+// is per span; cpu-ns/span is the process's CPU time per span (every
+// goroutine's: the gRPC client's and GC's too; not the collector's).
 func BenchmarkFlush(b *testing.B) {
-	ep := os.Getenv("KEEL_TEST_OTLP_GRPC")
-	if ep == "" {
-		b.Skip("no KEEL_TEST_OTLP_GRPC")
+	for _, tc := range []struct {
+		name   string
+		client otlptrace.Client
+		env    string
+	}{{"marshal", &marshalClient{}, ""}, {"collector", nil, "KEEL_TEST_OTLP_GRPC"}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ep := "127.0.0.1:4317"
+			if tc.env != "" {
+				if ep = os.Getenv(tc.env); ep == "" {
+					b.Skip("no " + tc.env)
+				}
+			}
+			runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"run_bench": {ID: "run_bench", Model: "keel-tiny"}}}
+			x, err := New(Options{Config: Config{Endpoint: ep, Insecure: true, Protocol: ProtocolGRPC, FlushIntervalMS: 3_600_000}, Runs: runs, Client: tc.client})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer x.Close(context.Background())
+			spans := agentRun("run_bench")[:4] // no root: the run's state stays
+			batch := make([]queued, 512)
+			for i := range batch {
+				batch[i].span = spans[i%len(spans)]
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			c0 := cpuTime()
+			for range b.N / len(batch) {
+				for i := range batch {
+					// The decode of its attributes is part of a span's export.
+					batch[i].attrs = decodeAttrs(batch[i].span.Attrs)
+				}
+				x.flush(context.Background(), batch, false)
+			}
+			reportCPU(b, c0)
+			b.StopTimer()
+			if s := x.Stats(); s.Failed > 0 {
+				b.Fatalf("Stats() = %+v", s)
+			}
+		})
 	}
-	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"run_bench": {ID: "run_bench", Model: "keel-tiny"}}}
-	x, err := New(Options{Config: Config{Endpoint: ep, Insecure: true, Protocol: ProtocolGRPC, FlushIntervalMS: 3_600_000}, Runs: runs})
-	if err != nil {
-		b.Fatal(err)
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
-	defer x.Close(context.Background())
-	spans := agentRun("run_bench")[:4] // no root: the run's state stays
-	batch := make([]keel.Span, 512)
-	for i := range batch {
-		batch[i] = spans[i%len(spans)]
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N / len(batch) {
-		x.flush(context.Background(), batch, false)
-	}
-	b.StopTimer()
-	if s := x.Stats(); s.Failed > 0 {
-		b.Fatalf("Stats() = %+v", s)
-	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the process's CPU time since c0 per op, as cpu-ns/op.
+func reportCPU(b *testing.B, c0 time.Duration) {
+	b.ReportMetric(float64(cpuTime()-c0)/float64(b.N), "cpu-ns/op")
 }
 
 // TestQueueWakesToArmTheTimerOnly: the export goroutine's flush timer

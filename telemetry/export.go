@@ -16,11 +16,10 @@ import (
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/policy"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // scopeName is the instrumentation scope of what keel exports.
@@ -56,10 +55,11 @@ type Options struct {
 	// (the telemetry action, to the collector's URL). Nil, or a nil
 	// policy: the export is allowed.
 	Policy func(run keel.Run) *policy.Policy
-	// SpanExporter replaces the OTLP exporter Config describes (tests
-	// use tracetest.InMemoryExporter); Config.Endpoint must still be set
-	// for spans to be exported.
-	SpanExporter sdktrace.SpanExporter
+	// Client replaces the OTLP client Config describes (tests use one in
+	// memory); Config.Endpoint must still be set for spans to be
+	// exported. New starts it and Close stops it. UploadTraces must not
+	// keep the messages it is given: they are reused for the next batch.
+	Client otlptrace.Client
 	// Version is keel's version, on the resource; default keel.Version.
 	Version string
 	// Logger; default discards.
@@ -74,9 +74,9 @@ type Exporter struct {
 	log    *slog.Logger
 	runs   Runs
 	policy func(keel.Run) *policy.Policy
-	exp    sdktrace.SpanExporter // nil when export is off
+	client otlptrace.Client // nil when export is off
 	res    *resource.Resource
-	scope  instrumentation.Scope
+	enc    *encoder // owned by the worker
 	m      *metrics // nil when metrics are off
 
 	q        *queue        // nil when export and metrics are off
@@ -100,8 +100,9 @@ type Exporter struct {
 	minBackoff time.Duration // minBackoff; tests set more
 
 	// Owned by the worker goroutine.
-	states map[keel.RunID]*runState
-	tops   map[keel.RunID]keel.RunID
+	allowedRuns map[keel.RunID]bool // the policy's decisions in a flush
+	states      map[keel.RunID]*runState
+	tops        map[keel.RunID]keel.RunID
 }
 
 // item is one entry of the export queue: a finished span, or an event
@@ -206,8 +207,8 @@ func New(opts Options) (*Exporter, error) {
 	cfg := opts.Config
 	x := &Exporter{cfg: cfg, log: log, runs: opts.Runs, policy: opts.Policy,
 		res:    resource.NewSchemaless(attribute.String("service.name", cfg.serviceName()), attribute.String("service.version", version)),
-		scope:  instrumentation.Scope{Name: scopeName, Version: version},
-		states: map[keel.RunID]*runState{}, tops: map[keel.RunID]keel.RunID{},
+		enc:    newEncoder(cfg.serviceName(), version, scopeName),
+		states: map[keel.RunID]*runState{}, allowedRuns: map[keel.RunID]bool{}, tops: map[keel.RunID]keel.RunID{},
 		stop: make(chan struct{}), done: make(chan struct{}), minBackoff: minBackoff}
 	if cfg.MetricsOn() {
 		m, err := newMetrics(x)
@@ -234,11 +235,14 @@ func New(opts Options) (*Exporter, error) {
 		return nil, &ConfigError{File: cfg.file, Field: "endpoint", Err: ErrInvalid, Msg: err.Error()}
 	}
 	x.dest = u.String()
-	x.exp = opts.SpanExporter
-	if x.exp == nil {
-		if x.exp, err = newOTLP(cfg, u.String()); err != nil {
-			return nil, fmt.Errorf("telemetry: %w", err)
-		}
+	x.client = opts.Client
+	if x.client == nil {
+		x.client = newOTLP(cfg, u.String())
+	}
+	// The clients connect lazily: a collector that is down does not fail
+	// Start.
+	if err := x.client.Start(context.Background()); err != nil {
+		return nil, fmt.Errorf("telemetry: start the OTLP client: %w", err)
 	}
 	x.startLoop()
 	return x, nil
@@ -250,11 +254,11 @@ func (x *Exporter) startLoop() {
 	go x.loop()
 }
 
-// newOTLP makes the OTLP exporter for cfg, to url (see destination). It
-// does not retry: a batch that fails is dropped and counted, and the
-// queue, not a retry loop, absorbs a collector's hiccups.
-func newOTLP(cfg Config, url string) (sdktrace.SpanExporter, error) {
-	ctx := context.Background() // the exporters connect lazily
+// newOTLP makes the official OTLP client for cfg, to url (see
+// destination), unstarted. It does not retry: a batch that fails is
+// dropped and counted, and the queue, not a retry loop, absorbs a
+// collector's hiccups.
+func newOTLP(cfg Config, url string) otlptrace.Client {
 	timeout := cfg.exportTimeout()
 	if cfg.Protocol == ProtocolHTTP {
 		opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(url), otlptracehttp.WithTimeout(timeout),
@@ -262,14 +266,14 @@ func newOTLP(cfg Config, url string) (sdktrace.SpanExporter, error) {
 		if len(cfg.Headers) > 0 {
 			opts = append(opts, otlptracehttp.WithHeaders(cfg.Headers))
 		}
-		return otlptracehttp.New(ctx, opts...)
+		return otlptracehttp.NewClient(opts...)
 	}
 	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(url), otlptracegrpc.WithTimeout(timeout),
 		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
 	if len(cfg.Headers) > 0 {
 		opts = append(opts, otlptracegrpc.WithHeaders(cfg.Headers))
 	}
-	return otlptracegrpc.New(ctx, opts...)
+	return otlptracegrpc.NewClient(opts...)
 }
 
 // Config returns the configuration in use.
@@ -311,9 +315,9 @@ func (x *Exporter) enqueue(it item) {
 	ok, wake := x.q.put(it)
 	if !ok && it.ev == nil {
 		if x.m != nil {
-			x.m.span(it.span)
+			x.m.span(it.span, nil)
 		}
-		if x.exp != nil {
+		if x.client != nil {
 			x.dropped.Add(1)
 		}
 	}
@@ -335,7 +339,7 @@ func (x *Exporter) OnEvent(ev keel.Event) {
 			x.m.runEnded(ev.Type)
 		}
 	case keel.EventModelResult, keel.EventToolResult:
-		if x.exp != nil && x.cfg.Content {
+		if x.client != nil && x.cfg.Content {
 			e := ev // a copy, so that ev does not escape for every event
 			x.enqueue(item{ev: &e})
 		}
@@ -409,8 +413,8 @@ func (x *Exporter) Close(ctx context.Context) error {
 				case <-time.After(5 * time.Second):
 				}
 			}
-			if x.exp != nil {
-				err = errors.Join(err, x.exp.Shutdown(ctx))
+			if x.client != nil {
+				err = errors.Join(err, x.client.Stop(ctx))
 			}
 		}
 		if x.m != nil {
@@ -439,73 +443,90 @@ func (x *Exporter) loop() {
 	}
 	defer tick.Stop()
 	var buf []item
-	var pending, ready []keel.Span
+	// pending are the spans taken from the queue, ready those that
+	// waited an interval for their content (with content on).
+	var pending, ready []queued
 	drain := func() {
 		items := x.q.take(buf)
 		// While a collector that failed is given time, spans fail here,
 		// before any work on them (see flush).
-		failing := x.exp != nil && !x.cfg.Content && time.Now().Before(x.retryAt)
+		failing := x.client != nil && !x.cfg.Content && time.Now().Before(x.retryAt)
 		for _, it := range items {
 			switch {
 			case it.ev != nil:
 				x.content(it.ev)
-			case x.exp == nil:
-				x.m.span(it.span)
+			case x.client == nil:
+				x.m.span(it.span, nil)
 			case failing:
 				if x.m != nil {
-					x.m.span(it.span)
+					x.m.span(it.span, nil)
 				}
 				x.failed.Add(1)
 				if it.span.Kind == keel.SpanRun {
 					delete(x.states, it.span.RunID)
 				}
 			default:
-				sp := x.complete(it)
+				pending = append(pending, queued{span: x.complete(it)})
+				q := &pending[len(pending)-1]
+				q.attrs = decodeAttrs(q.span.Attrs)
 				if x.m != nil {
-					x.m.span(sp)
+					x.m.span(q.span, &q.attrs)
 				}
-				pending = append(pending, sp)
 			}
 		}
 		clear(items)
 		buf = items
 	}
-	send := func(spans []keel.Span) {
-		if len(spans) > 0 {
-			x.flush(context.Background(), spans, false)
+	// sendAll sends ready and pending, and empties them.
+	sendAll := func(ctx context.Context, final bool) {
+		all := append(ready, pending...)
+		if len(all) > 0 {
+			x.flush(ctx, all, final)
 		}
+		clear(all)
+		clear(pending)
+		ready, pending = all[:0], pending[:0]
 	}
 	for {
 		select {
 		case <-x.wake:
 			drain()
 			if len(pending)+len(ready) >= maxBatch {
-				send(append(ready, pending...))
-				pending, ready = nil, nil
+				sendAll(context.Background(), false)
 			}
 			arm()
 		case <-tick.C:
 			armed = false
 			drain()
 			if x.cfg.Content {
-				send(ready)
-				ready, pending = pending, nil
+				if len(ready) > 0 {
+					x.flush(context.Background(), ready, false)
+				}
+				clear(ready)
+				ready, pending = pending, ready[:0]
 			} else {
-				send(pending)
+				if len(pending) > 0 {
+					x.flush(context.Background(), pending, false)
+				}
 				clear(pending)
-				pending = pending[:0] // flush keeps none of it
+				pending = pending[:0]
 			}
 			if len(pending)+len(ready) > 0 || !x.q.untime() {
 				arm()
 			}
 		case <-x.stop:
 			drain()
-			if spans := append(ready, pending...); len(spans) > 0 {
-				x.flush(x.closeCtx, spans, true)
-			}
+			sendAll(x.closeCtx, true)
 			return
 		}
 	}
+}
+
+// queued is a span the worker took from the queue, with its attributes
+// decoded (once, for the metrics and the export).
+type queued struct {
+	span  keel.Span
+	attrs spanAttrs
 }
 
 // complete returns the span of it whole. FinishSpan records a span's
@@ -539,44 +560,57 @@ func (x *Exporter) complete(it item) keel.Span {
 	return sp
 }
 
-// flush maps spans and sends them, in batches of at most maxBatch.
+// flush encodes spans and sends them, in batches of at most maxBatch.
 // ctx bounds the whole flush (on Close); each export is bounded by the
 // export timeout too. Until a collector that failed is due to be tried
 // again, spans fail at once, unless the flush is the final one (Close).
-func (x *Exporter) flush(ctx context.Context, spans []keel.Span, final bool) {
+func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 	if !final && time.Now().Before(x.retryAt) {
 		// The collector failed a moment ago: these spans would fail too,
-		// after the work of mapping and encoding them.
+		// after the work of encoding them.
 		x.failed.Add(uint64(len(spans)))
-		for _, sp := range spans {
-			if sp.Kind == keel.SpanRun {
+		for i := range spans {
+			if sp := &spans[i].span; sp.Kind == keel.SpanRun {
 				delete(x.states, sp.RunID)
 			}
 		}
 		return
 	}
-	out := make([]sdktrace.ReadOnlySpan, 0, len(spans))
-	allowed := map[keel.RunID]bool{}
-	for _, sp := range spans {
-		rs := x.state(ctx, sp.RunID, sp.Kind == keel.SpanRun)
-		ok, seen := allowed[sp.RunID]
-		if !seen {
-			ok = x.allowed(rs.info.run)
-			allowed[sp.RunID] = ok
+	e := x.enc
+	e.reset()
+	clear(x.allowedRuns)
+	var lastRun keel.RunID
+	var rs *runState
+	var ok bool
+	for i := range spans {
+		sp, a := &spans[i].span, &spans[i].attrs
+		if rs == nil || sp.RunID != lastRun || sp.Kind == keel.SpanRun {
+			// Spans come in runs' order: the run's state and decision are
+			// looked up once for a run's spans in a row.
+			rs = x.state(ctx, sp.RunID, sp.Kind == keel.SpanRun)
+			var seen bool
+			if ok, seen = x.allowedRuns[sp.RunID]; !seen {
+				ok = x.allowed(rs.info.run)
+				x.allowedRuns[sp.RunID] = ok
+			}
+			lastRun = sp.RunID
 		}
-		a := decodeAttrs(sp.Attrs)
 		if len(a.Labels) > 0 {
 			rs.labelled = true
 			rs.labels = keel.UnionLabels(rs.labels, a.Labels)
 		}
 		if sp.Kind == keel.SpanRun {
 			delete(x.states, sp.RunID) // the run's loop ended (or stopped): start afresh if it resumes
+			lastRun = ""
 		}
 		if !ok {
 			x.denied.Add(1)
 			continue
 		}
-		labels := keel.UnionLabels(rs.labels, a.Labels)
+		labels := rs.labels
+		if len(a.Labels) > 0 {
+			labels = keel.UnionLabels(rs.labels, a.Labels)
+		}
 		var c *spanContent
 		withheld := false
 		if x.cfg.Content {
@@ -586,35 +620,39 @@ func (x *Exporter) flush(ctx context.Context, spans []keel.Span, final bool) {
 				c = rs.contentOf(sp, a)
 			}
 		}
-		out = append(out, stub(sp, a, rs.info, labels, c, withheld, x.res, x.scope).Snapshot())
+		e.add(sp, a, &rs.info, labels, c, withheld)
+		if e.len() == maxBatch {
+			x.send(ctx, e)
+			e.reset()
+		}
 	}
-	for len(out) > 0 {
-		n := min(len(out), maxBatch)
-		x.send(ctx, out[:n])
-		out = out[n:]
+	if e.len() > 0 {
+		x.send(ctx, e)
+		e.reset()
 	}
 }
 
-// send exports one batch, and counts the outcome.
-func (x *Exporter) send(ctx context.Context, batch []sdktrace.ReadOnlySpan) {
+// send exports the batch e holds, and counts the outcome.
+func (x *Exporter) send(ctx context.Context, e *encoder) {
+	n := e.len()
 	ctx, cancel := context.WithTimeout(ctx, x.cfg.exportTimeout())
 	defer cancel()
-	err := x.exp.ExportSpans(ctx, batch)
+	err := x.client.UploadTraces(ctx, e.request())
 	now := time.Now()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
 		x.backoff = min(max(2*x.backoff, x.minBackoff), maxBackoff)
 		x.retryAt = now.Add(x.backoff)
-		x.failed.Add(uint64(len(batch)))
+		x.failed.Add(uint64(n))
 		if x.lastErr == "" || now.Sub(x.lastErrAt) > time.Minute {
-			x.log.Warn("telemetry export failed; the spans are dropped", logkey.Endpoint, x.dest, logkey.Spans, len(batch), logkey.Err, err)
+			x.log.Warn("telemetry export failed; the spans are dropped", logkey.Endpoint, x.dest, logkey.Spans, n, logkey.Err, err)
 		}
 		x.lastErr, x.lastErrAt = err.Error(), now
 		return
 	}
 	x.backoff, x.retryAt = 0, time.Time{}
-	x.exported.Add(uint64(len(batch)))
+	x.exported.Add(uint64(n))
 	x.lastExportAt = now
 }
 
@@ -745,7 +783,7 @@ func (x *Exporter) content(ev *keel.Event) {
 
 // contentOf returns what was said in sp, from the run and the events
 // seen; nil when nothing is known.
-func (rs *runState) contentOf(sp keel.Span, a spanAttrs) *spanContent {
+func (rs *runState) contentOf(sp *keel.Span, a *spanAttrs) *spanContent {
 	var c spanContent
 	switch sp.Kind {
 	case keel.SpanRun:

@@ -1,18 +1,12 @@
 package telemetry
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
-	"fmt"
 
 	gojson "github.com/goccy/go-json"
 	"github.com/keel-runtime/keel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/instrumentation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -98,10 +92,10 @@ func spanIDOf(id string) trace.SpanID {
 
 // spanAttrs is what the engine puts in keel.Span.Attrs, for every kind.
 type spanAttrs struct {
-	CallID    string          `json:"call_id"`
-	ErrorType string          `json:"error_type"`
-	Policy    json.RawMessage `json:"policy"` // a *keel.PolicyDecision, or []keel.ModelDecision for a model call
-	Labels    []string        `json:"labels"`
+	CallID    string     `json:"call_id"`
+	ErrorType string     `json:"error_type"`
+	Policy    spanPolicy `json:"policy"`
+	Labels    []string   `json:"labels"`
 	Egress    []struct {
 		Destination string               `json:"destination"`
 		Policy      *keel.PolicyDecision `json:"policy"`
@@ -112,10 +106,38 @@ type spanAttrs struct {
 	Attempt int        `json:"attempt"`
 }
 
+// spanPolicy is a span's "policy": the decision that let a tool call
+// run (or asked a person), or a model call's decisions, one per model
+// the router considered. One that does not decode is left out.
+type spanPolicy struct {
+	Decision  *keel.PolicyDecision
+	Decisions []keel.ModelDecision
+}
+
+func (p *spanPolicy) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if len(b) == 0 {
+		return nil
+	}
+	switch b[0] {
+	case '{':
+		var d keel.PolicyDecision
+		if gojson.Unmarshal(b, &d) == nil {
+			p.Decision = &d
+		}
+	case '[':
+		var list []keel.ModelDecision
+		if gojson.Unmarshal(b, &list) == nil {
+			p.Decisions = list
+		}
+	}
+	return nil
+}
+
 // decodeAttrs reads a span's attributes, best effort: a span is exported
-// with what could be read. It is most of the cost of mapping a span,
-// hence goccy/go-json (already keel's, in schema), about twice as fast
-// as encoding/json here.
+// with what could be read. It is decoded once, for the export and the
+// metrics, with goccy/go-json (already keel's, in schema), about twice
+// as fast as encoding/json here.
 func decodeAttrs(raw json.RawMessage) spanAttrs {
 	var a spanAttrs
 	if len(raw) > 0 {
@@ -154,167 +176,6 @@ type part struct {
 func messagesJSON(msgs ...message) string {
 	b, _ := json.Marshal(msgs)
 	return string(b)
-}
-
-// stub maps keel span sp of run ri, with attributes a (decodeAttrs of
-// sp.Attrs), to an OTel span. labels are the
-// labels of the span and its run; c, when not nil, is its content, which
-// may be exported; withheld says content was opted in but is left out
-// (labelled data), which the span then says (keel.content.omitted).
-func stub(sp keel.Span, a spanAttrs, ri runInfo, labels []string, c *spanContent, withheld bool, res *resource.Resource, scope instrumentation.Scope) tracetest.SpanStub {
-	s := tracetest.SpanStub{
-		SpanContext:          trace.NewSpanContext(trace.SpanContextConfig{TraceID: ri.trace, SpanID: spanIDOf(sp.ID), TraceFlags: trace.FlagsSampled}),
-		StartTime:            sp.Start,
-		EndTime:              sp.Start.Add(sp.Duration),
-		Resource:             res,
-		InstrumentationScope: scope,
-		SpanKind:             trace.SpanKindInternal,
-	}
-	if sp.ParentID != "" {
-		s.Parent = trace.NewSpanContext(trace.SpanContextConfig{TraceID: ri.trace, SpanID: spanIDOf(sp.ParentID), TraceFlags: trace.FlagsSampled, Remote: sp.Kind == keel.SpanRun})
-	}
-	attrs := make([]attribute.KeyValue, 0, 24)
-	attrs = append(attrs,
-		attribute.String(keyRunID, string(sp.RunID)),
-		attribute.String(keySpanID, sp.ID),
-		attribute.String(keySpanKind, string(sp.Kind)),
-	)
-	if sp.Step > 0 {
-		attrs = append(attrs, attribute.Int(keyStep, sp.Step))
-	}
-	if len(labels) > 0 {
-		attrs = append(attrs, attribute.StringSlice(keyLabels, labels))
-	}
-	if sp.Retries > 0 {
-		attrs = append(attrs, attribute.Int(keyRetries, sp.Retries))
-	}
-	errType := ""
-	switch sp.Kind {
-	case keel.SpanRun:
-		s.Name = opInvokeAgent + " " + sp.Name
-		attrs = append(attrs, attribute.String(keyOperation, opInvokeAgent), attribute.String(keyAgentName, sp.Name),
-			attribute.String(keyAgentID, string(sp.RunID)), attribute.String(keyRunKind, string(ri.run.KindOrAgent())))
-		if ri.run.Model != "" {
-			attrs = append(attrs, attribute.String(keyRequestModel, ri.run.Model))
-		}
-		if ri.run.Status != "" {
-			attrs = append(attrs, attribute.String(keyRunStatus, string(ri.run.Status)))
-		}
-		if ri.run.ParentID != "" {
-			attrs = append(attrs, attribute.String(keyParentRun, string(ri.run.ParentID)))
-		}
-		if ri.run.Status.Terminal() && ri.run.Status != keel.RunSucceeded || ri.run.Status == keel.RunInterrupted {
-			errType = string(ri.run.Status)
-		}
-	case keel.SpanStep:
-		s.Name = "step " + sp.Name
-		if sp.Name == "step" {
-			s.Name = fmt.Sprintf("step %d", sp.Step)
-		} else {
-			attrs = append(attrs, attribute.String(keyPlanStep, sp.Name))
-		}
-		if a.Run != "" {
-			attrs = append(attrs, attribute.String(keySubagent, string(a.Run)), attribute.Int(keyAttempt, a.Attempt))
-		}
-	case keel.SpanModelCall:
-		s.Name, s.SpanKind = opChat+" "+sp.Name, trace.SpanKindClient
-		req := ri.run.Model
-		if req == "" {
-			req = sp.Name
-		}
-		attrs = append(attrs, attribute.String(keyOperation, opChat), attribute.String(keyRequestModel, req), attribute.String(keyResponseModel, sp.Name),
-			attribute.Int(keyInputTokens, sp.PromptTokens), attribute.Int(keyOutputTokens, sp.CompletionTokens))
-		if sp.Provider != "" {
-			attrs = append(attrs, attribute.String(keyProvider, sp.Provider))
-		}
-		if sp.CostUSD != 0 {
-			attrs = append(attrs, attribute.Float64(keyCost, sp.CostUSD))
-		}
-		if sp.FinishReason != "" {
-			attrs = append(attrs, attribute.StringSlice(keyFinishReasons, []string{sp.FinishReason}))
-		}
-		if sp.TTFT > 0 {
-			attrs = append(attrs, attribute.Float64(keyTTFT, float64(sp.TTFT)/1e6))
-		}
-		attrs = appendNonEmpty(attrs, keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
-		var decided []keel.ModelDecision
-		if len(a.Policy) > 0 && a.Policy[0] == '[' && gojson.Unmarshal(a.Policy, &decided) == nil && len(decided) > 0 {
-			list := make([]string, len(decided))
-			for i, d := range decided {
-				list[i] = d.Provider + "/" + d.Model + ": " + d.Explanation
-			}
-			attrs = append(attrs, attribute.StringSlice(keyPolicyList, list))
-		}
-		if sp.Status == keel.SpanError {
-			errType = errOther
-		}
-	case keel.SpanToolCall:
-		s.Name = opExecuteTool + " " + sp.Name
-		attrs = append(attrs, attribute.String(keyOperation, opExecuteTool), attribute.String(keyToolName, sp.Name))
-		if a.CallID != "" {
-			attrs = append(attrs, attribute.String(keyToolCallID, a.CallID))
-		}
-		if sp.Status == keel.SpanError {
-			errType = cmpOr(a.ErrorType, errOther)
-		}
-	case keel.SpanHuman:
-		s.Name = string(keel.SpanHuman) + " " + sp.Name
-		attrs = append(attrs, attribute.Bool(keyHumanWait, true))
-		if a.CallID != "" {
-			attrs = append(attrs, attribute.String(keyToolCallID, a.CallID))
-		}
-	default:
-		s.Name = string(sp.Kind)
-	}
-	if sp.Kind == keel.SpanToolCall || sp.Kind == keel.SpanHuman {
-		var pd keel.PolicyDecision
-		if len(a.Policy) > 0 && a.Policy[0] == '{' && gojson.Unmarshal(a.Policy, &pd) == nil && pd.Outcome != "" {
-			attrs = append(attrs, attribute.String(keyPolicyOutcome, pd.Outcome), attribute.String(keyPolicyExplain, pd.Explanation))
-		}
-		if len(a.Egress) > 0 {
-			refused := 0
-			for _, e := range a.Egress {
-				if e.Policy != nil && e.Policy.Outcome != "allow" {
-					refused++
-				}
-			}
-			attrs = append(attrs, attribute.Int(keyEgressCount, len(a.Egress)), attribute.Int(keyEgressRefused, refused))
-		}
-	}
-	switch sp.Status {
-	case keel.SpanOK:
-		s.Status = sdktrace.Status{Code: codes.Ok}
-	case keel.SpanError:
-		if errType == "" {
-			errType = errOther
-		}
-		attrs = append(attrs, attribute.String(keyErrorType, errType))
-		// The error's text may quote what was said: it goes with the content.
-		desc := errType
-		if c != nil && sp.Error != "" {
-			desc = sp.Error
-		}
-		s.Status = sdktrace.Status{Code: codes.Error, Description: desc}
-	}
-	if withheld {
-		attrs = append(attrs, attribute.Bool(keyContentOmitted, true))
-	}
-	if c != nil {
-		attrs = appendNonEmpty(attrs, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result)
-	}
-	s.Attributes = attrs
-	return s
-}
-
-// appendNonEmpty appends the string attributes of kv (key, value, ...)
-// whose value is not empty.
-func appendNonEmpty(attrs []attribute.KeyValue, kv ...string) []attribute.KeyValue {
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] != "" {
-			attrs = append(attrs, attribute.String(kv[i], kv[i+1]))
-		}
-	}
-	return attrs
 }
 
 func cmpOr(s, def string) string {

@@ -51,8 +51,9 @@ type metrics struct {
 	failures  metric.Int64Counter
 	runsEnded metric.Int64Counter
 
-	models, tools sync.Map // attribute sets by model and provider, by tool (modelOpts, toolOpt)
-	cached        atomic.Int64
+	models sync.Map // the measurements' options by model and provider (modelOpts)
+	sets   sync.Map // by optKey (opts)
+	cached atomic.Int64
 }
 
 func newMetrics(x *Exporter) (*metrics, error) {
@@ -110,48 +111,80 @@ func newMetrics(x *Exporter) (*metrics, error) {
 }
 
 // span records a finished span: a model call's tokens, cost and latency,
-// a tool call's latency, a failure's class. It runs on the export
-// goroutine (or, for a span the full queue turned away, on the run's):
-// counters and histograms only, no I/O.
-func (m *metrics) span(sp keel.Span) {
+// a tool call's latency, a failure's class. a is its attributes decoded,
+// or nil: they are decoded here if needed (a failed tool call's class).
+// It runs on the export goroutine (or, for a span the full queue turned
+// away, on the run's): counters and histograms only, no I/O; the
+// attribute sets are made once per model, tool and class.
+func (m *metrics) span(sp keel.Span, a *spanAttrs) {
 	ctx := context.Background()
 	var errType string
 	// A failed run counts when it ends (runEnded); a step fails with it.
 	if sp.Status == keel.SpanError && (sp.Kind == keel.SpanModelCall || sp.Kind == keel.SpanToolCall) {
 		errType = errOther
 		if sp.Kind == keel.SpanToolCall {
-			errType = cmpOr(decodeAttrs(sp.Attrs).ErrorType, errOther)
+			if a == nil {
+				d := decodeAttrs(sp.Attrs)
+				a = &d
+			}
+			errType = cmpOr(a.ErrorType, errOther)
 		}
-		m.failures.Add(ctx, 1, metric.WithAttributes(attribute.String(keySpanKind, string(sp.Kind)), attribute.String(keyErrorType, errType)))
+		m.failures.Add(ctx, 1, m.opts(optKey{optFailure, string(sp.Kind), errType}).add...)
 	}
 	switch sp.Kind {
 	case keel.SpanModelCall:
 		o := m.modelOpts(sp.Name, sp.Provider)
 		if sp.PromptTokens > 0 {
-			m.tokens.Add(ctx, int64(sp.PromptTokens), o.input)
+			m.tokens.Add(ctx, int64(sp.PromptTokens), o.input...)
 		}
 		if sp.CompletionTokens > 0 {
-			m.tokens.Add(ctx, int64(sp.CompletionTokens), o.output)
+			m.tokens.Add(ctx, int64(sp.CompletionTokens), o.output...)
 		}
 		if sp.CostUSD > 0 {
-			m.cost.Add(ctx, sp.CostUSD, o.plain)
+			m.cost.Add(ctx, sp.CostUSD, o.plain.add...)
 		}
-		m.modelTime.Record(ctx, sp.Duration.Seconds(), o.plain)
+		m.modelTime.Record(ctx, sp.Duration.Seconds(), o.plain.rec...)
 	case keel.SpanToolCall:
-		if errType != "" {
-			m.toolTime.Record(ctx, sp.Duration.Seconds(), metric.WithAttributes(attribute.String(keyToolName, sp.Name), attribute.String(keyErrorType, errType)))
-			break
-		}
-		m.toolTime.Record(ctx, sp.Duration.Seconds(), m.toolOpt(sp.Name))
+		m.toolTime.Record(ctx, sp.Duration.Seconds(), m.opts(optKey{optTool, sp.Name, errType}).rec...)
 	}
 }
 
-// modelOptions are the attribute sets of one model and provider's
-// measurements, made once: building a set sorts and hashes it, which
-// would otherwise be most of the cost of recording a span.
-type modelOptions struct{ input, output, plain metric.MeasurementOption }
+// measureOpts are the options of measurements with one attribute set,
+// made once: building a set sorts and hashes it, and a variadic option
+// made per call is an allocation; together they were most of the cost
+// of recording a span.
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+func newMeasureOpts(kvs ...attribute.KeyValue) measureOpts {
+	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	return measureOpts{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}}
+}
+
+// modelOptions are the measurements' options of one model and provider.
+type modelOptions struct {
+	input, output []metric.AddOption
+	plain         measureOpts
+}
 
 type modelKey struct{ model, provider string }
+
+// optKey names an attribute set of the metrics: what it is for, and its
+// values.
+type optKey struct {
+	what optKind
+	a, b string
+}
+
+type optKind uint8
+
+const (
+	optTool     optKind = iota // a tool call's latency: tool, error.type ("" when it did not fail)
+	optFailure                 // a failure: span kind, error.type
+	optRunEnded                // a run that ended: its state
+)
 
 // maxCached bounds the attribute sets kept (distinct models, tools).
 const maxCached = 1024
@@ -163,9 +196,9 @@ func (m *metrics) modelOpts(model, provider string) *modelOptions {
 	}
 	ma, pa := attribute.String(keyResponseModel, model), attribute.String(keyProvider, provider)
 	o := &modelOptions{
-		input:  metric.WithAttributeSet(attribute.NewSet(attribute.String(keyTokenType, "input"), ma, pa)),
-		output: metric.WithAttributeSet(attribute.NewSet(attribute.String(keyTokenType, "output"), ma, pa)),
-		plain:  metric.WithAttributeSet(attribute.NewSet(ma, pa)),
+		input:  newMeasureOpts(attribute.String(keyTokenType, "input"), ma, pa).add,
+		output: newMeasureOpts(attribute.String(keyTokenType, "output"), ma, pa).add,
+		plain:  newMeasureOpts(ma, pa),
 	}
 	if m.cached.Add(1) <= maxCached {
 		m.models.Store(key, o)
@@ -173,15 +206,27 @@ func (m *metrics) modelOpts(model, provider string) *modelOptions {
 	return o
 }
 
-func (m *metrics) toolOpt(name string) metric.MeasurementOption {
-	if o, ok := m.tools.Load(name); ok {
-		return o.(metric.MeasurementOption)
+func (m *metrics) opts(k optKey) *measureOpts {
+	if o, ok := m.sets.Load(k); ok {
+		return o.(*measureOpts)
 	}
-	o := metric.WithAttributeSet(attribute.NewSet(attribute.String(keyToolName, name)))
+	var o measureOpts
+	switch k.what {
+	case optTool:
+		if k.b == "" {
+			o = newMeasureOpts(attribute.String(keyToolName, k.a))
+		} else {
+			o = newMeasureOpts(attribute.String(keyToolName, k.a), attribute.String(keyErrorType, k.b))
+		}
+	case optFailure:
+		o = newMeasureOpts(attribute.String(keySpanKind, k.a), attribute.String(keyErrorType, k.b))
+	case optRunEnded:
+		o = newMeasureOpts(attribute.String(keyRunStatus, k.a))
+	}
 	if m.cached.Add(1) <= maxCached {
-		m.tools.Store(name, o)
+		m.sets.Store(k, &o)
 	}
-	return o
+	return &o
 }
 
 // runEnded counts a run that ended, by the state its event says.
@@ -199,8 +244,9 @@ func (m *metrics) runEnded(t keel.EventType) {
 	default:
 		return
 	}
-	m.runsEnded.Add(context.Background(), 1, metric.WithAttributes(attribute.String(keyRunStatus, string(s))))
+	ctx := context.Background()
+	m.runsEnded.Add(ctx, 1, m.opts(optKey{what: optRunEnded, a: string(s)}).add...)
 	if s != keel.RunSucceeded {
-		m.failures.Add(context.Background(), 1, metric.WithAttributes(attribute.String(keySpanKind, string(keel.SpanRun)), attribute.String(keyErrorType, string(s))))
+		m.failures.Add(ctx, 1, m.opts(optKey{optFailure, string(keel.SpanRun), string(s)}).add...)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,8 +17,12 @@ import (
 	"github.com/keel-runtime/keel/policy"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/resource"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"go.uber.org/goleak"
 )
 
@@ -84,21 +89,99 @@ func agentRun(id keel.RunID) []keel.Span {
 	}
 }
 
-// memCollector is an in-memory collector that keeps its spans after
-// Shutdown (tracetest.InMemoryExporter forgets them).
-type memCollector struct{ *tracetest.InMemoryExporter }
+// memClient is an in-memory OTLP client: it keeps a copy of what it is
+// sent (the exporter reuses the messages).
+type memClient struct {
+	mu    sync.Mutex
+	spans tracetest.SpanStubs
+}
 
-func (memCollector) Shutdown(context.Context) error { return nil }
+func (*memClient) Start(context.Context) error { return nil }
+func (*memClient) Stop(context.Context) error  { return nil }
+
+func (m *memClient) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, rs := range rss {
+		for _, ss := range rs.ScopeSpans {
+			for _, s := range ss.Spans {
+				m.spans = append(m.spans, stubOf(rs.Resource, s))
+			}
+		}
+	}
+	return nil
+}
+
+// GetSpans returns the spans received.
+func (m *memClient) GetSpans() tracetest.SpanStubs {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.spans)
+}
+
+// stubOf reads an OTLP span, of resource res, back as an SDK span.
+func stubOf(res *resourcepb.Resource, s *tracepb.Span) tracetest.SpanStub {
+	var tid trace.TraceID
+	var sid, pid trace.SpanID
+	copy(tid[:], s.TraceId)
+	copy(sid[:], s.SpanId)
+	st := tracetest.SpanStub{
+		Name:        s.Name,
+		SpanContext: trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.TraceFlags(s.Flags & 0xff)}),
+		StartTime:   time.Unix(0, int64(s.StartTimeUnixNano)).UTC(),
+		EndTime:     time.Unix(0, int64(s.EndTimeUnixNano)).UTC(),
+		SpanKind:    trace.SpanKind(s.Kind), // the same numbers
+		Attributes:  attrsFrom(s.Attributes),
+		Resource:    resource.NewSchemaless(attrsFrom(res.GetAttributes())...),
+	}
+	if copy(pid[:], s.ParentSpanId) == len(pid) {
+		st.Parent = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: pid, Remote: s.Flags&uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK) != 0})
+	}
+	switch s.Status.GetCode() {
+	case tracepb.Status_STATUS_CODE_OK:
+		st.Status.Code = codes.Ok
+	case tracepb.Status_STATUS_CODE_ERROR:
+		st.Status.Code = codes.Error
+	}
+	st.Status.Description = s.Status.GetMessage()
+	return st
+}
+
+func attrsFrom(kvs []*commonpb.KeyValue) []attribute.KeyValue {
+	var out []attribute.KeyValue
+	for _, kv := range kvs {
+		k := attribute.Key(kv.Key)
+		switch v := kv.Value.Value.(type) {
+		case *commonpb.AnyValue_StringValue:
+			out = append(out, k.String(v.StringValue))
+		case *commonpb.AnyValue_IntValue:
+			out = append(out, k.Int64(v.IntValue))
+		case *commonpb.AnyValue_DoubleValue:
+			out = append(out, k.Float64(v.DoubleValue))
+		case *commonpb.AnyValue_BoolValue:
+			out = append(out, k.Bool(v.BoolValue))
+		case *commonpb.AnyValue_ArrayValue:
+			var ss []string
+			for _, el := range v.ArrayValue.Values {
+				ss = append(ss, el.GetStringValue())
+			}
+			out = append(out, k.StringSlice(ss))
+		default:
+			panic(fmt.Sprintf("attribute %s of an unknown type %T", k, v))
+		}
+	}
+	return out
+}
 
 // newTest returns an exporter to an in-memory collector over runs.
-func newTest(t *testing.T, cfg Config, runs *fakeRuns, pol func(keel.Run) *policy.Policy) (*Exporter, *tracetest.InMemoryExporter, Tracer) {
+func newTest(t *testing.T, cfg Config, runs *fakeRuns, pol func(keel.Run) *policy.Policy) (*Exporter, *memClient, Tracer) {
 	t.Helper()
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = "http://127.0.0.1:4317"
 		cfg.Insecure = true
 	}
-	mem := tracetest.NewInMemoryExporter()
-	x, err := New(Options{Config: cfg, Runs: runs, Policy: pol, SpanExporter: memCollector{mem}})
+	mem := &memClient{}
+	x, err := New(Options{Config: cfg, Runs: runs, Policy: pol, Client: mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,8 +456,8 @@ type stuckCollector struct {
 	calls   chan int
 }
 
-func (c *stuckCollector) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
-	c.calls <- len(spans)
+func (c *stuckCollector) UploadTraces(ctx context.Context, rss []*tracepb.ResourceSpans) error {
+	c.calls <- len(rss[0].ScopeSpans[0].Spans)
 	select {
 	case <-c.release:
 		return nil
@@ -383,13 +466,14 @@ func (c *stuckCollector) ExportSpans(ctx context.Context, spans []sdktrace.ReadO
 	}
 }
 
-func (c *stuckCollector) Shutdown(context.Context) error { return nil }
+func (c *stuckCollector) Start(context.Context) error { return nil }
+func (c *stuckCollector) Stop(context.Context) error  { return nil }
 
 func TestStuckCollectorNeverBlocksARun(t *testing.T) {
 	t.Parallel()
 	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{}}
 	col := &stuckCollector{release: make(chan struct{}), calls: make(chan int, 100)}
-	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", QueueSize: 4, FlushIntervalMS: 5, ExportTimeoutMS: 60_000}, Runs: runs, SpanExporter: col})
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", QueueSize: 4, FlushIntervalMS: 5, ExportTimeoutMS: 60_000}, Runs: runs, Client: col})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +526,7 @@ func TestStuckCollectorNeverBlocksARun(t *testing.T) {
 func TestCloseDeadline(t *testing.T) {
 	t.Parallel()
 	col := &stuckCollector{release: make(chan struct{}), calls: make(chan int, 10)}
-	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 60_000}, Runs: &fakeRuns{}, SpanExporter: col})
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 60_000}, Runs: &fakeRuns{}, Client: col})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,8 +689,8 @@ func (m *memTracer) Spans(_ context.Context, id keel.RunID) ([]keel.Span, error)
 // has the start, name and parent it was started with.
 func TestPartialFinishCompleted(t *testing.T) {
 	t.Parallel()
-	mem := tracetest.NewInMemoryExporter()
-	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 10}, Runs: &fakeRuns{}, SpanExporter: memCollector{mem}})
+	mem := &memClient{}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 10}, Runs: &fakeRuns{}, Client: mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,12 +719,13 @@ func TestPartialFinishCompleted(t *testing.T) {
 // failingCollector is a collector that refuses every batch.
 type failingCollector struct{ calls chan int }
 
-func (c *failingCollector) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
-	c.calls <- len(spans)
+func (c *failingCollector) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans) error {
+	c.calls <- len(rss[0].ScopeSpans[0].Spans)
 	return errors.New("connection refused")
 }
 
-func (c *failingCollector) Shutdown(context.Context) error { return nil }
+func (c *failingCollector) Start(context.Context) error { return nil }
+func (c *failingCollector) Stop(context.Context) error  { return nil }
 
 // TestDownCollectorBackoff: after a collector fails a batch, the spans
 // finished meanwhile fail without being sent (nor mapped), until it is
@@ -648,7 +733,7 @@ func (c *failingCollector) Shutdown(context.Context) error { return nil }
 func TestDownCollectorBackoff(t *testing.T) {
 	t.Parallel()
 	col := &failingCollector{calls: make(chan int, 100)}
-	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 5}, Runs: &fakeRuns{}, SpanExporter: col})
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 5}, Runs: &fakeRuns{}, Client: col})
 	if err != nil {
 		t.Fatal(err)
 	}
