@@ -20,10 +20,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -102,7 +104,7 @@ func (*memClient) Stop(context.Context) error  { return nil }
 func (m *memClient) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, rs := range rss {
+	for _, rs := range decoded(rss) {
 		for _, ss := range rs.ScopeSpans {
 			for _, s := range ss.Spans {
 				m.spans = append(m.spans, stubOf(rs.Resource, s))
@@ -110,6 +112,31 @@ func (m *memClient) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans
 		}
 	}
 	return nil
+}
+
+// decoded returns rss as a collector reads them: encoded, then decoded
+// (the exporter hands the clients its spans already encoded).
+func decoded(rss []*tracepb.ResourceSpans) []*tracepb.ResourceSpans {
+	b, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: rss})
+	if err != nil {
+		panic(err)
+	}
+	var req collectortrace.ExportTraceServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
+		panic(err)
+	}
+	return req.ResourceSpans
+}
+
+// spanCount is the number of spans in rss.
+func spanCount(rss []*tracepb.ResourceSpans) int {
+	n := 0
+	for _, rs := range decoded(rss) {
+		for _, ss := range rs.ScopeSpans {
+			n += len(ss.Spans)
+		}
+	}
+	return n
 }
 
 // GetSpans returns the spans received.
@@ -457,7 +484,7 @@ type stuckCollector struct {
 }
 
 func (c *stuckCollector) UploadTraces(ctx context.Context, rss []*tracepb.ResourceSpans) error {
-	c.calls <- len(rss[0].ScopeSpans[0].Spans)
+	c.calls <- spanCount(rss)
 	select {
 	case <-c.release:
 		return nil
@@ -720,7 +747,7 @@ func TestPartialFinishCompleted(t *testing.T) {
 type failingCollector struct{ calls chan int }
 
 func (c *failingCollector) UploadTraces(_ context.Context, rss []*tracepb.ResourceSpans) error {
-	c.calls <- len(rss[0].ScopeSpans[0].Spans)
+	c.calls <- spanCount(rss)
 	return errors.New("connection refused")
 }
 
