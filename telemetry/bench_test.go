@@ -59,7 +59,7 @@ func BenchmarkEncode(b *testing.B) {
 			e.reset()
 		}
 		sp := spans[i%len(spans)]
-		a := decodeAttrs(sp.Attrs)
+		a := decodeAttrs(&sp)
 		e.add(&sp, &a, &ri, nil, nil, false)
 	}
 }
@@ -115,7 +115,7 @@ func BenchmarkFlush(b *testing.B) {
 			for range b.N / len(batch) {
 				for i := range batch {
 					// The decode of its attributes is part of a span's export.
-					batch[i].attrs = decodeAttrs(batch[i].span.Attrs)
+					batch[i].attrs = decodeAttrs(&batch[i].span)
 				}
 				x.flush(context.Background(), batch, false)
 			}

@@ -468,7 +468,7 @@ func (x *Exporter) loop() {
 			default:
 				pending = append(pending, queued{span: x.complete(it)})
 				q := &pending[len(pending)-1]
-				q.attrs = decodeAttrs(q.span.Attrs)
+				q.attrs = decodeAttrs(&q.span)
 				if x.m != nil {
 					x.m.span(q.span, &q.attrs)
 				}

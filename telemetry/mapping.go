@@ -92,10 +92,15 @@ func spanIDOf(id string) trace.SpanID {
 
 // spanAttrs is what the engine puts in keel.Span.Attrs, for every kind.
 type spanAttrs struct {
-	CallID    string     `json:"call_id"`
-	ErrorType string     `json:"error_type"`
-	Policy    spanPolicy `json:"policy"`
-	Labels    []string   `json:"labels"`
+	commonAttrs
+	Policy spanPolicy
+}
+
+// commonAttrs are the attributes that have one form for every kind.
+type commonAttrs struct {
+	CallID    string   `json:"call_id"`
+	ErrorType string   `json:"error_type"`
+	Labels    []string `json:"labels"`
 	Egress    []struct {
 		Destination string               `json:"destination"`
 		Policy      *keel.PolicyDecision `json:"policy"`
@@ -108,40 +113,60 @@ type spanAttrs struct {
 
 // spanPolicy is a span's "policy": the decision that let a tool call
 // run (or asked a person), or a model call's decisions, one per model
-// the router considered. One that does not decode is left out.
+// the router considered.
 type spanPolicy struct {
 	Decision  *keel.PolicyDecision
 	Decisions []keel.ModelDecision
 }
 
-func (p *spanPolicy) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimLeft(b, " \t\r\n")
-	if len(b) == 0 {
-		return nil
-	}
-	switch b[0] {
-	case '{':
-		var d keel.PolicyDecision
-		if gojson.Unmarshal(b, &d) == nil {
-			p.Decision = &d
-		}
-	case '[':
-		var list []keel.ModelDecision
-		if gojson.Unmarshal(b, &list) == nil {
-			p.Decisions = list
-		}
-	}
-	return nil
-}
-
-// decodeAttrs reads a span's attributes, best effort: a span is exported
-// with what could be read. It is decoded once, for the export and the
-// metrics, with goccy/go-json (already keel's, in schema), about twice
-// as fast as encoding/json here.
-func decodeAttrs(raw json.RawMessage) spanAttrs {
+// decodeAttrs reads the attributes of sp, best effort: a span is
+// exported with what could be read. They are decoded once, for the
+// export and the metrics, with goccy/go-json (already keel's, in
+// schema), about twice as fast as encoding/json here, in one pass into
+// the form of the span's kind: a model call's "policy" is a list of
+// decisions, a tool call's or a wait's one decision. Attributes not in
+// that form are decoded again, field by field, keeping what fits.
+func decodeAttrs(sp *keel.Span) spanAttrs {
 	var a spanAttrs
-	if len(raw) > 0 {
-		_ = gojson.Unmarshal(raw, &a)
+	if len(sp.Attrs) == 0 {
+		return a
+	}
+	if sp.Kind == keel.SpanModelCall {
+		var v struct {
+			commonAttrs
+			Policy []keel.ModelDecision `json:"policy"`
+		}
+		if gojson.Unmarshal(sp.Attrs, &v) == nil {
+			a.commonAttrs, a.Policy.Decisions = v.commonAttrs, v.Policy
+			return a
+		}
+	} else {
+		var v struct {
+			commonAttrs
+			Policy *keel.PolicyDecision `json:"policy"`
+		}
+		if gojson.Unmarshal(sp.Attrs, &v) == nil {
+			a.commonAttrs, a.Policy.Decision = v.commonAttrs, v.Policy
+			return a
+		}
+	}
+	var v struct {
+		commonAttrs
+		Policy json.RawMessage `json:"policy"`
+	}
+	_ = gojson.Unmarshal(sp.Attrs, &v)
+	a.commonAttrs = v.commonAttrs
+	switch p := bytes.TrimSpace(v.Policy); {
+	case len(p) > 0 && p[0] == '{':
+		var d keel.PolicyDecision
+		if gojson.Unmarshal(p, &d) == nil {
+			a.Policy.Decision = &d
+		}
+	case len(p) > 0 && p[0] == '[':
+		var list []keel.ModelDecision
+		if gojson.Unmarshal(p, &list) == nil {
+			a.Policy.Decisions = list
+		}
 	}
 	return a
 }

@@ -124,7 +124,7 @@ func (m *metrics) span(sp keel.Span, a *spanAttrs) {
 		errType = errOther
 		if sp.Kind == keel.SpanToolCall {
 			if a == nil {
-				d := decodeAttrs(sp.Attrs)
+				d := decodeAttrs(&sp)
 				a = &d
 			}
 			errType = cmpOr(a.ErrorType, errOther)

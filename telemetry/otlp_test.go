@@ -214,3 +214,36 @@ func TestOTLPGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeAttrsOddShapes: a span's attributes are decoded in one pass
+// into the form of its kind; attributes in another form (a decision
+// where a list was expected, or the reverse) keep every field that
+// fits, and the decision when its own form is valid.
+func TestDecodeAttrsOddShapes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		kind      keel.SpanKind
+		attrs     string
+		call      string
+		route     string
+		decision  string // its outcome
+		decisions int
+	}{
+		{keel.SpanToolCall, `{"call_id":"c1","policy":{"outcome":"ask","explanation":"e"}}`, "c1", "", "ask", 0},
+		{keel.SpanModelCall, `{"route":"r","policy":[{"provider":"p","model":"m","outcome":"allow"}]}`, "", "r", "", 1},
+		{keel.SpanToolCall, `{"call_id":"c1","policy":[{"provider":"p","model":"m","outcome":"allow"}]}`, "c1", "", "", 1},
+		{keel.SpanModelCall, `{"route":"r","policy":{"outcome":"deny"}}`, "", "r", "deny", 0},
+		{keel.SpanHuman, `{"call_id":"c2","policy":"allow"}`, "c2", "", "", 0},
+		{keel.SpanToolCall, `{"call_id":`, "", "", "", 0},
+	} {
+		a := decodeAttrs(&keel.Span{Kind: tc.kind, Attrs: json.RawMessage(tc.attrs)})
+		outcome := ""
+		if a.Policy.Decision != nil {
+			outcome = a.Policy.Decision.Outcome
+		}
+		if a.CallID != tc.call || a.Route != tc.route || outcome != tc.decision || len(a.Policy.Decisions) != tc.decisions {
+			t.Errorf("decodeAttrs(%s %s) = call %q route %q decision %q, %d decisions; want %q %q %q %d",
+				tc.kind, tc.attrs, a.CallID, a.Route, outcome, len(a.Policy.Decisions), tc.call, tc.route, tc.decision, tc.decisions)
+		}
+	}
+}
