@@ -170,3 +170,42 @@ func TestQueueWakesToArmTheTimerOnly(t *testing.T) {
 		t.Error("the first put after the timer stopped did not wake the goroutine")
 	}
 }
+
+// TestNoAllocationsPerSpan: handing a span over to the export goroutine
+// (the run's side), recording its metrics and encoding it (once the
+// encoder's buffers have grown) allocate nothing per span.
+func TestNoAllocationsPerSpan(t *testing.T) {
+	x, err := New(Options{Config: Config{FlushIntervalMS: 3_600_000, QueueSize: 1 << 20}, Runs: &fakeRuns{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(context.Background())
+	spans := agentRun("run_alloc")
+	model, tool := spans[0], spans[2]
+	tool.Status = keel.SpanOK
+	tr := x.Tracer(nopTracer{})
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(1000, func() { tr.FinishSpan(ctx, model) }); n != 0 {
+		t.Errorf("FinishSpan allocates %v times a span, want 0", n)
+	}
+	ma, ta := decodeAttrs(&model), decodeAttrs(&tool)
+	if n := testing.AllocsPerRun(1000, func() { x.m.span(model, &ma); x.m.span(tool, &ta) }); n != 0 {
+		t.Errorf("recording the metrics of a model and a tool call allocates %v times, want 0", n)
+	}
+	e := newEncoder("keel", "v1", scopeName)
+	ri := runInfo{run: keel.Run{ID: "run_alloc", Model: "keel-tiny"}, trace: traceIDOf("run_alloc")}
+	labels := []string{"pii"}
+	batch := func() {
+		e.reset()
+		for range 64 {
+			e.add(&model, &ma, &ri, labels, nil, false)
+			e.add(&tool, &ta, &ri, nil, nil, false)
+		}
+		e.request()
+	}
+	batch()
+	// request makes the ResourceSpans message: 2 allocations a batch.
+	if n := testing.AllocsPerRun(100, batch); n > 2 {
+		t.Errorf("encoding a batch of 128 spans allocates %v times, want at most 2", n)
+	}
+}

@@ -208,6 +208,29 @@ func (e *encoder) strs(key string, vals ...string) {
 	e.body = b
 }
 
+// decisions appends attribute key: a model call's policy decisions, a
+// string each, "provider/model: explanation".
+func (e *encoder) decisions(key string, ds []keel.ModelDecision) {
+	text := func(d *keel.ModelDecision) int { return len(d.Provider) + 1 + len(d.Model) + 2 + len(d.Explanation) }
+	elem := func(d *keel.ModelDecision) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(text(d)) }
+	arr := 0
+	for i := range ds {
+		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(&ds[i]))
+	}
+	e.kv(key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
+	b := protowire.AppendTag(e.body, fieldArray, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(arr))
+	for i := range ds {
+		d := &ds[i]
+		b = protowire.AppendTag(b, fieldArrayValues, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(elem(d)))
+		b = protowire.AppendTag(b, fieldString, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(text(d)))
+		b = append(append(append(append(append(b, d.Provider...), '/'), d.Model...), ": "...), d.Explanation...)
+	}
+	e.body = b
+}
+
 // nonEmpty appends the string attributes of kv (key, value, ...) whose
 // value is not empty.
 func (e *encoder) nonEmpty(kv ...string) {
@@ -368,11 +391,7 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		}
 		e.nonEmpty(keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
 		if len(a.Policy.Decisions) > 0 {
-			list := make([]string, len(a.Policy.Decisions))
-			for i, d := range a.Policy.Decisions {
-				list[i] = d.Provider + "/" + d.Model + ": " + d.Explanation
-			}
-			e.strs(keyPolicyList, list...)
+			e.decisions(keyPolicyList, a.Policy.Decisions)
 		}
 		if sp.Status == keel.SpanError {
 			errType = errOther
