@@ -148,6 +148,18 @@ func (d *daemonRuns) Get(ctx context.Context, id keel.RunID) (acp.Detail, error)
 	return acp.Detail{Run: r.Run, Events: r.Events, Spans: r.Spans}, sentinel(err)
 }
 
+func (d *daemonRuns) Tools(ctx context.Context) ([]keel.ToolSpec, error) {
+	tools, err := d.c.ListTools(ctx)
+	if err != nil {
+		return nil, sentinel(err)
+	}
+	specs := make([]keel.ToolSpec, len(tools))
+	for i, t := range tools {
+		specs[i] = t.ToolSpec
+	}
+	return specs, nil
+}
+
 func (d *daemonRuns) List(ctx context.Context, q keel.RunQuery) (keel.RunPage, error) {
 	r, err := client.Do(ctx, d.c, client.RunList, q)
 	return r, sentinel(err)

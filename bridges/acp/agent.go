@@ -47,6 +47,9 @@ type Runs interface {
 	Get(ctx context.Context, id keel.RunID) (Detail, error)
 	// List is run.list.
 	List(ctx context.Context, q keel.RunQuery) (keel.RunPage, error)
+	// Tools is tools.list: the installed tools, whose side-effect
+	// classes give the editor each call's kind.
+	Tools(ctx context.Context) ([]keel.ToolSpec, error)
 	// Subscribe is run.subscribe: the run's events after afterSeq, then
 	// live ones, on the channel, until stop is called (run.unsubscribe)
 	// or the connection ends (the channel is then closed).
@@ -298,6 +301,7 @@ func (a *Agent) loadSession(ctx context.Context, params json.RawMessage) (any, e
 	evs := d.Events
 	s := &session{id: p.SessionID, cwd: cwd, head: head, turns: turns}
 	r := newRenderer(a.c, s.id, true)
+	r.kinds = a.toolKinds(ctx)
 	for _, ev := range evs {
 		r.event(ev)
 	}
@@ -458,7 +462,8 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 	}
 	defer stop()
 	r := newRenderer(a.c, s.id, false)
-	r.ask = func(ap keel.ApprovalRequestData) { go a.askPermission(ctx, s, run.ID, ap) }
+	r.kinds = a.toolKinds(ctx)
+	r.ask = func(ap keel.ApprovalRequestData) { go a.askPermission(ctx, s, run.ID, ap, r.kinds) }
 	for {
 		select {
 		case ev, ok := <-evs:
@@ -486,6 +491,37 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// toolKinds returns the ACP kind of each installed tool's calls, from its
+// side-effect class; nil when the tools cannot be listed (every call is
+// then of kind other).
+func (a *Agent) toolKinds(ctx context.Context) map[string]string {
+	specs, err := a.cfg.Runs.Tools(ctx)
+	if err != nil {
+		a.log.Warn("acp: list tools", "err", err)
+		return nil
+	}
+	kinds := make(map[string]string, len(specs))
+	for _, sp := range specs {
+		kinds[sp.Name] = toolKind(sp.SideEffects)
+	}
+	return kinds
+}
+
+// toolKind is the ACP ToolKind of a call of a tool with side-effect
+// class se: reads are read, writes edit, calls that reach outside the
+// machine fetch.
+func toolKind(se keel.SideEffect) string {
+	switch se {
+	case keel.SideEffectReadOnly:
+		return "read"
+	case keel.SideEffectIdempotentWrite, keel.SideEffectNonIdempotentWrite:
+		return "edit"
+	case keel.SideEffectExternal:
+		return "fetch"
+	}
+	return "other"
 }
 
 // finish is the stopReason of a turn whose run answered at step: the
@@ -619,10 +655,10 @@ func (a *Agent) cancelRun(id keel.RunID) {
 // askPermission asks the client about a call the policy holds for a
 // person (session/request_permission) and gives keel its answer: bound to
 // the call's exact arguments by their hash.
-func (a *Agent) askPermission(ctx context.Context, s *session, run keel.RunID, ap keel.ApprovalRequestData) {
+func (a *Agent) askPermission(ctx context.Context, s *session, run keel.RunID, ap keel.ApprovalRequestData, kinds map[string]string) {
 	params := map[string]any{
 		"sessionId": s.id,
-		"toolCall":  toolCallFields(ap.Call, "pending"),
+		"toolCall":  toolCallFields(ap.Call, "pending", kinds),
 		"options": []map[string]string{
 			{"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
 			{"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},

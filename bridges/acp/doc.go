@@ -17,7 +17,8 @@
 //     last run after a restart (run.list, newest first);
 //   - the run's events become session/update notifications: model.delta
 //     and model.result text as agent_message_chunk, each tool call as
-//     tool_call (pending) then tool_call_update (in_progress, completed
+//     tool_call (pending; its kind from the tool's side-effect class)
+//     then tool_call_update (in_progress, completed
 //     or failed, with its output or error), a plan run's plan.proposed
 //     and step events as plan entries (a session's runs are agent runs,
 //     which have none yet); session/load sends the last run's journal

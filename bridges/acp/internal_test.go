@@ -86,3 +86,14 @@ func TestTurnSteps(t *testing.T) {
 		t.Errorf("turnSteps(a fork from step 3 bounded at 11) = %d, want 8", got)
 	}
 }
+
+// TestToolKind maps side-effect classes to ACP tool kinds.
+func TestToolKind(t *testing.T) {
+	t.Parallel()
+	for se, want := range map[keel.SideEffect]string{keel.SideEffectReadOnly: "read", keel.SideEffectIdempotentWrite: "edit",
+		keel.SideEffectNonIdempotentWrite: "edit", keel.SideEffectExternal: "fetch", "": "other"} {
+		if got := toolKind(se); got != want {
+			t.Errorf("toolKind(%q) = %q, want %q", se, got, want)
+		}
+	}
+}

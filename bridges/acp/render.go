@@ -19,6 +19,8 @@ type renderer struct {
 	history bool
 	// ask, when set, is called for each approval.requested (live only).
 	ask func(keel.ApprovalRequestData)
+	// kinds is the ACP kind of each tool's calls (see toolKind).
+	kinds map[string]string
 
 	streamed map[int]string // the text of each step sent so far
 	plan     []planEntry
@@ -55,13 +57,18 @@ func textChunk(kind, text string) map[string]any {
 	return map[string]any{"sessionUpdate": kind, "content": map[string]string{"type": "text", "text": text}}
 }
 
-// toolCallFields are the ToolCall fields of call with status.
-func toolCallFields(call keel.ToolCall, status string) map[string]any {
+// toolCallFields are the ToolCall fields of call with status; kinds
+// gives its kind (other when it names none).
+func toolCallFields(call keel.ToolCall, status string, kinds map[string]string) map[string]any {
 	args := call.Arguments
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	return map[string]any{"toolCallId": call.ID, "title": call.Name, "kind": "other", "status": status, "rawInput": args}
+	kind := kinds[call.Name]
+	if kind == "" {
+		kind = "other"
+	}
+	return map[string]any{"toolCallId": call.ID, "title": call.Name, "kind": kind, "status": status, "rawInput": args}
 }
 
 // event renders one event.
@@ -99,7 +106,7 @@ func (r *renderer) event(ev keel.Event) {
 		}
 		delete(r.streamed, d.Step)
 		for _, c := range d.ToolCalls {
-			u := toolCallFields(c, "pending")
+			u := toolCallFields(c, "pending", r.kinds)
 			u["sessionUpdate"] = "tool_call"
 			r.update(u)
 		}

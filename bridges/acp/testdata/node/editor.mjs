@@ -64,7 +64,7 @@ const sessionId = await run(async (ctx, updates, asked) => {
   // 1. A tool call, permitted.
   const first = await ctx.request("session/prompt", { sessionId, prompt: [{ type: "text", text: "count words" }] });
   check(first.stopReason === "end_turn", "first prompt's stopReason", first);
-  check(asked.length === 1 && asked[0].toolCall.title === "tally" && asked[0].toolCall.rawInput.text === "a b c" &&
+  check(asked.length === 1 && asked[0].toolCall.title === "tally" && asked[0].toolCall.kind === "read" && asked[0].toolCall.rawInput.text === "a b c" &&
     asked[0].options.map((o) => o.kind).join() === "allow_once,reject_once", "the permission asked", asked);
   const callId = asked[0].toolCall.toolCallId;
   const statuses = updates.filter((u) => u.toolCallId === callId).map((u) => u.status);
@@ -92,7 +92,7 @@ await run(async (ctx, updates) => {
   check(text(updates, "user_message_chunk") === "count wordsand again", "the history's user messages", updates);
   check(text(updates, "agent_message_chunk") === "3 words", "the history's answers", updates);
   const calls = updates.filter((u) => u.sessionUpdate === "tool_call");
-  check(calls.length === 1 && calls[0].title === "tally", "the history's tool calls", updates);
+  check(calls.length === 1 && calls[0].title === "tally" && calls[0].kind === "read", "the history's tool calls", updates);
   check(updates.some((u) => u.sessionUpdate === "tool_call_update" && u.toolCallId === calls[0].toolCallId && u.status === "completed"),
     "the history's tool result", updates);
   updates.length = 0;
