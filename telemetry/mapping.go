@@ -81,7 +81,13 @@ func traceIDOf(top keel.RunID) trace.TraceID {
 
 // spanIDOf is the OTel span ID of keel span id.
 func spanIDOf(id string) trace.SpanID {
-	h := sha256.Sum256([]byte("keel.span\x00" + id))
+	var buf [64]byte
+	return spanIDIn(buf[:0], id)
+}
+
+// spanIDIn is spanIDOf, with buf as room to hash in.
+func spanIDIn(buf []byte, id string) trace.SpanID {
+	h := sha256.Sum256(append(append(buf, "keel.span\x00"...), id...))
 	var sid trace.SpanID
 	copy(sid[:], h[:8])
 	if !sid.IsValid() {
@@ -102,8 +108,7 @@ type commonAttrs struct {
 	ErrorType string   `json:"error_type"`
 	Labels    []string `json:"labels"`
 	Egress    []struct {
-		Destination string               `json:"destination"`
-		Policy      *keel.PolicyDecision `json:"policy"`
+		Policy *decision `json:"policy"`
 	} `json:"egress"`
 	Route   string     `json:"route"`
 	Variant string     `json:"variant"`
@@ -115,8 +120,21 @@ type commonAttrs struct {
 // run (or asked a person), or a model call's decisions, one per model
 // the router considered.
 type spanPolicy struct {
-	Decision  *keel.PolicyDecision
-	Decisions []keel.ModelDecision
+	Decision  *decision
+	Decisions []modelDecision
+}
+
+// decision is what the export reads of a keel.PolicyDecision.
+type decision struct {
+	Outcome     string `json:"outcome"`
+	Explanation string `json:"explanation"`
+}
+
+// modelDecision is what the export reads of a keel.ModelDecision.
+type modelDecision struct {
+	Provider    string `json:"provider"`
+	Model       string `json:"model"`
+	Explanation string `json:"explanation"`
 }
 
 // decodeAttrs reads the attributes of sp, best effort: a span is
@@ -134,7 +152,7 @@ func decodeAttrs(sp *keel.Span) spanAttrs {
 	if sp.Kind == keel.SpanModelCall {
 		var v struct {
 			commonAttrs
-			Policy []keel.ModelDecision `json:"policy"`
+			Policy []modelDecision `json:"policy"`
 		}
 		if gojson.Unmarshal(sp.Attrs, &v) == nil {
 			a.commonAttrs, a.Policy.Decisions = v.commonAttrs, v.Policy
@@ -143,7 +161,7 @@ func decodeAttrs(sp *keel.Span) spanAttrs {
 	} else {
 		var v struct {
 			commonAttrs
-			Policy *keel.PolicyDecision `json:"policy"`
+			Policy *decision `json:"policy"`
 		}
 		if gojson.Unmarshal(sp.Attrs, &v) == nil {
 			a.commonAttrs, a.Policy.Decision = v.commonAttrs, v.Policy
@@ -158,12 +176,12 @@ func decodeAttrs(sp *keel.Span) spanAttrs {
 	a.commonAttrs = v.commonAttrs
 	switch p := bytes.TrimSpace(v.Policy); {
 	case len(p) > 0 && p[0] == '{':
-		var d keel.PolicyDecision
+		var d decision
 		if gojson.Unmarshal(p, &d) == nil {
 			a.Policy.Decision = &d
 		}
 	case len(p) > 0 && p[0] == '[':
-		var list []keel.ModelDecision
+		var list []modelDecision
 		if gojson.Unmarshal(p, &list) == nil {
 			a.Policy.Decisions = list
 		}

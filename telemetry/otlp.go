@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/keel-runtime/keel"
+	"go.opentelemetry.io/otel/trace"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -44,7 +45,9 @@ type encoder struct {
 	body     []byte // scratch: one span's fields
 	n        int
 
-	names map[nameKey]string // span names, made once
+	names   map[nameKey]string      // span names, made once
+	parents map[string]trace.SpanID // the IDs of spans that are parents, hashed once
+	hash    []byte                  // room to hash an ID in
 }
 
 // headRoom is the room left in encoder.buf for the scope spans' tag and
@@ -98,7 +101,7 @@ type nameKey struct {
 const maxNames = 4096
 
 func newEncoder(service, version, scope string) *encoder {
-	e := &encoder{names: map[nameKey]string{}}
+	e := &encoder{names: map[nameKey]string{}, parents: map[string]trace.SpanID{}}
 	// The attributes in the order the SDK's resource keeps them: by key.
 	e.res = &resourcepb.Resource{Attributes: []*commonpb.KeyValue{
 		{Key: "service.name", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: service}}},
@@ -210,9 +213,9 @@ func (e *encoder) strs(key string, vals ...string) {
 
 // decisions appends attribute key: a model call's policy decisions, a
 // string each, "provider/model: explanation".
-func (e *encoder) decisions(key string, ds []keel.ModelDecision) {
-	text := func(d *keel.ModelDecision) int { return len(d.Provider) + 1 + len(d.Model) + 2 + len(d.Explanation) }
-	elem := func(d *keel.ModelDecision) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(text(d)) }
+func (e *encoder) decisions(key string, ds []modelDecision) {
+	text := func(d *modelDecision) int { return len(d.Provider) + 1 + len(d.Model) + 2 + len(d.Explanation) }
+	elem := func(d *modelDecision) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(text(d)) }
 	arr := 0
 	for i := range ds {
 		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(&ds[i]))
@@ -240,6 +243,18 @@ func (e *encoder) nonEmpty(kv ...string) {
 		}
 	}
 }
+
+// spanID is spanIDOf(id).
+func (e *encoder) spanID(id string) trace.SpanID {
+	if cap(e.hash) < 64 {
+		e.hash = make([]byte, 0, 64)
+	}
+	return spanIDIn(e.hash[:0], id)
+}
+
+// maxParents bounds the parents' IDs kept: a run's steps and root are
+// the parents of its spans, each hashed once (its children end first).
+const maxParents = 4096
 
 // name returns the span's name: the operation, then what it is about.
 func (e *encoder) name(sp *keel.Span) string {
@@ -295,14 +310,24 @@ const (
 func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string, c *spanContent, withheld bool) {
 	e.n++
 	b := e.body[:0]
-	sid := spanIDOf(sp.ID)
+	sid, ok := e.parents[sp.ID]
+	if !ok {
+		sid = e.spanID(sp.ID)
+	}
 	b = protowire.AppendTag(b, fieldTraceID, protowire.BytesType)
 	b = protowire.AppendBytes(b, ri.trace[:])
 	b = protowire.AppendTag(b, fieldSpanID, protowire.BytesType)
 	b = protowire.AppendBytes(b, sid[:])
 	flags := flagsLocal
 	if sp.ParentID != "" {
-		pid := spanIDOf(sp.ParentID)
+		pid, ok := e.parents[sp.ParentID]
+		if !ok {
+			pid = e.spanID(sp.ParentID)
+			if len(e.parents) >= maxParents {
+				clear(e.parents)
+			}
+			e.parents[sp.ParentID] = pid
+		}
 		b = protowire.AppendTag(b, fieldParentSpanID, protowire.BytesType)
 		b = protowire.AppendBytes(b, pid[:])
 		if sp.Kind == keel.SpanRun {
