@@ -24,11 +24,12 @@ import (
 //
 // Mapping each span to an SDK span (tracetest.SpanStub) for the SDK's
 // transform to copy into OTLP messages, which protobuf then encoded by
-// reflection, cost a span 13-17 µs of the process's CPU, sent to a
+// reflection, cost a span 13-25 µs of the process's CPU, sent to a
 // collector over gRPC, on a loaded 2-core machine (BenchmarkFlush);
 // building the messages directly and reusing them, ~5 µs, of which
-// protobuf's encoding was 60%; written here, ~3.5 µs, most of it the
-// decode of the span's JSON attributes and gRPC's own work.
+// protobuf's encoding was 60%; written here, 3-4 µs, most of it gRPC's
+// own work and the decode of the span's JSON attributes
+// (docs/PERFORMANCE.md).
 //
 // The clients' optional self-observability (an experimental SDK
 // feature, off by default) counts the spans of a request from its
