@@ -368,6 +368,11 @@ type PolicyDecision struct {
 	// 0 when there are no policy files); Digest identifies the files.
 	Version uint64 `json:"version"`
 	Digest  string `json:"digest"`
+	// Approver, for an ask, names who answered it when it was not a run's
+	// (whose approval event says): an MCP client whose user approved or
+	// declined the call through MCP elicitation, "mcp:NAME". Empty
+	// otherwise.
+	Approver string `json:"approver,omitempty"`
 }
 
 // ApprovalData is the payload of EventApproval.

@@ -33,6 +33,8 @@ type layers struct {
 	// tel exports spans and serves metrics (routes).
 	tel    *telemetry.Exporter
 	routes []ipc.Route
+	// mcp are the tools MCP clients call (mcpRoute).
+	mcp mcpTools
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -181,6 +183,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if h := tel.MetricsHandler(); h != nil {
 		l.routes = append(l.routes, ipc.Route{Pattern: "GET /metrics", Handler: h})
 	}
+	l.mcp = mcpTools{admin: admin, decide: polSvc.ExplainPolicy, audit: audit}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
 	return l, nil

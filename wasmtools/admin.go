@@ -212,9 +212,17 @@ func (m *Admin) ListTools(ctx context.Context) ([]capabilities.ToolInfo, error) 
 // client names who asked, as it declared itself (the audit record's
 // client; empty: no one named).
 func (m *Admin) CallTool(ctx context.Context, name string, input json.RawMessage, client string) (json.RawMessage, error) {
-	inv := keel.ToolInvocation{Name: name, Args: input, Client: client, Touched: &keel.Touched{}}
+	return m.Call(ctx, keel.ToolInvocation{Name: name, Args: input, Client: client})
+}
+
+// Call is CallTool of inv (its Name, Args, Client and Policy, the
+// decision that let it run, for the audit trail): a direct call, in no
+// run, whose Touched and Egress it sets.
+func (m *Admin) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessage, error) {
+	inv.Touched = &keel.Touched{}
+	inv.Egress = nil
 	if m.DirectEgress != nil {
-		inv.Egress = m.DirectEgress(name)
+		inv.Egress = m.DirectEgress(inv.Name)
 	}
 	return m.reg.Call(ctx, inv)
 }

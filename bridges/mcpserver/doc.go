@@ -5,12 +5,14 @@
 // It is an adapter over one small interface, Tools: list the installed
 // tools, call one, hear when they change. The daemon gives it the tool
 // runtime's own (the same direct call as keel's tools.call, so grants,
-// limits, the policy's egress rules and the audit trail apply unchanged)
+// limits, the policy's egress rules and the audit trail apply
+// unchanged), each call first decided by the policy as a tool action,
 // and serves it at /mcp over streamable HTTP, behind the same token,
-// Origin and Host checks as its WebSocket; `keel mcp` gives it a
-// connection to the daemon over keel's own protocol and serves it on
-// stdin/stdout. In both, the daemon makes every decision: this package
-// holds no tool, grant or policy of its own, only the translation.
+// Origin and Host checks as its WebSocket. `keel mcp` serves the same
+// server on stdin/stdout: Relay passes each message, unchanged, to the
+// daemon's /mcp and its answers back. In both, the daemon makes every
+// decision: this package holds no tool, grant or policy of its own,
+// only the translation.
 //
 // What it translates:
 //
@@ -22,10 +24,13 @@
 //   - a keel tool error (keel.ToolError: invalid input, permission
 //     denied, policy denied, timeout, ...) is a result with isError and
 //     the error as text and in _meta["keel/error"] ({"code", "message",
-//     "path"}); an
-//     `ask` of the policy, which a direct call cannot wait for, is such
-//     a policy_denied error that says so (MCP elicitation is not used
-//     yet);
+//     "path"});
+//   - an `ask` of the policy about a call becomes an MCP elicitation
+//     (form mode, an empty form: accept or decline) showing the tool,
+//     the exact arguments and their SHA-256, when the client declared
+//     the elicitation capability (Call.Approve): accept runs that call
+//     once, decline refuses it (denied); a client that cannot be asked
+//     gets a policy_denied error that says so;
 //   - every change of the installed tools (install, remove, hot
 //     reload, grants) becomes notifications/tools/list_changed;
 //   - the audit record of each call names the client as it declared

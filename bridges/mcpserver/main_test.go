@@ -28,7 +28,8 @@ const cliEnv = "KEEL_MCPSERVER_TEST_CLI"
 
 // The daemon every test of the package shares, started by TestMain:
 // wordcount (read-only, no grants) and readfile (requests a directory,
-// granted none, so its calls are refused) are installed; writefile is at
+// granted none, so its calls are refused) and stamp (whose calls the
+// daemon's policy asks about, policyFile) are installed; writefile is at
 // hand to install and remove (toolChange). All three are canned
 // reactors (see writeTool).
 var (
@@ -78,10 +79,14 @@ func testMain(m *testing.M) (int, error) {
 		{tools, "wordcount", wordcountOutput, wordcountManifest},
 		{tools, "readfile", `{"path":"x","content":"","truncated":false}`, readfileManifest},
 		{spare, "writefile", `{"written":0}`, writefileManifest},
+		{tools, "stamp", `{"stamped":true}`, stampManifest},
 	} {
 		if err := writeTool(f.dir, f.name, f.output, f.manifest); err != nil {
 			return 0, err
 		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(policyFile), 0o600); err != nil {
+		return 0, err
 	}
 	shared.spare = filepath.Join(spare, "writefile.wasm")
 	cache := filepath.Join(tmp, "cache")
@@ -160,6 +165,15 @@ const (
 	readfileManifest = `{"name":"readfile","version":"0.1.0","description":"Read a text file from the workspace.","side_effects":"read_only",
 "input_schema":{"type":"object","properties":{"path":{"type":"string","minLength":1}},"required":["path"]},
 "requests":{"fs":[{"guest_path":"/workspace","read_only":true}]}}`
+	// stamp is a tool the policy (policyFile) asks about.
+	stampManifest = `{"name":"stamp","version":"0.1.0","description":"Stamp a note.","side_effects":"non_idempotent_write",
+"input_schema":{"type":"object","properties":{"note":{"type":"string"}},"required":["note"]},
+"output_schema":{"type":"object","properties":{"stamped":{"type":"boolean"}},"required":["stamped"]}}`
+	// policyFile is the daemon's user policy: a call of stamp waits for
+	// a person's approval, and one with the note "forbidden" is denied.
+	policyFile = `{"version":1,"rules":[
+{"action":"tool","tool":"stamp","decision":"ask","reason":"stamps are for keeps"},
+{"action":"tool","tool":"stamp","args":{"/note":"forbidden"},"decision":"deny","reason":"not that one"}]}`
 	writefileManifest = `{"name":"writefile","version":"0.1.0","description":"Write a text file.","side_effects":"idempotent_write",
 "input_schema":{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"]}}`
 )

@@ -3,6 +3,8 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,13 +28,32 @@ import (
 type Tools interface {
 	// ListTools returns the installed tools.
 	ListTools(ctx context.Context) ([]capabilities.ToolInfo, error)
-	// CallTool calls tool name with input (a JSON object) directly, as
-	// keel's tools.call does, for client (who asked, for the audit
-	// trail). A tool failure is a *keel.ToolError.
-	CallTool(ctx context.Context, name string, input json.RawMessage, client string) (json.RawMessage, error)
+	// CallTool makes call directly, as keel's tools.call does, after
+	// asking the policy about it as a run's call is asked (see Call). A
+	// tool failure, and a call the policy or a person refused, is a
+	// *keel.ToolError.
+	CallTool(ctx context.Context, call Call) (json.RawMessage, error)
 	// SubscribeTools calls fn after every change of the installed tools
 	// or their grants until cancel is called. fn must not block.
 	SubscribeTools(fn func()) (cancel func())
+}
+
+// Call is one tools/call of an MCP client, for Tools.CallTool.
+type Call struct {
+	// Name is the tool; Input its arguments (a JSON object, "{}" when the
+	// client sent none).
+	Name  string
+	Input json.RawMessage
+	// Client names the client for the audit trail (ClientName).
+	Client string
+	// Approve, when not nil, asks the client's user whether this call,
+	// with exactly Input, may run, for a policy decision of ask (d says
+	// which rule asks): through MCP elicitation. It reports their answer
+	// (false: declined or cancelled); an error means no answer came. Nil
+	// when the client cannot be asked (it declared no elicitation
+	// capability): an ask then refuses the call. Each Approve answers
+	// for its own call only.
+	Approve func(ctx context.Context, d keel.PolicyDecision) (bool, error)
 }
 
 // Config configures a Server. Tools is required; the zero value of every
@@ -245,7 +266,13 @@ func (s *Server) handler(name string) sdk.ToolHandler {
 		if len(bytes.TrimSpace(args)) == 0 || bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
 			args = json.RawMessage("{}")
 		}
-		out, err := s.cfg.Tools.CallTool(ctx, name, args, ClientName(req.Session))
+		call := Call{Name: name, Input: args, Client: ClientName(req.Session)}
+		if canElicit(req.Session) {
+			call.Approve = func(ctx context.Context, d keel.PolicyDecision) (bool, error) {
+				return approve(ctx, req.Session, name, args, d)
+			}
+		}
+		out, err := s.cfg.Tools.CallTool(ctx, call)
 		if err != nil {
 			var te *keel.ToolError
 			if errors.As(err, &te) {
@@ -258,6 +285,37 @@ func (s *Server) handler(name string) sdk.ToolHandler {
 		}
 		return Result(out), nil
 	}
+}
+
+// canElicit reports whether the client of ss declared MCP elicitation
+// in a form it can answer: form mode (or no mode, the older form).
+func canElicit(ss *sdk.ServerSession) bool {
+	if ss == nil {
+		return false
+	}
+	p := ss.InitializeParams()
+	if p == nil || p.Capabilities == nil || p.Capabilities.Elicitation == nil {
+		return false
+	}
+	e := p.Capabilities.Elicitation
+	return e.Form != nil || e.URL == nil
+}
+
+// approve asks the user of ss, through MCP elicitation (form mode, an
+// empty form: accept or decline), whether tool may run with args, which
+// the question shows in full with their SHA-256, as the audit trail
+// keeps it.
+func approve(ctx context.Context, ss *sdk.ServerSession, tool string, args json.RawMessage, d keel.PolicyDecision) (bool, error) {
+	sum := sha256.Sum256(args)
+	msg := fmt.Sprintf("keel's policy asks before this tool call runs.\n\nTool: %s\nArguments: %s\n(SHA-256 %x)\n\nWhy: %s\n\nAccept runs this call, with exactly these arguments, once.",
+		tool, args, sum, d.Explanation)
+	res, err := ss.Elicit(ctx, &sdk.ElicitParams{Mode: "form", Message: msg,
+		RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
+		Meta:            sdk.Meta{"keel/tool": tool, "keel/args_sha256": hex.EncodeToString(sum[:])}})
+	if err != nil {
+		return false, fmt.Errorf("mcpserver: elicitation: %w", err)
+	}
+	return res.Action == "accept", nil
 }
 
 // ClientName is the audit trail's name of an MCP client: "mcp:" and the

@@ -59,7 +59,7 @@ type fakeTools struct {
 }
 
 func (f *fakeTools) ListTools(context.Context) ([]capabilities.ToolInfo, error) { return nil, nil }
-func (f *fakeTools) CallTool(context.Context, string, json.RawMessage, string) (json.RawMessage, error) {
+func (f *fakeTools) CallTool(context.Context, mcpserver.Call) (json.RawMessage, error) {
 	return nil, errors.New("no tools")
 }
 func (f *fakeTools) SubscribeTools(func()) func() {
