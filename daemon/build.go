@@ -34,7 +34,8 @@ type layers struct {
 	tel    *telemetry.Exporter
 	routes []ipc.Route
 	// mcp are the tools MCP clients call (mcpRoute).
-	mcp mcpTools
+	mcp     mcpTools
+	mcpRuns mcpRuns
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -184,6 +185,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		l.routes = append(l.routes, ipc.Route{Pattern: "GET /metrics", Handler: h})
 	}
 	l.mcp = mcpTools{admin: admin, decide: polSvc.ExplainPolicy, audit: audit}
+	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, decide: polSvc.ExplainPolicy}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
 	return l, nil

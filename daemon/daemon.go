@@ -240,7 +240,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	cfg, log := d.cfg, d.log
-	mcp, stopMCP, err := mcpRoute(ctx, l.mcp, log)
+	mcp, stopMCP, err := mcpRoute(ctx, l.mcp, l.mcpRuns, log)
 	if err != nil {
 		return err
 	}

@@ -23,11 +23,8 @@ const MCPPath = "/mcp"
 // same direct call as tools.call (tools), behind the WebSocket's token,
 // Origin and Host checks (a non-public route), with the scopes of each
 // caller checked per MCP method. stop ends its sessions.
-func mcpRoute(ctx context.Context, tools mcpserver.Tools, log *slog.Logger) (rt ipc.Route, stop func(), err error) {
-	if tools == nil {
-		return ipc.Route{}, nil, errors.New("mcp: no tools")
-	}
-	srv, err := mcpserver.New(ctx, mcpserver.Config{Tools: tools, Version: Version, Logger: log.With(logkey.Component, "mcp")})
+func mcpRoute(ctx context.Context, tools mcpserver.Tools, runs mcpserver.Runs, log *slog.Logger) (rt ipc.Route, stop func(), err error) {
+	srv, err := mcpserver.New(ctx, mcpserver.Config{Tools: tools, Runs: runs, Version: Version, Logger: log.With(logkey.Component, "mcp")})
 	if err != nil {
 		return ipc.Route{}, nil, err
 	}
@@ -102,4 +99,70 @@ func (t mcpTools) CallTool(ctx context.Context, c mcpserver.Call) (json.RawMessa
 		return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy denied the call of %s: %s", c.Name, d.Explanation)})
 	}
 	return t.admin.Call(ctx, inv)
+}
+
+// mcpRuns are the runs MCP clients may start and whose traces they may
+// read: off unless the policy allows them. Starting one is decided as a
+// call of the tool mcpserver.RunStartTool with the goal and model as
+// arguments, reading a trace as a call of mcpserver.RunTraceTool with
+// {"run_id"}: each needs a rule that allows it (the built-in allow of
+// a policy with nothing to say does not), and an ask of a start is put
+// to the client's user (elicitation) as a tool call's is.
+type mcpRuns struct {
+	start  func(context.Context, keel.StartRequest) (keel.Run, error)
+	getRun func(context.Context, keel.RunID) (keel.Run, error)
+	spans  func(context.Context, keel.RunID) ([]keel.Span, error)
+	decide func(context.Context, keel.PolicyExplainParams) (keel.PolicyExplainResult, error)
+}
+
+// allowed decides tool with args: nil if a rule allows it (or a person
+// approved an ask, through approve when not nil), else the refusal.
+func (r mcpRuns) allowed(ctx context.Context, tool string, args json.RawMessage, client string, approve func(context.Context, keel.PolicyDecision) (bool, error)) error {
+	d, err := r.decide(ctx, keel.PolicyExplainParams{Kind: keel.PolicyKindTool, Tool: tool, Args: args})
+	if err != nil {
+		return err
+	}
+	off := fmt.Sprintf(`runs over MCP are off unless the policy allows them: add {"action":"tool","tool":%q,"decision":"allow"} to the rules of policy.json`, tool)
+	switch {
+	case d.Decision == "allow" && d.Rule != nil:
+		return nil
+	case d.Decision == "allow":
+		return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: off}
+	case d.Decision == "ask" && approve != nil:
+		ok, err := approve(ctx, keel.PolicyDecision{Outcome: d.Decision, Explanation: d.Explanation, Version: d.Version, Digest: d.Digest})
+		if err != nil {
+			return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy asks before %s (%s), and the MCP client gave no answer: %v", tool, d.Explanation, err)}
+		}
+		if !ok {
+			return &keel.ToolError{Code: keel.ToolDenied, Message: fmt.Sprintf("%s declined %s", client, tool)}
+		}
+		return nil
+	}
+	return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy refuses %s (%s); %s", tool, d.Explanation, off)}
+}
+
+func (r mcpRuns) StartRun(ctx context.Context, c mcpserver.Call, req keel.StartRequest) (keel.RunID, error) {
+	if err := r.allowed(ctx, mcpserver.RunStartTool, c.Input, c.Client, c.Approve); err != nil {
+		return "", err
+	}
+	run, err := r.start(ctx, req)
+	if err != nil {
+		if errors.Is(err, keel.ErrInvalid) {
+			return "", &keel.ToolError{Code: keel.ToolInvalidInput, Message: err.Error()}
+		}
+		// Such as no model to serve it: the client's to read.
+		return "", &keel.ToolError{Code: keel.ToolFailed, Message: "the run did not start: " + err.Error()}
+	}
+	return run.ID, nil
+}
+
+func (r mcpRuns) RunSpans(ctx context.Context, id keel.RunID, client string) ([]keel.Span, error) {
+	args, _ := json.Marshal(map[string]keel.RunID{"run_id": id})
+	if err := r.allowed(ctx, mcpserver.RunTraceTool, args, client, nil); err != nil {
+		return nil, err
+	}
+	if _, err := r.getRun(ctx, id); err != nil {
+		return nil, err
+	}
+	return r.spans(ctx, id)
 }

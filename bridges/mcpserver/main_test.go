@@ -20,6 +20,7 @@ import (
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/scripted"
 )
 
 // cliEnv, set to "1", makes the test binary the keel command line: the
@@ -96,7 +97,9 @@ func testMain(m *testing.M) (int, error) {
 	done := make(chan error, 1)
 	cfg := daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", CacheDir: cache,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ready:  func(i protocol.DaemonInfo) { ready <- i }}
+		// Runs MCP clients start (TestRuns) answer at once.
+		Provider: scripted.ByGoal(nil, func(string) []scripted.Step { return []scripted.Step{scripted.Answer("hello")} }),
+		Ready:    func(i protocol.DaemonInfo) { ready <- i }}
 	go func() { done <- daemon.Run(ctx, cfg) }()
 	defer func() {
 		cancel()
@@ -170,10 +173,14 @@ const (
 "input_schema":{"type":"object","properties":{"note":{"type":"string"}},"required":["note"]},
 "output_schema":{"type":"object","properties":{"stamped":{"type":"boolean"}},"required":["stamped"]}}`
 	// policyFile is the daemon's user policy: a call of stamp waits for
-	// a person's approval, and one with the note "forbidden" is denied.
+	// a person's approval, and one with the note "forbidden" is denied;
+	// MCP clients may start runs whose goal starts "allowed:", and read
+	// traces (TestRuns).
 	policyFile = `{"version":1,"rules":[
 {"action":"tool","tool":"stamp","decision":"ask","reason":"stamps are for keeps"},
-{"action":"tool","tool":"stamp","args":{"/note":"forbidden"},"decision":"deny","reason":"not that one"}]}`
+{"action":"tool","tool":"stamp","args":{"/note":"forbidden"},"decision":"deny","reason":"not that one"},
+{"action":"tool","tool":"keel_run_start","args":{"/goal":"allowed:*"},"decision":"allow"},
+{"action":"tool","tool":"keel_run_trace","decision":"allow"}]}`
 	writefileManifest = `{"name":"writefile","version":"0.1.0","description":"Write a text file.","side_effects":"idempotent_write",
 "input_schema":{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"]}}`
 )

@@ -61,6 +61,9 @@ type Call struct {
 type Config struct {
 	// Tools are the tools served. Required.
 	Tools Tools
+	// Runs, when set, are served too: the tool RunStartTool and the
+	// resource template TraceTemplate (see Runs). Default: none.
+	Runs Runs
 	// Version is the server version given to clients. Default "dev".
 	Version string
 	// Logger receives the server's log: a tool that cannot be served
@@ -111,14 +114,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: log, kick: make(chan struct{}, 1), served: map[string][]byte{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	caps := &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{ListChanged: true}, Logging: &sdk.LoggingCapabilities{}}
+	if cfg.Runs != nil {
+		caps.Resources = &sdk.ResourceCapabilities{}
+	}
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "keel", Title: "keel", Version: cfg.Version}, &sdk.ServerOptions{
 		Logger: log,
 		// Tools, with list changes, even while none is installed, and
 		// logging (logging/setLevel), which clients may expect.
-		Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{ListChanged: true}, Logging: &sdk.LoggingCapabilities{}},
+		Capabilities: caps,
 		Instructions: "keel's installed tools, each run in keel's WebAssembly sandbox with the grants, limits, policy and audit trail keel applies to every call.",
 	})
 	s.sdk.AddReceivingMiddleware(checkScopes)
+	if cfg.Runs != nil {
+		s.addRuns()
+	}
 	if err := s.refresh(ctx); err != nil {
 		s.cancel()
 		return nil, err
@@ -174,6 +184,10 @@ func (s *Server) refresh(ctx context.Context) error {
 	defer s.mu.Unlock()
 	seen := make(map[string]bool, len(infos))
 	for _, info := range infos {
+		if s.cfg.Runs != nil && info.Name == RunStartTool {
+			s.log.Warn("mcp: tool not served: its name is the run tool's", logkey.Tool, info.Name)
+			continue
+		}
 		t, err := Tool(info)
 		if err != nil {
 			s.log.Warn("mcp: tool not served", logkey.Tool, info.Name, logkey.Err, err)
@@ -266,13 +280,7 @@ func (s *Server) handler(name string) sdk.ToolHandler {
 		if len(bytes.TrimSpace(args)) == 0 || bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
 			args = json.RawMessage("{}")
 		}
-		call := Call{Name: name, Input: args, Client: ClientName(req.Session)}
-		if canElicit(req.Session) {
-			call.Approve = func(ctx context.Context, d keel.PolicyDecision) (bool, error) {
-				return approve(ctx, req.Session, name, args, d)
-			}
-		}
-		out, err := s.cfg.Tools.CallTool(ctx, call)
+		out, err := s.cfg.Tools.CallTool(ctx, s.call(req, name, args))
 		if err != nil {
 			var te *keel.ToolError
 			if errors.As(err, &te) {
