@@ -245,8 +245,16 @@ func (r *relay) answered(body []byte, h head) {
 	open := r.session != ""
 	r.mu.Unlock()
 	if open {
+		// Until the stream is open, the server has nowhere to send a
+		// request of its own (an elicitation): the client's next
+		// message waits for it.
+		opened := make(chan struct{})
 		r.listening.Add(1)
-		go r.listen()
+		go r.listen(opened)
+		select {
+		case <-opened:
+		case <-r.listenCtx.Done():
+		}
 	}
 }
 
@@ -266,15 +274,22 @@ func (r *relay) failed(resp *http.Response, h head) {
 		return
 	}
 	if len(h.ID) > 0 {
-		r.writeError(h.ID, -32603, fmt.Sprintf("the daemon answered %s: %s", resp.Status, bytes.TrimSpace(body)))
+		code := -32603 // internal error
+		if resp.StatusCode == http.StatusBadRequest {
+			code = -32600 // invalid request: the daemon's transport refused it
+		}
+		r.writeError(h.ID, code, fmt.Sprintf("the daemon answered %s: %s", resp.Status, bytes.TrimSpace(body)))
 	}
 }
 
 // listen relays the session's notification stream (GET) until the
 // session or the relay ends; its end, other than the relay's, fails the
 // relay: the daemon went away.
-func (r *relay) listen() {
+func (r *relay) listen(opened chan<- struct{}) {
 	defer r.listening.Done()
+	var once sync.Once
+	open := func() { once.Do(func() { close(opened) }) }
+	defer open()
 	req, err := http.NewRequestWithContext(r.listenCtx, http.MethodGet, r.cfg.URL, nil)
 	if err != nil {
 		return
@@ -295,6 +310,7 @@ func (r *relay) listen() {
 		}
 		return
 	}
+	open()
 	r.relayEvents(resp.Body, head{})
 	if r.listenCtx.Err() == nil {
 		r.fail(fmt.Errorf("%w: the daemon closed the notification stream", ErrSessionEnded))

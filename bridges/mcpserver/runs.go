@@ -57,6 +57,8 @@ func (s *Server) addRuns() {
 		if err := json.Unmarshal(req.Params.Arguments, &in); err != nil || strings.TrimSpace(in.Goal) == "" {
 			return ErrorResult(&keel.ToolError{Code: keel.ToolInvalidInput, Message: "goal must be a non-empty string", Path: "/goal"}), nil
 		}
+		ctx, cancel := s.withRequest(ctx, req.Extra)
+		defer cancel()
 		call := s.call(req, RunStartTool, req.Params.Arguments)
 		id, err := runs.StartRun(ctx, call, keel.StartRequest{Goal: in.Goal, Model: in.Model})
 		if err != nil {

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -87,6 +88,10 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	close  sync.Once
+
+	// requests holds the context of each HTTP request in flight, by the
+	// key HTTPHandler gives it (requestHeader).
+	requests sync.Map
 
 	mu     sync.Mutex
 	served map[string][]byte // tool name → its MCP form as served
@@ -280,6 +285,8 @@ func (s *Server) handler(name string) sdk.ToolHandler {
 		if len(bytes.TrimSpace(args)) == 0 || bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
 			args = json.RawMessage("{}")
 		}
+		ctx, cancel := s.withRequest(ctx, req.Extra)
+		defer cancel()
 		out, err := s.cfg.Tools.CallTool(ctx, s.call(req, name, args))
 		if err != nil {
 			var te *keel.ToolError
@@ -324,6 +331,25 @@ func approve(ctx context.Context, ss *sdk.ServerSession, tool string, args json.
 		return false, fmt.Errorf("mcpserver: elicitation: %w", err)
 	}
 	return res.Action == "accept", nil
+}
+
+// requestHeader carries, from HTTPHandler to a method's handler, the
+// key of the HTTP request's context in Server.requests.
+const requestHeader = "Keel-Mcp-Request"
+
+// withRequest returns ctx, also cancelled when the HTTP request that
+// carried extra's message ends (its client went away), and its cancel.
+func (s *Server) withRequest(ctx context.Context, extra *sdk.RequestExtra) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if extra == nil || extra.Header == nil {
+		return ctx, cancel
+	}
+	rc, ok := s.requests.Load(extra.Header.Get(requestHeader))
+	if !ok {
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(rc.(context.Context), cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // ClientName is the audit trail's name of an MCP client: "mcp:" and the
@@ -445,6 +471,20 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 		// (tools/list_changed) still reach a client on its GET stream.
 		JSONResponse: true,
 	})
+	// A call ends when its request's connection drops, as with the
+	// newest protocol: the SDK ties a handler to its HTTP request only
+	// there (PropagateRequestCancellation), so an older client that went
+	// away would leave its call waiting (such as for an elicitation's
+	// answer) until the session timed out.
+	tied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			id := rand.Text()
+			r.Header.Set(requestHeader, id) // replaces any the client sent
+			s.requests.Store(id, r.Context())
+			defer s.requests.Delete(id)
+		}
+		h.ServeHTTP(w, r)
+	})
 	verify := func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		who, ok := cfg.Caller(r)
 		if !ok {
@@ -452,5 +492,5 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 		}
 		return &auth.TokenInfo{Scopes: who.Scopes, UserID: who.ID}, nil
 	}
-	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(tied)
 }
