@@ -156,7 +156,7 @@ func (e *encoder) reset() {
 }
 
 // keepBuffer is the largest buffer an encoder keeps between batches: a
-// batch of 512 spans without content is about 250 kB.
+// batch of 512 spans without content is about 200 kB.
 const keepBuffer = 1 << 20
 
 // kv appends the head of attribute key, whose AnyValue is size bytes,
