@@ -127,10 +127,11 @@ func (l *logins) redeem(code string) (sessionID string, ok bool) {
 }
 
 // use reports whether id is a live session and, if so, marks it used
-// now (which restarts its idle timeout).
-func (l *logins) use(id string) bool {
+// now (which restarts its idle timeout) and returns its hash, which
+// names it to end.
+func (l *logins) use(id string) (secretHash, bool) {
 	if id == "" || len(id) > maxSecretLen {
-		return false
+		return secretHash{}, false
 	}
 	h := hashSecret(id)
 	now := l.now()
@@ -138,14 +139,28 @@ func (l *logins) use(id string) bool {
 	defer l.mu.Unlock()
 	s, ok := l.sessions[h]
 	if !ok {
-		return false
+		return secretHash{}, false
 	}
 	if l.expired(s, now) {
 		delete(l.sessions, h)
-		return false
+		return secretHash{}, false
 	}
 	s.lastUsed = now
-	return true
+	return h, true
+}
+
+// end ends session id (a logout) and returns its hash; false if it was
+// not a session (unknown, or already ended).
+func (l *logins) end(id string) (secretHash, bool) {
+	if id == "" || len(id) > maxSecretLen {
+		return secretHash{}, false
+	}
+	h := hashSecret(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.sessions[h]
+	delete(l.sessions, h)
+	return h, ok
 }
 
 func (l *logins) expired(s *session, now time.Time) bool {

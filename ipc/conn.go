@@ -124,6 +124,8 @@ func (c *conn) serve(ws *websocket.Conn) {
 	}
 	wg.Wait()
 	c.handlers.Wait()
+	// After the handlers: a runs.subscribe in flight adds c on its way out.
+	c.s.watch.remove(c)
 	c.log.Debug("ipc: client disconnected")
 }
 

@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
+
+	"github.com/coder/websocket"
 
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -116,4 +119,68 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	w.Write(append(body, '\n'))
+}
+
+// reasonLoggedOut is the close reason of a connection whose console
+// session was ended by a logout.
+const reasonLoggedOut = "logged out"
+
+// serveLogout serves protocol.LogoutPath: POST from the daemon's own
+// origin ends the session its cookie names (if any: logging out twice
+// is no error), closes the connections opened with that session (status
+// 1008, "logged out"), clears the cookie and redirects to "/" (303),
+// where the console says how to log in again. Any other method is 405;
+// a request whose Origin is not exactly the daemon's own (or has none)
+// is 403 and ends nothing, so that no other page, not even one on
+// another port of this host, can log the user out.
+func (s *Server) serveLogout(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if r.Method != http.MethodPost {
+		h.Set("Allow", http.MethodPost)
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	origins := r.Header.Values("Origin")
+	if len(origins) != 1 || strings.ToLower(origins[0]) != ownOrigin(r.Host) {
+		s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "logout not from the daemon's own origin")
+		http.Error(w, "forbidden: log out from the console's own page", http.StatusForbidden)
+		return
+	}
+	ended := 0
+	for _, c := range r.CookiesNamed(s.cookie) {
+		if id, ok := s.logins.end(c.Value); ok {
+			for _, cc := range s.connsOfSession(id) {
+				cc.end(websocket.StatusPolicyViolation, reasonLoggedOut)
+			}
+			ended++
+		}
+	}
+	if ended > 0 {
+		s.log.Info("ipc: console session ended by logout", logkey.Remote, r.RemoteAddr)
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name:     s.cookie,
+		Value:    "",
+		Path:     "/",
+		MaxAge:   -1, // Max-Age=0: the browser drops it
+		HttpOnly: true,
+		SameSite: http.SameSiteStrictMode,
+	})
+	h.Set("Location", "/")
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+// connsOfSession returns the open connections of console session id.
+func (s *Server) connsOfSession(id secretHash) []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*conn
+	for c := range s.conns {
+		if c.who.via == viaSession && c.who.session == id {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -48,29 +48,31 @@ func init() {
 	labels := func(s Services) bool { return s.Labels != nil }
 	tokens := func(s Services) bool { return s.Tokens != nil }
 	methods = map[string]method{
-		protocol.MethodInitialize:     {typed(handleInitialize), nil},
-		protocol.MethodConsoleLogin:   {typed(handleConsoleLogin), nil},
-		protocol.MethodRunStart:       {typed(handleRunStart), runs},
-		protocol.MethodRunCancel:      {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Runs.Cancel(ctx, id) }), runs},
-		protocol.MethodRunList:        {typed(handleRunList), history},
-		protocol.MethodRunGet:         {handleRunGet, history},
-		protocol.MethodRunSubscribe:   {typed(handleRunSubscribe), follow},
-		protocol.MethodRunUnsubscribe: {handleRunUnsubscribe, follow},
-		protocol.MethodToolsList:      {handleToolsList, tools},
-		protocol.MethodToolsCall:      {typed(handleToolsCall), tools},
-		protocol.MethodToolsAudit:     {typed(handleToolsAudit), audit},
-		protocol.MethodToolsInspect:   {typed(handleToolsInspect), admin},
-		protocol.MethodToolsInstall:   {typed(handleToolsInstall), admin},
-		protocol.MethodToolsRemove:    {typed(handleToolsRemove), admin},
-		protocol.MethodToolsGrant:     {typed(handleToolsGrant), admin},
-		protocol.MethodToolsRevoke:    {typed(handleToolsRevoke), admin},
-		protocol.MethodEnvDescribe:    {handleEnvDescribe, env},
-		protocol.MethodModelsList:     {handleModelsList, models},
-		protocol.MethodModelsPull:     {typed(handleModelsPull), models},
-		protocol.MethodModelsChat:     {typed(handleModelsChat), chat},
-		protocol.MethodRunDecide:      {typed(handleRunDecide), control},
-		protocol.MethodRunPause:       {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Pause(ctx, id) }), control},
-		protocol.MethodRunResume:      {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Unpause(ctx, id) }), control},
+		protocol.MethodInitialize:      {typed(handleInitialize), nil},
+		protocol.MethodConsoleLogin:    {typed(handleConsoleLogin), nil},
+		protocol.MethodRunStart:        {typed(handleRunStart), runs},
+		protocol.MethodRunCancel:       {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Runs.Cancel(ctx, id) }), runs},
+		protocol.MethodRunList:         {typed(handleRunList), history},
+		protocol.MethodRunGet:          {handleRunGet, history},
+		protocol.MethodRunSubscribe:    {typed(handleRunSubscribe), follow},
+		protocol.MethodRunUnsubscribe:  {handleRunUnsubscribe, follow},
+		protocol.MethodRunsSubscribe:   {typed(handleRunsSubscribe), follow},
+		protocol.MethodRunsUnsubscribe: {typed(handleRunsUnsubscribe), follow},
+		protocol.MethodToolsList:       {handleToolsList, tools},
+		protocol.MethodToolsCall:       {typed(handleToolsCall), tools},
+		protocol.MethodToolsAudit:      {typed(handleToolsAudit), audit},
+		protocol.MethodToolsInspect:    {typed(handleToolsInspect), admin},
+		protocol.MethodToolsInstall:    {typed(handleToolsInstall), admin},
+		protocol.MethodToolsRemove:     {typed(handleToolsRemove), admin},
+		protocol.MethodToolsGrant:      {typed(handleToolsGrant), admin},
+		protocol.MethodToolsRevoke:     {typed(handleToolsRevoke), admin},
+		protocol.MethodEnvDescribe:     {handleEnvDescribe, env},
+		protocol.MethodModelsList:      {handleModelsList, models},
+		protocol.MethodModelsPull:      {typed(handleModelsPull), models},
+		protocol.MethodModelsChat:      {typed(handleModelsChat), chat},
+		protocol.MethodRunDecide:       {typed(handleRunDecide), control},
+		protocol.MethodRunPause:        {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Pause(ctx, id) }), control},
+		protocol.MethodRunResume:       {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) { return s.Control.Unpause(ctx, id) }), control},
 		protocol.MethodRunReplay: {onRun(func(ctx context.Context, s Services, id keel.RunID) (any, error) {
 			return s.Control.CheckReplay(ctx, id)
 		}), control},
@@ -152,7 +154,14 @@ func handleRunStart(ctx context.Context, c *conn, p protocol.RunStartParams) (an
 		return nil, err
 	}
 	p.Policy.Labels = labels
-	return c.s.svc.Runs.Start(ctx, p)
+	run, err := c.s.svc.Runs.Start(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	// A run stored queued journals its first event later: watchers hear
+	// of it now.
+	c.s.watch.mark(run.ID)
+	return run, nil
 }
 
 // decodeRunRef decodes and checks params naming a run.

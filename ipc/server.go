@@ -114,6 +114,7 @@ type Server struct {
 	origins originPatterns // Config.AllowedOrigins
 	mux     *http.ServeMux // see routes
 	logins  *logins
+	watch   *runWatch // runs.subscribe
 	// cookie is the name of the session cookie, set by Run before it
 	// serves (it holds the port).
 	cookie string
@@ -181,6 +182,7 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.mux = mux
+	s.watch = newRunWatch(s)
 	return s, nil
 }
 
@@ -196,6 +198,7 @@ func (s *Server) routes() (mux *http.ServeMux, err error) {
 	mux = http.NewServeMux()
 	mux.Handle(protocol.Path, s.guard(s.serveWebSocket()))
 	mux.Handle("GET "+protocol.LoginPath, http.HandlerFunc(s.serveLogin))
+	mux.Handle(protocol.LogoutPath, http.HandlerFunc(s.serveLogout))
 	mux.Handle(protocol.StatusPath, http.HandlerFunc(s.serveStatus))
 	for _, rt := range s.cfg.Routes {
 		h := rt.Handler
@@ -262,6 +265,18 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	if s.svc.Tools != nil {
 		stop := s.svc.Tools.SubscribeTools(s.broadcastToolsChanged)
 		defer stop()
+	}
+
+	if s.svc.Runs != nil && s.svc.History != nil {
+		stop := s.svc.Runs.Subscribe(s.watch.onEvent)
+		wctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { s.watch.loop(wctx) })
+		defer func() {
+			stop()
+			cancel()
+			wg.Wait()
+		}()
 	}
 
 	serveErr := make(chan error, 1)
@@ -415,6 +430,9 @@ type caller struct {
 	scopes scopeSet // what it may do
 	// origins are the client token's own origin patterns.
 	origins originPatterns
+	// session names the console session, for viaSession: a logout ends
+	// the connections opened with it.
+	session secretHash
 }
 
 // The credentials a caller authenticates with (protocol.Status.Via).
@@ -464,8 +482,10 @@ func (s *Server) check(r *http.Request) (caller, int) {
 		return who, http.StatusOK
 	}
 	sameOrigin := own || (!hasOrigin && r.Header.Get("Sec-Fetch-Site") == "same-origin")
-	if sameOrigin && s.sessionCookie(r) {
-		return caller{via: viaSession, scopes: sessionScopes}, http.StatusOK
+	if sameOrigin {
+		if h, ok := s.sessionCookie(r); ok {
+			return caller{via: viaSession, scopes: sessionScopes, session: h}, http.StatusOK
+		}
 	}
 	return caller{}, http.StatusUnauthorized
 }
@@ -477,15 +497,15 @@ func ownOrigin(host string) string {
 	return "http://" + strings.TrimSuffix(strings.ToLower(host), ":80")
 }
 
-// sessionCookie reports whether r carries a live session cookie, and
-// marks the session used.
-func (s *Server) sessionCookie(r *http.Request) bool {
+// sessionCookie reports whether r carries a live session cookie, marks
+// the session used, and returns its hash.
+func (s *Server) sessionCookie(r *http.Request) (secretHash, bool) {
 	for _, c := range r.CookiesNamed(s.cookie) {
-		if s.logins.use(c.Value) {
-			return true
+		if h, ok := s.logins.use(c.Value); ok {
+			return h, true
 		}
 	}
-	return false
+	return secretHash{}, false
 }
 
 // serveWebSocket upgrades a checked request and serves the connection

@@ -71,6 +71,12 @@ type TokenRevokeResult struct {
 // session cookie and redirects to "/".
 const LoginPath = "/login"
 
+// LogoutPath is the path that ends a console session: POST LogoutPath
+// from the daemon's own origin ends the session its cookie names, closes
+// the connections opened with it, clears the cookie and redirects to
+// "/" (303).
+const LogoutPath = "/logout"
+
 // StatusPath is the path of the daemon's status endpoint: GET StatusPath
 // answers a Status, with 200 when the request's credentials are good,
 // 401 when they are missing or no longer good and 403 when its Origin is

@@ -116,6 +116,11 @@ const (
 	MethodEnvDescribe    = "env.describe"
 	MethodModelsList     = "models.list"
 	MethodModelsPull     = "models.pull"
+	// MethodRunsSubscribe asks for a runs.changed notification whenever
+	// a run is created or changes state (docs/protocol.md#runssubscribe);
+	// MethodRunsUnsubscribe stops them.
+	MethodRunsSubscribe   = "runs.subscribe"
+	MethodRunsUnsubscribe = "runs.unsubscribe"
 
 	// NotifyRunEvent carries one keel.Event to a subscriber.
 	NotifyRunEvent = "run.event"
@@ -125,6 +130,10 @@ const (
 	// NotifyModelsPullProgress carries one ModelsPullProgress of a
 	// models.pull to the connection that asked for the pull.
 	NotifyModelsPullProgress = "models.pull.progress"
+	// NotifyRunsChanged carries a run's summary (a keel.Run, as run.list
+	// shows it) to a connection subscribed with runs.subscribe, after the
+	// run was created or changed state.
+	NotifyRunsChanged = "runs.changed"
 )
 
 // InitializeParams is sent by a client first; all fields are optional.
