@@ -42,7 +42,9 @@ var contentTypes = map[string]string{
 // Handler returns the console's handler: GET / is the page, GET
 // /assets/NAME its files; any other path is 404. The page learns the
 // WebSocket's path and subprotocol (protocol.Path, protocol.Subprotocol)
-// and the status endpoint (protocol.StatusPath) from its own markup. It is safe for concurrent use, and it panics only
+// and the status endpoint (protocol.StatusPath) from its own markup, and
+// its Log out button posts to protocol.LogoutPath. It is safe for
+// concurrent use, and it panics only
 // if the embedded assets are broken, which the package's tests rule out.
 func Handler() http.Handler {
 	files := map[string]file{}
@@ -107,7 +109,7 @@ func renderIndex(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	var out bytes.Buffer
-	err = t.Execute(&out, struct{ Path, Subprotocol, StatusPath string }{protocol.Path, protocol.Subprotocol, protocol.StatusPath})
+	err = t.Execute(&out, struct{ Path, Subprotocol, StatusPath, LogoutPath string }{protocol.Path, protocol.Subprotocol, protocol.StatusPath, protocol.LogoutPath})
 	return out.Bytes(), err
 }
 

@@ -2,20 +2,31 @@
 // approval.requested is answered with run.approve (approve, with the
 // arguments as they are or edited, or deny with a reason); a run.waiting
 // (a call whose outcome is unknown) with run.decide (retry, skip, done).
+//
+// The inbox is live: it learns which runs wait from run.list once and
+// then from runs.changed, and follows each waiting run's events
+// (run.subscribe), so a call answered anywhere (another browser, the
+// command line) leaves the inbox as its decision is journaled. Nothing
+// polls.
 
 import { h, replace, json, errorText, alertBox, say } from './dom.js';
+import { watchRuns, newer } from './rpc.js';
 
-// openWaits returns what a run's events leave unanswered: approval
-// requests without an approval.decision, waits without a human.decision.
+// applyWait folds one event into open, the waits a run's events leave
+// unanswered (call id -> wait): approval requests without an
+// approval.decision, waits without a human.decision.
+function applyWait(open, ev) {
+  const d = ev.data || {};
+  if (ev.type === 'approval.requested') open.set(d.call.id, { kind: 'approval', seq: ev.seq, data: d });
+  else if (ev.type === 'run.waiting' && d.call) open.set(d.call.id, { kind: 'waiting', seq: ev.seq, data: d });
+  else if (ev.type === 'approval.decision' || ev.type === 'human.decision') open.delete(d.call_id);
+  else if (['run.succeeded', 'run.failed', 'run.cancelled'].includes(ev.type)) open.clear();
+}
+
+// openWaits returns what a run's events leave unanswered.
 export function openWaits(events) {
   const open = new Map();
-  for (const ev of events) {
-    const d = ev.data || {};
-    if (ev.type === 'approval.requested') open.set(d.call.id, { kind: 'approval', seq: ev.seq, data: d });
-    else if (ev.type === 'run.waiting' && d.call) open.set(d.call.id, { kind: 'waiting', seq: ev.seq, data: d });
-    else if (ev.type === 'approval.decision' || ev.type === 'human.decision') open.delete(d.call_id);
-    else if (['run.succeeded', 'run.failed', 'run.cancelled'].includes(ev.type)) open.clear();
-  }
+  for (const ev of events) applyWait(open, ev);
   return [...open.values()];
 }
 
@@ -91,67 +102,88 @@ export function waitCard(conn, run, wait, onDone) {
   return card;
 }
 
-// waitingRuns lists the runs that wait on a person, with their open waits.
-async function waitingRuns(conn) {
-  const { runs } = await conn.call('run.list', { status: ['waiting'], limit: 200 });
-  const out = [];
-  for (const run of runs) {
-    const det = await conn.call('run.get', { run_id: run.id });
-    const waits = openWaits(det.events);
-    if (waits.length) out.push({ run: det.run, waits });
-  }
-  return out;
-}
-
 export function approvalsPage(conn, root) {
   const list = h('div', { id: 'inbox' });
   const note = h('p', { class: 'muted', 'aria-live': 'polite' }, 'Loading…');
   replace(root, h('h1', {}, 'Approvals'), note, list);
-  const cards = new Map(); // run/call -> card, kept while open so a form being edited stays
-  let busy = false;
+  // run id -> { run, stop, open: call id -> wait, cards: call id -> card }
+  const runs = new Map();
+  const tell = () => {
+    let n = 0;
+    for (const r of runs.values()) n += r.cards.size;
+    note.textContent = n ? `${n} waiting for you.` : 'Nothing waits for you.';
+    list.dataset.waits = String(n);
+  };
+  // sync shows the cards of r's open waits and removes the others.
+  const sync = (r) => {
+    for (const [callID, w] of r.open) {
+      if (r.cards.has(callID)) continue;
+      const card = waitCard(conn, r.run, w, null);
+      r.cards.set(callID, card);
+      list.append(card);
+    }
+    for (const [callID, card] of r.cards) {
+      if (!r.open.has(callID)) { card.remove(); r.cards.delete(callID); }
+    }
+    tell();
+  };
+  const follow = (run) => {
+    const known = runs.get(run.id);
+    if (known) { if (newer(known.run, run)) known.run = run; return; }
+    const r = { run, open: new Map(), cards: new Map() };
+    runs.set(run.id, r);
+    r.stop = conn.subscribe(run.id, 0, (ev) => {
+      if (ev.seq === 0) return;
+      applyWait(r.open, ev);
+      sync(r);
+    });
+  };
+  const drop = (id) => {
+    const r = runs.get(id);
+    if (!r) return;
+    r.stop();
+    for (const card of r.cards.values()) card.remove();
+    runs.delete(id);
+    tell();
+  };
   async function refresh() {
-    if (busy) return;
-    busy = true;
     try {
-      const waiting = await waitingRuns(conn);
-      const keep = new Set();
-      for (const { run, waits } of waiting) {
-        for (const w of waits) {
-          const key = `${run.id}/${w.data.call.id}`;
-          keep.add(key);
-          if (!cards.has(key)) {
-            const card = waitCard(conn, run, w, refresh);
-            cards.set(key, card);
-            list.append(card);
-          }
-        }
-      }
-      for (const [key, card] of cards) {
-        if (!keep.has(key) && !card.contains(document.activeElement)) { card.remove(); cards.delete(key); }
-      }
-      note.textContent = keep.size ? `${keep.size} waiting for you.` : 'Nothing waits for you.';
+      const res = await conn.call('run.list', { status: ['waiting'], limit: 200 });
+      const waiting = new Set(res.runs.map((r) => r.id));
+      for (const id of [...runs.keys()]) if (!waiting.has(id)) drop(id);
+      for (const run of res.runs) follow(run);
+      tell();
     } catch (e) {
       if (conn.state === 'open') note.textContent = 'Could not read the runs: ' + errorText(e);
-    } finally {
-      busy = false;
     }
   }
-  const onOpen = (e) => { if (e.detail.state === 'open') refresh(); };
-  conn.addEventListener('state', onOpen);
-  refresh();
-  const timer = setInterval(refresh, 1500);
-  return () => { clearInterval(timer); conn.removeEventListener('state', onOpen); };
+  const stopWatch = watchRuns(conn, refresh, (run) => {
+    if (run.status === 'waiting') follow(run);
+    else if (runs.has(run.id) && newer(runs.get(run.id).run, run)) drop(run.id);
+  });
+  return () => {
+    stopWatch();
+    for (const id of [...runs.keys()]) drop(id);
+  };
 }
 
-// watchInbox keeps the count of waiting runs beside the nav link.
+// watchInbox keeps the count of waiting runs beside the nav link, from
+// run.list once and runs.changed after: no polling.
 export function watchInbox(conn, el) {
-  const tick = async () => {
-    if (conn.state !== 'open') return;
+  const waiting = new Map(); // run id -> summary
+  const show = () => { el.textContent = waiting.size ? `(${waiting.size} waiting)` : ''; };
+  watchRuns(conn, async () => {
     try {
       const { runs } = await conn.call('run.list', { status: ['waiting'], limit: 200 });
-      el.textContent = runs.length ? `(${runs.length} waiting)` : '';
+      waiting.clear();
+      for (const r of runs) waiting.set(r.id, r);
+      show();
     } catch { /* shown by the page */ }
-  };
-  conn.addEventListener('state', tick);
-  setInterval(tick, 3000);
+  }, (run) => {
+    const known = waiting.get(run.id);
+    if (known && !newer(known, run)) return;
+    if (run.status === 'waiting') waiting.set(run.id, run);
+    else waiting.delete(run.id);
+    show();
+  });
 }

@@ -1,6 +1,8 @@
 // Live: the events of every run that has not ended, as they happen,
-// newest first (the last 100 kept). Runs are found with run.list every
-// second and followed from their last seq then, so only new events show.
+// newest first (the last 100 kept). The runs are found with run.list
+// once and followed from their last seq, so only new events show; a run
+// that starts later is found by its runs.changed and followed from the
+// event that announced it. Nothing polls.
 //
 // #/live?record=1 also records, for each event shown, when its node was
 // inserted (performance.timeOrigin + performance.now(), in ms since the
@@ -9,6 +11,7 @@
 // (bench/console).
 
 import { h, replace, errorText, parseTime } from './dom.js';
+import { watchRuns } from './rpc.js';
 import { eventItem } from './run.js';
 
 const KEEP = 100;
@@ -35,29 +38,34 @@ export function livePage(conn, root, _, params) {
     if (['run.succeeded', 'run.failed', 'run.cancelled'].includes(ev.type) && followed.has(ev.run_id)) {
       followed.get(ev.run_id)();
       followed.set(ev.run_id, null); // ended: not followed again
+      count();
     }
   };
-  let busy = false;
+  const count = () => {
+    let n = 0;
+    for (const stop of followed.values()) if (stop) n++;
+    note.textContent = `Following ${n} runs that have not ended.`;
+  };
+  const follow = (id, after) => {
+    if (followed.has(id)) return;
+    followed.set(id, conn.subscribe(id, after, onEvent));
+  };
   async function refresh() {
-    if (busy) return;
-    busy = true;
     try {
       const { runs } = await conn.call('run.list', { status: ACTIVE, limit: 1000 });
-      for (const r of runs) if (!followed.has(r.id)) followed.set(r.id, conn.subscribe(r.id, r.last_seq, onEvent));
-      note.textContent = `Following ${runs.length} runs that have not ended.`;
+      for (const r of runs) follow(r.id, r.last_seq);
+      count();
     } catch (e) {
       if (conn.state === 'open') note.textContent = 'Could not list the runs: ' + errorText(e);
-    } finally {
-      busy = false;
     }
   }
-  const onOpen = (e) => { if (e.detail.state === 'open') refresh(); };
-  conn.addEventListener('state', onOpen);
-  refresh();
-  const timer = setInterval(refresh, 1000);
+  const stopWatch = watchRuns(conn, refresh, (r) => {
+    if (!ACTIVE.includes(r.status)) return;
+    follow(r.id, Math.max(0, (r.last_seq || 0) - 1));
+    count();
+  });
   return () => {
-    clearInterval(timer);
-    conn.removeEventListener('state', onOpen);
+    stopWatch();
     for (const stop of followed.values()) if (stop) stop();
   };
 }

@@ -3,6 +3,9 @@
 // authorizes it; the page never sees a token. When the connection drops
 // it reconnects with backoff and subscribes again to every run it
 // followed, after the last seq it saw, so no event is missed or repeated.
+// On every connection it also calls runs.subscribe, so that pages hear
+// of new runs and changes of state (runs.changed) instead of polling:
+// an idle page sends nothing and runs no timer.
 
 const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 
@@ -34,6 +37,7 @@ export class Conn extends EventTarget {
     this.everOpen = false;
     this.failures = 0;
     this.opens = 0; // connections opened, reconnections included
+    this.runsOn = false; // runs.subscribe answered on this connection
   }
 
   start() { this.connect(); }
@@ -55,12 +59,18 @@ export class Conn extends EventTarget {
       this.opens++;
       this.setState('open');
       this.call('initialize', { client: 'keel-console' }).catch(() => {});
+      this.call('runs.subscribe').then(() => {
+        if (this.ws !== ws) return;
+        this.runsOn = true;
+        this.dispatchEvent(new CustomEvent('runs.ready'));
+      }).catch(() => {});
       for (const [run, s] of this.subs) this.sendSubscribe(run, s);
     };
     ws.onmessage = (m) => this.receive(m.data, performance.now());
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
       this.ws = null;
+      this.runsOn = false;
       for (const p of this.pending.values()) p.reject(new Error('connection lost'));
       this.pending.clear();
       this.lost(ev.reason);
@@ -163,4 +173,27 @@ export class Conn extends EventTarget {
       }
     });
   }
+}
+
+// watchRuns keeps a page's list of runs current: onReady runs once the
+// connection follows run changes (now, if it already does, and after
+// every reconnect), which is when the page reads its list (run.list);
+// onChanged runs with each runs.changed summary. It returns the
+// function that stops both.
+export function watchRuns(conn, onReady, onChanged) {
+  const ready = () => onReady();
+  const changed = (e) => onChanged(e.detail);
+  conn.addEventListener('runs.ready', ready);
+  conn.addEventListener('runs.changed', changed);
+  if (conn.runsOn) onReady();
+  return () => {
+    conn.removeEventListener('runs.ready', ready);
+    conn.removeEventListener('runs.changed', changed);
+  };
+}
+
+// newer reports whether summary b of a run should replace a: a
+// runs.changed read before a run.list may arrive after it.
+export function newer(a, b) {
+  return !a || (b.last_seq || 0) >= (a.last_seq || 0);
 }

@@ -5,6 +5,7 @@ import { h, replace, status, fmtTime, fmtUSD, json, errorText, alertBox, say, te
 import { waterfall } from './waterfall.js';
 import { planState, dagGraph } from './dag.js';
 import { openWaits, waitCard } from './approvals.js';
+import { watchRuns, newer } from './rpc.js';
 
 // summary says what an event is about in a line of text.
 export function summary(ev) {
@@ -118,11 +119,12 @@ export function runPage(conn, root, [id]) {
     detailBusy = true;
     try {
       const det = await conn.call('run.get', { run_id: id });
-      current = det.run;
+      if (!current || newer(current, det.run)) current = det.run;
       labels = det.labels || [];
       replace(wf, waterfall(det.spans));
       wf.dataset.status = det.run.status;
       renderFacts();
+      ticking();
     } catch (e) {
       if (e.code === -32001) replace(facts, h('p', { role: 'alert' }, `No run ${id}.`));
       else if (conn.state === 'open') live.textContent = 'Could not read the run: ' + errorText(e);
@@ -162,20 +164,37 @@ export function runPage(conn, root, [id]) {
     if (current) {
       if (ev.data?.status) current.status = ev.data.status;
       renderFacts();
+      ticking();
     }
     renderWaits();
     if (['plan.proposed', 'step.started', 'step.finished'].includes(ev.type)) renderGraph();
     scheduleDetail();
   }
 
+  // Running spans grow: while the run is running, and only then, the
+  // waterfall is redrawn every 2 s. A page of a run that waits, is
+  // paused or has ended runs no timer and costs the daemon nothing.
+  let tick = null;
+  function ticking() {
+    const on = current?.status === 'running';
+    if (on && !tick) tick = setInterval(() => scheduleDetail(), 2000);
+    if (!on && tick) { clearInterval(tick); tick = null; }
+  }
   const unsubscribe = conn.subscribe(id, 0, onEvent);
   const onOpen = (e) => { if (e.detail.state === 'open') loadDetail(); };
   conn.addEventListener('state', onOpen);
+  // Its state as it changes (runs.changed), also for a change no event
+  // of the run says outright (waiting, resumed).
+  const stopWatch = watchRuns(conn, () => {}, (r) => {
+    if (r.id !== id || (current && !newer(current, r))) return;
+    current = { ...current, ...r };
+    renderFacts();
+    ticking();
+  });
   loadDetail();
-  // Running spans grow: redraw the waterfall now and then while live.
-  const tick = setInterval(() => { if (current && !terminal.has(current.status)) scheduleDetail(); }, 2000);
   return () => {
     unsubscribe();
+    stopWatch();
     clearInterval(tick);
     clearTimeout(detailTimer);
     conn.removeEventListener('state', onOpen);

@@ -1,8 +1,11 @@
 // The runs page: every run, newest first, filtered by state, kind and
-// model (the filters live in the URL: #/runs?state=running&model=x),
-// refreshed every second while the page is shown.
+// model (the filters live in the URL: #/runs?state=running&model=x).
+// It reads the list once (run.list, after the connection follows run
+// changes) and then applies each runs.changed: a new run appears, a run
+// that changes state moves, without polling.
 
 import { h, replace, status, fmtTime, errorText, table, alertBox, say } from './dom.js';
+import { watchRuns, newer } from './rpc.js';
 
 const STATES = ['queued', 'running', 'waiting', 'paused', 'interrupted', 'succeeded', 'failed', 'cancelled'];
 const KINDS = ['agent', 'plan', 'dag'];
@@ -29,12 +32,13 @@ export function runsPage(conn, root, _, params) {
     refresh();
   }
 
-  let runs = [];
+  const runs = new Map(); // id -> summary, from run.list and runs.changed
   function render() {
-    const kind = form.elements.kind.value, m = model.value.trim().toLowerCase();
-    const shown = runs.filter((r) => (!kind || (r.kind || 'agent') === kind) && (!m || (r.model || '').toLowerCase().includes(m)));
-    replace(seen, [...new Set(runs.map((r) => r.model).filter(Boolean))].map((x) => h('option', { value: x })));
-    note.textContent = `${shown.length} of ${runs.length} runs shown.`;
+    const state = form.elements.state.value, kind = form.elements.kind.value, m = model.value.trim().toLowerCase();
+    const all = [...runs.values()].sort((a, b) => (b.created_at || '').localeCompare(a.created_at || '') || b.id.localeCompare(a.id));
+    const shown = all.filter((r) => (!state || r.status === state) && (!kind || (r.kind || 'agent') === kind) && (!m || (r.model || '').toLowerCase().includes(m)));
+    replace(seen, [...new Set(all.map((r) => r.model).filter(Boolean))].map((x) => h('option', { value: x })));
+    note.textContent = `${shown.length} of ${all.length} runs shown.`;
     replace(list, shown.length === 0 ? h('p', {}, 'No runs match.') : table(null,
       ['Run', 'Goal', 'State', 'Kind', 'Model', 'Events', 'Updated'],
       shown.map((r) => [
@@ -42,28 +46,30 @@ export function runsPage(conn, root, _, params) {
         h('span', { class: 'goal' }, r.goal), status(r.status), r.kind || 'agent', r.model || '',
         String(r.last_seq), fmtTime(r.updated_at)]),
       { class: 'runs' }));
+    list.dataset.runs = String(shown.length);
   }
 
-  let timer, busy = false;
+  let listing = 0; // the newest refresh: an older answer is dropped
   async function refresh() {
-    if (busy) return;
-    busy = true;
+    const n = ++listing;
     try {
       const state = form.elements.state.value;
       const res = await conn.call('run.list', { limit: 200, ...(state ? { status: [state] } : {}) });
-      runs = res.runs;
+      if (n !== listing) return;
+      const old = new Map(runs);
+      runs.clear();
+      for (const r of res.runs) runs.set(r.id, newer(old.get(r.id), r) ? r : old.get(r.id));
       render();
     } catch (e) {
       if (conn.state === 'open') note.textContent = 'Could not list the runs: ' + errorText(e);
-    } finally {
-      busy = false;
     }
   }
-  const onOpen = (e) => { if (e.detail.state === 'open') refresh(); };
-  conn.addEventListener('state', onOpen);
-  refresh();
-  timer = setInterval(refresh, 1000);
-  return () => { clearInterval(timer); conn.removeEventListener('state', onOpen); };
+  function changed(r) {
+    if (!newer(runs.get(r.id), r)) return;
+    runs.set(r.id, r);
+    render();
+  }
+  return watchRuns(conn, refresh, changed);
 }
 
 // newRun is the form that starts a run (run.start) and opens its page.
