@@ -130,9 +130,9 @@ const reasonLoggedOut = "logged out"
 // is no error), closes the connections opened with that session (status
 // 1008, "logged out"), clears the cookie and redirects to "/" (303),
 // where the console says how to log in again. Any other method is 405;
-// a request whose Origin is not exactly the daemon's own (or has none)
-// is 403 and ends nothing, so that no other page, not even one on
-// another port of this host, can log the user out.
+// a request that does not come from the daemon's own pages (ownPage) is
+// 403 and ends nothing, so that no other page, not even one on another
+// port of this host, can log the user out.
 func (s *Server) serveLogout(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
@@ -142,8 +142,7 @@ func (s *Server) serveLogout(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	origins := r.Header.Values("Origin")
-	if len(origins) != 1 || strings.ToLower(origins[0]) != ownOrigin(r.Host) {
+	if !ownPage(r) {
 		s.log.Warn("ipc: rejected request", logkey.Remote, r.RemoteAddr, logkey.Reason, "logout not from the daemon's own origin")
 		http.Error(w, "forbidden: log out from the console's own page", http.StatusForbidden)
 		return
@@ -183,4 +182,24 @@ func (s *Server) connsOfSession(id secretHash) []*conn {
 		}
 	}
 	return out
+}
+
+// ownPage reports whether r, a request that changes something, comes
+// from one of the daemon's own pages: its Origin is the daemon's own,
+// or it is "null" or absent (a form posted from a page whose
+// Referrer-Policy is no-referrer, as the console's is, carries
+// "Origin: null") and the browser says Sec-Fetch-Site: same-origin,
+// which a page cannot forge. A page on another port of the host is
+// same-site, not same-origin.
+func ownPage(r *http.Request) bool {
+	origins := r.Header.Values("Origin")
+	switch {
+	case len(origins) > 1:
+		return false
+	case len(origins) == 1 && strings.ToLower(origins[0]) == ownOrigin(r.Host):
+		return true
+	case len(origins) == 0 || origins[0] == "null":
+		return r.Header.Get("Sec-Fetch-Site") == "same-origin"
+	}
+	return false
 }

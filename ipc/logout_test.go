@@ -14,8 +14,9 @@ import (
 )
 
 // TestLogout ends a console session over real loopback HTTP: a POST
-// from another origin, or without one, or a GET, ends nothing; a POST
-// from the daemon's own origin clears the cookie, closes the WebSocket
+// from another origin, or without one (and no Sec-Fetch-Site:
+// same-origin), or a GET, ends nothing; a POST from the daemon's own
+// page clears the cookie, closes the WebSocket
 // opened with the session (1008 "logged out"), and from then on the old
 // cookie opens nothing (status 401, WebSocket refused), while another
 // session goes on.
@@ -48,8 +49,10 @@ func TestLogout(t *testing.T) {
 	}{
 		{"GET", http.MethodGet, cookieHeader(ck, "Origin", cs.base), http.StatusMethodNotAllowed},
 		{"another origin", http.MethodPost, cookieHeader(ck, "Origin", "http://127.0.0.1:1"), http.StatusForbidden},
-		{"no origin", http.MethodPost, cookieHeader(ck, "Sec-Fetch-Site", "same-origin"), http.StatusForbidden},
+		{"no origin", http.MethodPost, cookieHeader(ck), http.StatusForbidden},
 		{"null origin", http.MethodPost, cookieHeader(ck, "Origin", "null"), http.StatusForbidden},
+		{"null origin, another port", http.MethodPost, cookieHeader(ck, "Origin", "null", "Sec-Fetch-Site", "same-site"), http.StatusForbidden},
+		{"another origin, same-origin fetch", http.MethodPost, cookieHeader(ck, "Origin", "http://127.0.0.1:1", "Sec-Fetch-Site", "same-origin"), http.StatusForbidden},
 	}
 	for _, tt := range refused {
 		if resp := get(t, tt.method, cs.base+protocol.LogoutPath, tt.header); resp.StatusCode != tt.want || len(resp.Cookies()) != 0 {
@@ -60,7 +63,10 @@ func TestLogout(t *testing.T) {
 		t.Fatalf("after refused logouts the session's status = %d, want 200", st)
 	}
 
-	resp := get(t, http.MethodPost, cs.base+protocol.LogoutPath, cookieHeader(ck, "Origin", cs.base))
+	// A form posted from the console (whose Referrer-Policy is
+	// no-referrer) carries Origin: null; the browser vouches for it with
+	// Sec-Fetch-Site.
+	resp := get(t, http.MethodPost, cs.base+protocol.LogoutPath, cookieHeader(ck, "Origin", "null", "Sec-Fetch-Site", "same-origin"))
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
 		t.Errorf("POST %s = %d to %q, want 303 to /", protocol.LogoutPath, resp.StatusCode, resp.Header.Get("Location"))
 	}
