@@ -112,7 +112,6 @@ export function approvalsPage(conn, root) {
     let n = 0;
     for (const r of runs.values()) n += r.cards.size;
     note.textContent = n ? `${n} waiting for you.` : 'Nothing waits for you.';
-    list.dataset.waits = String(n);
   };
   // sync shows the cards of r's open waits and removes the others.
   const sync = (r) => {

@@ -46,7 +46,6 @@ export function runsPage(conn, root, _, params) {
         h('span', { class: 'goal' }, r.goal), status(r.status), r.kind || 'agent', r.model || '',
         String(r.last_seq), fmtTime(r.updated_at)]),
       { class: 'runs' }));
-    list.dataset.runs = String(shown.length);
   }
 
   let listing = 0; // the newest refresh: an older answer is dropped
