@@ -49,10 +49,14 @@ func TestRunsSubscribe(t *testing.T) {
 	f.AddRun("r1", keel.RunRunning)
 	f.Emit(keel.Event{RunID: "r1", Seq: 1, Type: keel.EventRunStarted})
 	check("first event", watcher.readRunChanged(), "r1", keel.RunRunning, 1)
-	// Neither a step nor a live delta changes the state: no notification
-	// comes before the one of the change after them.
+	// Neither a step nor a live delta changes the state: the next
+	// notification is of another run's change, marked after them (runs
+	// are read in the order they were marked).
 	f.Emit(keel.Event{RunID: "r1", Seq: 2, Type: keel.EventModelResult})
 	f.Emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta})
+	f.AddRun("r0", keel.RunRunning)
+	f.Emit(keel.Event{RunID: "r0", Seq: 1, Type: keel.EventRunStarted})
+	check("another run", watcher.readRunChanged(), "r0", keel.RunRunning, 1)
 	f.AddRun("r1", keel.RunWaiting)
 	f.Emit(keel.Event{RunID: "r1", Seq: 3, Type: keel.EventApprovalAsked})
 	check("approval asked", watcher.readRunChanged(), "r1", keel.RunWaiting, 3)
@@ -64,6 +68,7 @@ func TestRunsSubscribe(t *testing.T) {
 
 	// The quitter saw the same, then stops.
 	check("quitter, first event", quitter.readRunChanged(), "r1", keel.RunRunning, 1)
+	check("quitter, another run", quitter.readRunChanged(), "r0", keel.RunRunning, 1)
 	check("quitter, approval asked", quitter.readRunChanged(), "r1", keel.RunWaiting, 3)
 	check("quitter, run.start", quitter.readRunChanged(), started.ID, keel.RunQueued, 0)
 	quitter.callOK(protocol.MethodRunsUnsubscribe, nil, nil)
