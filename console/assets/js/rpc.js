@@ -120,7 +120,10 @@ export class Conn extends EventTarget {
     if (msg.method === 'run.event') {
       const ev = msg.params;
       const s = this.subs.get(ev.run_id);
-      if (!s) return;
+      // Until its run.subscribe is answered, an event of the run belongs
+      // to an earlier subscription (of a page just left): the server
+      // answers a subscription before its first event.
+      if (!s || !s.ready) return;
       if (ev.seq > 0) {
         if (ev.seq <= s.after) return; // already seen before a reconnect
         s.after = ev.seq;
@@ -160,7 +163,10 @@ export class Conn extends EventTarget {
   }
 
   sendSubscribe(run, s) {
-    this.call('run.subscribe', { run_id: run, after_seq: s.after }).catch(async (e) => {
+    s.ready = false;
+    this.call('run.subscribe', { run_id: run, after_seq: s.after }).then(() => {
+      if (this.subs.get(run) === s) s.ready = true;
+    }, async (e) => {
       if (this.subs.get(run) !== s) return;
       // A page that just stopped following this run may have its
       // unsubscribe still in flight: requests run concurrently.
