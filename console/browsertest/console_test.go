@@ -35,14 +35,14 @@ func TestRunApprovedInBrowser(t *testing.T) {
 
 	const goal = `count <b>words</b> & "quote"`
 	run(t, tab, "start a run from the runs page",
-		chromedp.WaitVisible(css(`#conn[data-state="open"]`)),
+		visible(css(`#conn[data-state="open"]`)),
 		chromedp.Click(css(`details.new-run summary`)),
 		chromedp.SendKeys(css(`#new-goal`), goal),
 		chromedp.Click(css(`details.new-run button[type="submit"]`)),
 		// The page goes to the run's, whose events stream in.
-		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)),
-		chromedp.WaitVisible(css(`#events li[data-type="approval.requested"]`)),
-		chromedp.WaitVisible(css(`article.wait[data-call="c1"]`)),
+		visible(css(`#events li[data-type="run.started"]`)),
+		visible(css(`#events li[data-type="approval.requested"]`)),
+		visible(css(`article.wait[data-call="c1"]`)),
 	)
 	runURL := get(t, tab, "read the run's URL", chromedp.Location())
 	shownGoal := get(t, tab, "read the goal", chromedp.Text(css(`.facts .goal`)))
@@ -57,7 +57,7 @@ func TestRunApprovedInBrowser(t *testing.T) {
 
 	run(t, tab, "approve with edited arguments in the inbox",
 		chromedp.Navigate(k.base+"/#/approvals"),
-		chromedp.WaitVisible(css(`#inbox article.wait[data-call="c1"] textarea`)),
+		visible(css(`#inbox article.wait[data-call="c1"] textarea`)),
 	)
 	if png := shot(t, tab); png != nil {
 		screenshot(t, "console-approvals.png", png)
@@ -75,10 +75,10 @@ func TestRunApprovedInBrowser(t *testing.T) {
 
 	run(t, tab, "see the finished run and its waterfall",
 		chromedp.Navigate(runURL),
-		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)),
-		chromedp.WaitVisible(css(`#waterfall[data-status="succeeded"] tr[data-kind="tool.call"]`)),
-		chromedp.WaitVisible(css(`#waterfall tr[data-kind="human.wait"]`)),
-		chromedp.WaitVisible(css(`#waterfall tr[data-kind="model.call"]`)),
+		visible(css(`#events li[data-type="run.succeeded"]`)),
+		visible(css(`#waterfall[data-status="succeeded"] tr[data-kind="tool.call"]`)),
+		visible(css(`#waterfall tr[data-kind="human.wait"]`)),
+		visible(css(`#waterfall tr[data-kind="model.call"]`)),
 	)
 	result := get(t, tab, "read the result", chromedp.Text(css(`.facts .result`)))
 	approval := get(t, tab, "read the approval", chromedp.Text(css(`#events li[data-type="approval.decision"] .sum`)))
@@ -119,8 +119,8 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		chromedp.SetValue(css(`#fork-step`), "1"),
 		chromedp.Click(css(`.steer button[data-action="fork"]`)),
 		waitJS(`location.hash.startsWith('#/runs/') && location.hash !== `+"`#/runs/"+string(id)+"`"),
-		chromedp.WaitVisible(css(`#events li[data-type="run.forked"]`)),
-		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)))
+		visible(css(`#events li[data-type="run.forked"]`)),
+		visible(css(`#events li[data-type="run.succeeded"]`)))
 	if call := get(t, tab, "read the fork's tool call", chromedp.Text(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
 		t.Errorf("the fork's copied tool.call reads %q, want the edited arguments", call)
 	}
@@ -161,7 +161,7 @@ func TestReconnectResumes(t *testing.T) {
 	tab := newTab(t)
 	login(t, tab, k)
 	run(t, tab, "follow the run", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)),
-		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)))
+		visible(css(`#events li[data-type="run.started"]`)))
 	say("one")
 	run(t, tab, "see the first message", messages(1))
 

@@ -128,7 +128,7 @@ func TestTwoBrowsers(t *testing.T) {
 	}
 	runURL := k.base + "/#/runs/" + string(r.ID)
 	event := func(typ string) chromedp.Action[chromedp.Void] {
-		return chromedp.WaitVisible(css(`#events li[data-type="` + typ + `"]`))
+		return visible(css(`#events li[data-type="` + typ + `"]`))
 	}
 
 	first, second := newTab(t), newTab(t)
@@ -143,10 +143,10 @@ func TestTwoBrowsers(t *testing.T) {
 	}
 	close(release)
 	for _, tab := range []context.Context{first, second} {
-		run(t, tab, "see the call wait, live", event("approval.requested"), chromedp.WaitVisible(css(`article.wait[data-call="c1"] button.approve`)))
+		run(t, tab, "see the call wait, live", event("approval.requested"), visible(css(`article.wait[data-call="c1"] button.approve`)))
 	}
 	run(t, second, "open the inbox", chromedp.Navigate(k.base+"/#/approvals"),
-		chromedp.WaitVisible(css(`#inbox article.wait[data-call="c1"]`)))
+		visible(css(`#inbox article.wait[data-call="c1"]`)))
 	reads := sent(t, second, protocol.MethodRunList, protocol.MethodRunGet)
 
 	run(t, first, "approve on the run page", chromedp.Click(css(`article.wait[data-call="c1"] button.approve`)), event("run.succeeded"))

@@ -38,7 +38,7 @@ func login(t *testing.T, tab context.Context, k *instance) string {
 	u := openURL(t, k)
 	run(t, tab, "log in through the one-time URL",
 		chromedp.Navigate(u),
-		chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
+		visible(css(`#conn[data-state="open"]`)))
 	if loc := get(t, tab, "read the location", chromedp.Location()); strings.Contains(loc, "code=") {
 		t.Errorf("after login the address is %s: the code stays in the address bar", loc)
 	}

@@ -28,7 +28,7 @@ func TestLogoutInBrowser(t *testing.T) {
 		t.Fatal("the page has no Log out button in its header")
 	}
 	run(t, tab, "log out", chromedp.Click(css(`header #logout button`)),
-		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
+		visible(css(`#conn[data-state="login"]`)))
 
 	req, err := http.NewRequest(http.MethodGet, k.base+protocol.StatusPath, nil)
 	if err != nil {
@@ -53,9 +53,9 @@ func TestLogoutInBrowser(t *testing.T) {
 			return err
 		}),
 		chromedp.Reload(),
-		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
+		visible(css(`#conn[data-state="login"]`)))
 	if c := sessionCookie(t, tab, k); c.Value != old.Value {
 		t.Fatalf("the old cookie was not put back")
 	}
-	run(t, other, "another browser stays logged in", chromedp.Reload(), chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
+	run(t, other, "another browser stays logged in", chromedp.Reload(), visible(css(`#conn[data-state="open"]`)))
 }

@@ -19,7 +19,7 @@ func TestPagesRender(t *testing.T) {
 	login(t, tab, k)
 
 	run(t, tab, "the tools page", chromedp.Navigate(k.base+"/#/tools"),
-		chromedp.WaitVisible(css(`article.tool[data-tool="tally"]`)))
+		visible(css(`article.tool[data-tool="tally"]`)))
 	desc := get(t, tab, "read the tool", chromedp.Text(css(`article.tool[data-tool="tally"]`)))
 	for _, want := range []string{"Count words.", "read_only", "None: calls that need a request fail"} {
 		if !strings.Contains(desc, want) {
@@ -31,17 +31,17 @@ func TestPagesRender(t *testing.T) {
 		chromedp.Evaluate[chromedp.Void](`document.querySelector('article.tool[data-tool="tally"] select').dispatchEvent(new Event('change'))`),
 		chromedp.SendKeys(css(`article.tool[data-tool="tally"] input[id$="-value"]`), "https://example.com:443"),
 		chromedp.Click(css(`article.tool[data-tool="tally"] button[type="submit"]`)),
-		chromedp.WaitVisible(css(`article.tool[data-tool="tally"] .alert[data-kind="error"]`)))
+		visible(css(`article.tool[data-tool="tally"] .alert[data-kind="error"]`)))
 	refusal := get(t, tab, "read the refusal", chromedp.Text(css(`article.tool[data-tool="tally"] .alert`)))
 	if !strings.Contains(refusal, "Grant failed") || !strings.Contains(refusal, "code -32602") {
 		t.Errorf("refused grant reads %q, want the daemon's invalid-params error", refusal)
 	}
 
-	run(t, tab, "the models page", chromedp.Navigate(k.base+"/#/models"), chromedp.WaitVisible(css(`main table`)))
+	run(t, tab, "the models page", chromedp.Navigate(k.base+"/#/models"), visible(css(`main table`)))
 	if models := get(t, tab, "read the models", chromedp.Text(css(`main`))); !strings.Contains(models, "scripted") {
 		t.Errorf("the models page does not list the scripted model:\n%s", models)
 	}
-	run(t, tab, "the environment page", chromedp.Navigate(k.base+"/#/env"), chromedp.WaitVisible(css(`main dl.facts`)))
+	run(t, tab, "the environment page", chromedp.Navigate(k.base+"/#/env"), visible(css(`main dl.facts`)))
 	if env := get(t, tab, "read the environment", chromedp.Text(css(`main`))); !strings.Contains(env, "Default model") || !strings.Contains(env, "tally") {
 		t.Errorf("the environment page lacks the default model or the tool:\n%s", env)
 	}

@@ -21,7 +21,7 @@ func TestNotLoggedIn(t *testing.T) {
 	tab := newTab(t)
 	run(t, tab, "open the console without logging in",
 		chromedp.Navigate(k.base+"/#/runs"),
-		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
+		visible(css(`#conn[data-state="login"]`)))
 	msg := get(t, tab, "read the status line", chromedp.Text(css(`#conn`)))
 	if !strings.Contains(msg, "keel open") {
 		t.Errorf("status line = %q, want it to tell the user to run keel open", msg)
@@ -50,7 +50,7 @@ ws.onclose = (e) => { if (!document.body.dataset.ws) document.body.dataset.ws = 
 	login(t, tab, k)
 	run(t, tab, "the console's own page connects",
 		chromedp.Navigate(k.base+"/#/runs"),
-		chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
+		visible(css(`#conn[data-state="open"]`)))
 	run(t, tab, "open the other origin's page", chromedp.Navigate(other.URL+"/"),
 		waitJS(`document.body && document.body.dataset.ws !== undefined`))
 	got := get(t, tab, "read its outcome", chromedp.Evaluate[string](`document.body.dataset.ws`))
@@ -73,9 +73,9 @@ func TestLoginCodeSingleUse(t *testing.T) {
 	run(t, second, "open the used URL",
 		chromedp.Navigate(used),
 		chromedp.Navigate(k.base+"/#/runs"),
-		chromedp.WaitVisible(css(`#conn[data-state="login"]`)))
+		visible(css(`#conn[data-state="login"]`)))
 	// The first browser's session is unaffected.
 	run(t, first, "the first browser stays logged in",
 		chromedp.Reload(),
-		chromedp.WaitVisible(css(`#conn[data-state="open"]`)))
+		visible(css(`#conn[data-state="open"]`)))
 }

@@ -31,22 +31,22 @@ func TestSteerInBrowser(t *testing.T) {
 	tab := newTab(t)
 	login(t, tab, k)
 	event := func(typ string) chromedp.Action[chromedp.Void] {
-		return chromedp.WaitVisible(css(`#events li[data-type="` + typ + `"]`))
+		return visible(css(`#events li[data-type="` + typ + `"]`))
 	}
 	run(t, tab, "open the run", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)), event("run.started"),
-		chromedp.WaitEnabled(css(`.steer button:not([disabled])`)))
+		enabled(css(`.steer button:not([disabled])`)))
 	click := func(action string) chromedp.Action[chromedp.Void] {
 		return chromedp.Click(css(`.steer button[data-action="` + action + `"]`))
 	}
 	run(t, tab, "say", chromedp.SendKeys(css(`#say-text`), "only look, do not touch"), click("say"), event("human.message"))
 	run(t, tab, "take over", chromedp.SendKeys(css(`#control-note`), "checking"), click("takeover"), event("human.takeover"),
-		chromedp.WaitVisible(css(`.steer[data-taken-over="true"]`)))
+		visible(css(`.steer[data-taken-over="true"]`)))
 	run(t, tab, "hand back", click("handback"), event("human.handback"),
-		chromedp.WaitVisible(css(`.steer[data-taken-over="false"]`)))
+		visible(css(`.steer[data-taken-over="false"]`)))
 	run(t, tab, "cancel", click("cancel"), event("run.cancelled"),
-		chromedp.WaitVisible(css(`#waterfall[data-status="cancelled"]`)))
-	run(t, tab, "replay", chromedp.WaitEnabled(css(`.steer button[data-action="replay"]`)),
-		click("replay"), chromedp.WaitVisible(css(`.steer .replay p`)))
+		visible(css(`#waterfall[data-status="cancelled"]`)))
+	run(t, tab, "replay", enabled(css(`.steer button[data-action="replay"]`)),
+		click("replay"), visible(css(`.steer .replay p`)))
 	replay := get(t, tab, "read the replay's outcome", chromedp.Text(css(`.steer .replay p`)))
 	// A run cancelled inside a model call replays to the same end (the
 	// replay is cancelled where the journal has no result); the page says
@@ -102,8 +102,8 @@ func TestPlanGraphInBrowser(t *testing.T) {
 	tab := newTab(t)
 	login(t, tab, k)
 	run(t, tab, "see the finished plan", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)),
-		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)),
-		chromedp.WaitVisible(css(`svg.dag g.node[data-step="report"]`)))
+		visible(css(`#events li[data-type="run.succeeded"]`)),
+		visible(css(`svg.dag g.node[data-step="report"]`)))
 	states := get(t, tab, "read the graph", chromedp.Evaluate[[]string](
 		`[...document.querySelectorAll('svg.dag g.node')].map((g) => g.dataset.step + ':' + g.querySelector('.node-state').textContent)`))
 	if want := []string{"fetch:succeeded", "check:succeeded", "report:succeeded"}; !slices.Equal(states, want) {
@@ -139,16 +139,16 @@ func TestPauseResumeInBrowser(t *testing.T) {
 	tab := newTab(t)
 	login(t, tab, k)
 	run(t, tab, "pause while the model thinks", chromedp.Navigate(k.base+"/#/runs/"+string(r.ID)),
-		chromedp.WaitVisible(css(`#events li[data-type="run.started"]`)),
-		chromedp.WaitEnabled(css(`.steer button[data-action="pause"]`)),
+		visible(css(`#events li[data-type="run.started"]`)),
+		enabled(css(`.steer button[data-action="pause"]`)),
 		chromedp.Click(css(`.steer button[data-action="pause"]`)),
-		chromedp.WaitVisible(css(`.steer .alert[data-kind="ok"]`)))
+		visible(css(`.steer .alert[data-kind="ok"]`)))
 	close(release)
 	run(t, tab, "see it paused, then resume it",
-		chromedp.WaitVisible(css(`#events li[data-type="run.paused"]`)),
-		chromedp.WaitEnabled(css(`.steer button[data-action="resume"]`)),
+		visible(css(`#events li[data-type="run.paused"]`)),
+		enabled(css(`.steer button[data-action="resume"]`)),
 		chromedp.Click(css(`.steer button[data-action="resume"]`)),
-		chromedp.WaitVisible(css(`#events li[data-type="run.succeeded"]`)))
+		visible(css(`#events li[data-type="run.succeeded"]`)))
 	types := get(t, tab, "read the events", chromedp.Evaluate[[]string](`[...document.querySelectorAll('#events li[data-seq]')].map((li) => li.dataset.type)`))
 	paused, called := slices.Index(types, "run.paused"), slices.Index(types, "tool.result")
 	if paused < 0 || called < paused {
