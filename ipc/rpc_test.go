@@ -187,7 +187,7 @@ func TestMethods(t *testing.T) {
 		Methods: []string{
 			protocol.MethodConsoleLogin, protocol.MethodEnvDescribe, protocol.MethodInitialize, protocol.MethodModelsList, protocol.MethodModelsPull, protocol.MethodRunCancel,
 			protocol.MethodRunGet, protocol.MethodRunList, protocol.MethodRunStart,
-			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe,
+			protocol.MethodRunSubscribe, protocol.MethodRunUnsubscribe, protocol.MethodRunsSubscribe, protocol.MethodRunsUnsubscribe,
 			protocol.MethodToolsAudit, protocol.MethodToolsCall, protocol.MethodToolsGrant, protocol.MethodToolsInspect, protocol.MethodToolsInstall, protocol.MethodToolsList, protocol.MethodToolsRemove, protocol.MethodToolsRevoke,
 		},
 		Scopes: keel.Scopes,

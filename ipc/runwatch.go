@@ -22,9 +22,9 @@ import (
 // marked run once and queues its summary to every watcher. A run marked
 // several times before it is read is read once, after the last mark:
 // the summary sent is at least as new as every change it reports, so the
-// last notification of a run always shows its latest state. With no
-// watcher, the callback returns at once and nothing is marked; with
-// nothing changing, the goroutine sleeps (no timer).
+// last notification of a run always shows its latest state. The watch
+// subscribes to the runs' events only while it has watchers; with
+// nothing changing, its goroutine sleeps (no timer).
 //
 // Which events change a run's state is known from their type (see
 // changesState); a run's first event (Seq 1) announces a new run, and
@@ -35,9 +35,12 @@ type runWatch struct {
 
 	mu       sync.Mutex
 	watchers map[*conn]struct{}
-	dirty    []keel.RunID // in the order they were marked, each once
-	marked   map[keel.RunID]bool
-	wake     chan struct{} // capacity 1
+	// stop ends the Runs subscription, held only while there are
+	// watchers: with none, the engine does not call back at all.
+	stop   func()
+	dirty  []keel.RunID // in the order they were marked, each once
+	marked map[keel.RunID]bool
+	wake   chan struct{} // capacity 1
 }
 
 func newRunWatch(s *Server) *runWatch {
@@ -93,22 +96,31 @@ func (w *runWatch) mark(id keel.RunID) {
 	}
 }
 
-// add makes c a watcher; adding it again changes nothing.
+// add makes c a watcher; adding it again changes nothing. The first
+// watcher subscribes to the runs' events (Runs calls back with none of
+// its locks held, so w.mu may be held around Subscribe).
 func (w *runWatch) add(c *conn) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stop == nil {
+		w.stop = w.s.svc.Runs.Subscribe(w.onEvent)
+	}
 	w.watchers[c] = struct{}{}
-	w.mu.Unlock()
 }
 
 // remove stops c's notifications; summaries already queued to it are
-// still sent.
+// still sent. The last watcher's removal ends the subscription.
 func (w *runWatch) remove(c *conn) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	delete(w.watchers, c)
 	if len(w.watchers) == 0 {
 		w.dirty, w.marked = nil, make(map[keel.RunID]bool)
+		if w.stop != nil {
+			w.stop()
+			w.stop = nil
+		}
 	}
-	w.mu.Unlock()
 }
 
 // loop sends the summaries of marked runs until ctx is done.

@@ -1,8 +1,10 @@
 package ipc_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
@@ -35,10 +37,23 @@ func TestRunsSubscribe(t *testing.T) {
 	f := ipctest.New()
 	ts := startServer(t, f, ipc.Config{})
 	watcher, other, quitter := dial(t, ts), dial(t, ts), dial(t, ts)
+	// Each connection follows the runs' events for its run.subscribe;
+	// the watch adds one subscription while anyone watches, and only
+	// then.
+	subscribers := func(n int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.WaitUntil(ctx, func() bool { return f.Subscribers() == n }); err != nil {
+			t.Fatalf("the backend has %d event subscribers, want %d", f.Subscribers(), n)
+		}
+	}
+	subscribers(3)
 	for _, c := range []*tclient{watcher, quitter} {
 		var res struct{}
 		c.callOK(protocol.MethodRunsSubscribe, nil, &res)
 	}
+	subscribers(4)
 	check := func(what string, got keel.Run, id keel.RunID, st keel.RunStatus, seq int64) {
 		t.Helper()
 		if got.ID != id || got.Status != st || got.LastSeq != seq || got.Goal != "goal of "+string(id) {
@@ -95,4 +110,7 @@ func TestRunsSubscribe(t *testing.T) {
 	f.Emit(keel.Event{RunID: "r2", Seq: 2, Type: keel.EventRunPaused})
 	check("paused", watcher.readRunChanged(), "r2", keel.RunPaused, 2)
 	watcher.callOK(protocol.MethodInitialize, nil, nil)
+	// The last watcher gone, the watch stops following the runs.
+	watcher.callOK(protocol.MethodRunsUnsubscribe, nil, nil)
+	subscribers(3)
 }

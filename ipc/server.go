@@ -268,12 +268,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 
 	if s.svc.Runs != nil && s.svc.History != nil {
-		stop := s.svc.Runs.Subscribe(s.watch.onEvent)
+		// Each watcher is removed as its connection ends (closeConns),
+		// which ends the watch's subscription to the runs.
 		wctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		wg.Go(func() { s.watch.loop(wctx) })
 		defer func() {
-			stop()
 			cancel()
 			wg.Wait()
 		}()
