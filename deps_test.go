@@ -59,8 +59,11 @@ func TestDependencyDirection(t *testing.T) {
 		"cli":         except("ipc", "capabilities", "cli", "bridges"),
 		// Protocol adapters (MCP) over small interfaces of their own: the
 		// root types and capabilities, never the engine, the store, the
-		// tool runtime or the server they are served beside.
-		"bridges": except("capabilities", "bridges"),
+		// tool runtime or the server they are served beside. The MCP
+		// client (bridges/mcpclient) is a tool source: it checks inputs
+		// with the schema leaf and runs its calls between the
+		// interceptors (the audit trail), as the tool runtime does.
+		"bridges": except("capabilities", "bridges", "intercept", "schema"),
 		// The web console talks to the daemon only through the protocol:
 		// its wire constants, never the server (checked below).
 		"console": except("ipc", "capabilities"),

@@ -238,6 +238,35 @@ type Environment struct {
 	// Telemetry is the state of the trace export and the metrics
 	// endpoint (docs/observability.md), when the runtime has them.
 	Telemetry *TelemetryState `json:"telemetry,omitempty"`
+	// MCPServers are the MCP servers keel is a client of (mcp.json in the
+	// data directory, docs/bridges.md), with their state.
+	MCPServers []MCPServerDecl `json:"mcp_servers,omitempty"`
+}
+
+// MCPServerDecl declares an MCP server keel uses as a tool source. Its
+// headers (credentials) are never declared.
+type MCPServerDecl struct {
+	Name string `json:"name"`
+	// Transport is "http" (streamable HTTP, URL) or "stdio" (Command, a
+	// native process outside the sandbox).
+	Transport string   `json:"transport"`
+	URL       string   `json:"url,omitempty"`
+	Command   []string `json:"command,omitempty"`
+	// NativeGranted: a stdio server's command, as it is, was granted to
+	// run as a native process. A stdio server without it does not run.
+	NativeGranted bool `json:"native_granted,omitempty"`
+	// Labels are carried by every result of the server's tools.
+	Labels []string `json:"labels,omitempty"`
+	// State is "connecting", "ready", "down" (keel tries again; Error
+	// says why) or "not_granted".
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+	// Server is the name and version the server gave in initialize.
+	Server string `json:"server,omitempty"`
+	// PID is a connected stdio server's process.
+	PID int `json:"pid,omitempty"`
+	// Tools are the names runs know its tools by (mcp-SERVER-TOOL).
+	Tools []string `json:"tools"`
 }
 
 // TelemetryState is the state of a runtime's telemetry export.

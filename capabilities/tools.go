@@ -32,6 +32,10 @@ type ToolInfo struct {
 	// one has none of them until the user confirms them (tools.grant with
 	// confirm set to GrantDigest).
 	PendingGrants *PendingGrants `json:"pending_grants,omitempty"`
+	// Provenance says where a tool that is not installed comes from:
+	// "mcp:SERVER/TOOL" for the tool TOOL of the MCP server SERVER
+	// (docs/bridges.md). Empty for an installed tool.
+	Provenance string `json:"provenance,omitempty"`
 }
 
 // InstallRequest installs a .wasm file and grants it what the user

@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/keel-runtime/keel/bridges/mcpclient/mcpfile"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/keel-runtime/keel/bridges/mcpclient"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/internal/logkey"
@@ -28,6 +30,8 @@ type layers struct {
 	eng      *engine.Engine
 	env      *environment
 	services ipc.Services
+	// mcpServers are the MCP servers the daemon is a client of.
+	mcpServers *mcpclient.Manager
 	// closeTools closes the tool runtime, once.
 	closeTools func()
 	// tel exports spans and serves metrics (routes).
@@ -156,7 +160,18 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 			log.Warn("telemetry: stop", logkey.Err, err)
 		}
 	})
-	eng, err := engine.New(engine.Config{Store: engineStore{st, tel.Tracer(st)}, Model: router, Tools: reg.RunTools(), Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	// External MCP servers (mcp.json) are tool sources beside the
+	// sandbox: their calls go through the same audit trail, and their
+	// tool changes reach clients as the sandbox's do.
+	mcp, err := mcpclient.Open(mcpclient.Config{File: filepath.Join(cfg.DataDir, mcpfile.FileName), Watch: true,
+		Interceptors: intercept.Tools{audit}, OnChange: changes.Notify, Version: Version, Logger: log.With(logkey.Component, "mcpclient")})
+	if err != nil {
+		return l, err
+	}
+	l.closers = append(l.closers, mcp.Close)
+	l.mcpServers = mcp
+	runTools := mcpclient.RunTools{Local: reg.RunTools(), MCP: mcp}
+	eng, err := engine.New(engine.Config{Store: engineStore{st, tel.Tracer(st)}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}
@@ -171,8 +186,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.closers = append(l.closers, unsubscribe)
 
 	admin := wasmtools.NewAdmin(reg, st, grants, changes)
-	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, RunEffective: eng.PolicyOf, Runs: st, SideEffects: reg.SideEffects,
-		Targets: reg.RunTools().CallTargets, IsCloud: router.IsCloud, ContextLabels: eng.ContextLabels}
+	polSvc := &policy.Service{Watcher: pol, Effective: eng.Policy, RunEffective: eng.PolicyOf, Runs: st, SideEffects: runTools.SideEffects,
+		Targets: runTools.CallTargets, IsCloud: router.IsCloud, ContextLabels: eng.ContextLabels}
 	// A direct tool call obeys the policy's egress rules too.
 	admin.DirectEgress = polSvc.DirectEgress
 	ms := models.NewService(models.ServiceConfig{Router: router, Providers: providers, Local: modelsfile.LocalName,
@@ -180,13 +195,15 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	// The limits declared are those in effect: flags, then tools.json.
 	l.env = newEnvironment(cfg, ms, admin, router, providers, provider.Name(), wc.DeclaredLimits())
 	l.env.policy = pol
+	l.env.mcp = mcp
 	l.env.telemetry = tel
 	if h := tel.MetricsHandler(); h != nil {
 		l.routes = append(l.routes, ipc.Route{Pattern: "GET /metrics", Handler: h})
 	}
 	l.mcp = mcpTools{admin: admin, decide: polSvc.ExplainPolicy, audit: audit}
 	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, decide: polSvc.ExplainPolicy}
-	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: admin, Admin: admin, Audit: st,
+	tools := mcpclient.ListedTools{Local: admin, MCP: mcp, DirectEgress: polSvc.DirectEgress}
+	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: tools, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
 	return l, nil
 }

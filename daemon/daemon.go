@@ -272,7 +272,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	// closes, then stops the server.
 	g.Go(func() error {
 		defer stopSrv()
-		if err := l.reg.WaitReady(stopping); err == nil {
+		// A resumed call of an MCP server's tool needs its class (may it
+		// run again?): the servers make their first connection first.
+		if err := l.reg.WaitReady(stopping); err == nil && l.mcpServers.WaitReady(stopping) == nil {
 			if n, err := l.eng.Resume(stopping); err != nil {
 				log.Error("resume interrupted runs", logkey.Err, err, logkey.Resumed, n)
 			} else if n > 0 {

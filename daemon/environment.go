@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 
+	"github.com/keel-runtime/keel/bridges/mcpclient"
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
@@ -23,6 +24,8 @@ type environment struct {
 	policy *policy.Watcher
 	// telemetry, when set, is the exporter (its state and counters).
 	telemetry *telemetry.Exporter
+	// mcp, when set, are the MCP servers keel is a client of.
+	mcp *mcpclient.Manager
 }
 
 // newEnvironment declares what cfg fixes (the data dir, the network
@@ -64,6 +67,13 @@ func (e *environment) Describe(ctx context.Context) (capabilities.Environment, e
 	}
 	if e.telemetry != nil {
 		env.Telemetry = telemetryState(e.telemetry)
+	}
+	if e.mcp != nil {
+		// The servers with their state, and their tools among the tools.
+		env.MCPServers = e.mcp.Servers()
+		for _, s := range e.mcp.Specs() {
+			env.Tools = append(env.Tools, capabilities.ToolDecl{Name: s.Name, SideEffects: string(s.SideEffects)})
+		}
 	}
 	return env, nil
 }

@@ -26,6 +26,7 @@ const (
 	Client    = "client"    // what a protocol client calls itself (initialize)
 	Remote    = "remote"    // a protocol client's address
 	Method    = "method"    // a protocol method
+	Server    = "server"    // an MCP server keel is a client of (its configured name)
 )
 
 // Outcomes and errors.
