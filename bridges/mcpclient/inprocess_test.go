@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"github.com/keel-runtime/keel/bridges/mcpclient/mcpfile"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -57,9 +58,15 @@ func newPeer(t *testing.T) *peer {
 	p.srv.AddTool(&sdk.Tool{Name: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "no luck"}}}, nil
 	})
-	p.http = httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return p.srv }, nil))
-	t.Cleanup(p.http.Close)
+	p.http = newHTTP(t, p.srv)
 	return p
+}
+
+// newHTTP serves srv over streamable HTTP until the test ends.
+func newHTTP(t *testing.T, srv *sdk.Server) *httptest.Server {
+	h := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, nil))
+	t.Cleanup(h.Close)
+	return h
 }
 
 // opened is a Manager of servers, with its changes (Config.OnChange).
@@ -78,7 +85,7 @@ func open(t *testing.T, servers map[string]mcpfile.ServerConfig, watch bool) *op
 	if err := mcpfile.WriteFile(o.file, mcpfile.File{Servers: servers}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := mcpclient.Open(mcpclient.Config{File: o.file, Watch: watch, Interceptors: intercept.Tools{o.audit},
+	m, err := mcpclient.Open(mcpclient.Config{File: o.file, Watch: watch, Logger: testLogger(t), Interceptors: intercept.Tools{o.audit},
 		OnChange: func() {
 			select {
 			case o.changes <- struct{}{}:
@@ -321,4 +328,11 @@ func TestReload(t *testing.T) {
 	if err := o.m.Reload(); err == nil || !errors.Is(err, keel.ErrInvalid) {
 		t.Errorf("Reload of a bad file = %v, want an error wrapping keel.ErrInvalid", err)
 	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("KEEL_MCPCLIENT_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

@@ -144,6 +144,7 @@ func (s *server) set(state, why string) {
 // ends or the server stops, and returns why it ended.
 func (s *server) session(connected func()) error {
 	s.set(StateConnecting, "")
+	s.m.log.Debug("mcp: connecting", logkey.Server, s.name)
 	s.stderr.reset()
 	client := sdk.NewClient(&sdk.Implementation{Name: "keel", Version: s.m.cfg.Version}, &sdk.ClientOptions{
 		// No roots, sampling or elicitation: keel offers servers tools' calls only.
@@ -176,6 +177,7 @@ func (s *server) session(connected func()) error {
 		cs.Close()
 		<-ended
 	}()
+	s.m.log.Debug("mcp: initialized", logkey.Server, s.name)
 	if err := s.refresh(cctx, cs); err != nil {
 		return fmt.Errorf("list tools: %w", err)
 	}
