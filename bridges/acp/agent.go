@@ -118,6 +118,11 @@ type turn struct {
 	run       keel.RunID
 	cancelled bool
 	cancel    context.CancelFunc
+	// background marks the follower of a run that session/load found
+	// still going (no prompt waits for it); done is closed when the
+	// turn is over.
+	background bool
+	done       chan struct{}
 }
 
 // New returns an Agent for cfg.
@@ -299,11 +304,32 @@ func (a *Agent) loadSession(ctx context.Context, params json.RawMessage) (any, e
 		return nil, err
 	}
 	evs := d.Events
-	s := &session{id: p.SessionID, cwd: cwd, head: head, turns: turns}
+	s := &session{id: p.SessionID, cwd: cwd, head: d.Run, turns: turns}
 	r := newRenderer(a.c, s.id, true)
 	r.kinds = a.toolKinds(ctx)
 	for _, ev := range evs {
 		r.event(ev)
+	}
+	if !d.Run.Status.Terminal() {
+		// The run goes on (the daemon resumed it after a restart, or it
+		// waits for a person): it is followed as a turn of its own, and
+		// the editor is asked about what it waits for.
+		tctx, cancel := context.WithCancel(ctx)
+		t := &turn{cancel: cancel, background: true, done: make(chan struct{})}
+		s.turn = t
+		pending := r.pendingApprovals()
+		go func() {
+			defer close(t.done)
+			defer cancel()
+			if _, err := a.follow(tctx, s, t, d.Run.ID, d.Run.LastSeq, pending); err != nil {
+				a.log.Warn("acp: follow the loaded session's run", "run", d.Run.ID, "err", err)
+			}
+			s.mu.Lock()
+			if s.turn == t {
+				s.turn = nil
+			}
+			s.mu.Unlock()
+		}()
 	}
 	a.mu.Lock()
 	a.sessions[s.id] = s
@@ -419,15 +445,31 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	t := &turn{cancel: cancel}
-	s.mu.Lock()
-	if s.turn != nil {
+	t := &turn{cancel: cancel, done: make(chan struct{})}
+	defer close(t.done)
+	var head keel.Run
+	var n int
+	for {
+		s.mu.Lock()
+		cur := s.turn
+		if cur == nil {
+			s.turn = t
+			head, n = s.head, s.turns+1
+			s.mu.Unlock()
+			break
+		}
 		s.mu.Unlock()
-		return nil, &rpcError{Code: codeInvalidRequest, Message: "a prompt of this session is still in progress"}
+		if !cur.background {
+			return nil, &rpcError{Code: codeInvalidRequest, Message: "a prompt of this session is still in progress"}
+		}
+		// The run a session/load found still going: this prompt is the
+		// next turn once it ends.
+		select {
+		case <-cur.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	s.turn = t
-	head, n := s.head, s.turns+1
-	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.turn = nil
@@ -449,26 +491,44 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 	}
 	s.mu.Lock()
 	s.head, s.turns = run, n
-	t.run = run.ID
+	s.mu.Unlock()
+	// The turn's events: a fork's from after its copied steps.
+	reason, err := a.follow(ctx, s, t, run.ID, run.LastSeq, nil)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"stopReason": reason}, nil
+}
+
+// follow streams the events of the session's run id after afterSeq to
+// the client until the run ends, asking the client about each approval
+// the policy waits for (and about those in pending, asked before this
+// started), and returns the turn's stopReason. A run that failed is an
+// error saying why.
+func (a *Agent) follow(ctx context.Context, s *session, t *turn, id keel.RunID, afterSeq int64, pending []keel.ApprovalRequestData) (string, error) {
+	s.mu.Lock()
+	t.run = id
 	cancelled := t.cancelled
 	s.mu.Unlock()
 	if cancelled {
-		a.cancelRun(run.ID)
+		a.cancelRun(id)
 	}
-	// The turn's events: a fork's from after its copied steps.
-	evs, stop, err := a.cfg.Runs.Subscribe(ctx, run.ID, run.LastSeq)
+	evs, stop, err := a.cfg.Runs.Subscribe(ctx, id, afterSeq)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer stop()
 	r := newRenderer(a.c, s.id, false)
 	r.kinds = a.toolKinds(ctx)
-	r.ask = func(ap keel.ApprovalRequestData) { go a.askPermission(ctx, s, run.ID, ap, r.kinds) }
+	r.ask = func(ap keel.ApprovalRequestData) { go a.askPermission(ctx, s, id, ap, r.kinds) }
+	for _, ap := range pending {
+		r.ask(ap)
+	}
 	for {
 		select {
 		case ev, ok := <-evs:
 			if !ok {
-				return nil, errors.New("the connection to the keel daemon ended")
+				return "", errors.New("the connection to the keel daemon ended")
 			}
 			r.event(ev)
 			if end, reason := r.ended(); end {
@@ -477,18 +537,18 @@ func (a *Agent) prompt(ctx context.Context, params json.RawMessage) (any, error)
 				cancelled := t.cancelled
 				s.mu.Unlock()
 				if cancelled {
-					return map[string]string{"stopReason": "cancelled"}, nil
+					return "cancelled", nil
 				}
 				if reason == "" {
-					return nil, fmt.Errorf("the run %s failed: %s", run.ID, r.failure)
+					return "", fmt.Errorf("the run %s failed: %s", id, r.failure)
 				}
 				if reason == "end_turn" && r.status == keel.RunSucceeded {
-					reason = a.finish(ctx, run.ID, r.runStep)
+					reason = a.finish(ctx, id, r.runStep)
 				}
-				return map[string]string{"stopReason": reason}, nil
+				return reason, nil
 			}
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return "", ctx.Err()
 		}
 	}
 }

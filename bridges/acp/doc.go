@@ -14,7 +14,9 @@
 //     the fork's message (keel.ForkRequest.Message), so the model reads
 //     the whole conversation; each run's idempotency key is
 //     "acp:SESSION/TURN", which is how session/load finds the session's
-//     last run after a restart (run.list, newest first);
+//     last run after a restart (run.list, newest first); a run still
+//     going then (resumed by the daemon, or waiting for an approval) is
+//     followed until it ends, and a prompt sent meanwhile waits for it;
 //   - the run's events become session/update notifications: model.delta
 //     and model.result text as agent_message_chunk, each tool call as
 //     tool_call (pending; its kind from the tool's side-effect class)

@@ -23,7 +23,9 @@ type renderer struct {
 	kinds map[string]string
 
 	streamed map[int]string // the text of each step sent so far
-	plan     []planEntry
+	// asked are the approvals requested and not yet decided, in order.
+	asked []keel.ApprovalRequestData
+	plan  []planEntry
 	// status is the run's status once it ended; failure its reason.
 	status  keel.RunStatus
 	failure string
@@ -117,8 +119,23 @@ func (r *renderer) event(ev keel.Event) {
 		}
 	case keel.EventApprovalAsked:
 		var d keel.ApprovalRequestData
-		if json.Unmarshal(ev.Data, &d) == nil && r.ask != nil {
+		if json.Unmarshal(ev.Data, &d) != nil {
+			return
+		}
+		r.asked = append(r.asked, d)
+		if r.ask != nil {
 			r.ask(d)
+		}
+	case keel.EventApproval:
+		var d keel.ApprovalData
+		if json.Unmarshal(ev.Data, &d) != nil {
+			return
+		}
+		for i, ap := range r.asked {
+			if ap.Call.ID == d.CallID {
+				r.asked = append(r.asked[:i:i], r.asked[i+1:]...)
+				break
+			}
 		}
 	case keel.EventToolResult:
 		var d keel.ToolResultData
@@ -184,6 +201,12 @@ func (r *renderer) event(ev keel.Event) {
 			r.end(keel.RunWaiting, "end_turn", "")
 		}
 	}
+}
+
+// pendingApprovals are the approvals requested and not decided in the
+// events rendered so far.
+func (r *renderer) pendingApprovals() []keel.ApprovalRequestData {
+	return append([]keel.ApprovalRequestData(nil), r.asked...)
 }
 
 func (r *renderer) end(status keel.RunStatus, stop, failure string) {

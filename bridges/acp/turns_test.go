@@ -172,3 +172,90 @@ func TestDisconnectMidTurn(t *testing.T) {
 		t.Errorf("session/load in a new keel acp = %s", r)
 	}
 }
+
+// TestLoadRunningSession: the daemon stops while a turn's model works;
+// the next daemon resumes the run. session/load, while the resumed model
+// still works, replays the history and then follows the run: its answer
+// reaches the editor as it comes, and the next prompt goes on after it.
+func TestLoadRunningSession(t *testing.T) {
+	t.Parallel()
+	dir := newDataDir(t)
+	busy := make(chan struct{}, 1)
+	d := startDaemon(t, dir, scripted.ByGoal(nil, func(string) []scripted.Step {
+		return []scripted.Step{scripted.ReplyFunc(func(ctx context.Context, _ models.ChatRequest) (models.ChatResponse, error) {
+			busy <- struct{}{}
+			<-ctx.Done()
+			return models.ChatResponse{}, ctx.Err()
+		})}
+	}))
+	a := startAgent(t, dir)
+	cwd := t.TempDir()
+	r, _ := a.call(t, 1, "session/new", fmt.Sprintf(`{"cwd":%q,"mcpServers":[]}`, cwd), "")
+	var s struct {
+		SessionID string `json:"sessionId"`
+	}
+	if r.Error != nil || json.Unmarshal(r.Result, &s) != nil {
+		t.Fatalf("session/new = %s", r)
+	}
+	a.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":%q,"prompt":[{"type":"text","text":"slow work"}]}}`, s.SessionID))
+	select {
+	case <-busy:
+	case <-time.After(time.Minute):
+		t.Fatalf("the model was not called within a minute (stderr %s)", a.stderr)
+	}
+	d.stop() // the run is interrupted; keel acp loses its daemon
+
+	resumed, release := make(chan struct{}, 1), make(chan struct{})
+	startDaemon(t, dir, scripted.ByGoal(nil, func(string) []scripted.Step {
+		return []scripted.Step{
+			scripted.ReplyFunc(func(ctx context.Context, _ models.ChatRequest) (models.ChatResponse, error) {
+				resumed <- struct{}{}
+				select {
+				case <-release:
+					return models.ChatResponse{Message: models.Message{Content: "resumed answer"}}, nil
+				case <-ctx.Done():
+					return models.ChatResponse{}, ctx.Err()
+				}
+			}),
+			scripted.Answer("next answer"),
+		}
+	}))
+	select {
+	case <-resumed:
+	case <-time.After(time.Minute):
+		t.Fatal("the next daemon did not resume the run within a minute")
+	}
+	b := startAgent(t, dir)
+	r, history := b.call(t, 1, "session/load", fmt.Sprintf(`{"sessionId":%q,"cwd":%q,"mcpServers":[]}`, s.SessionID, cwd), "")
+	if r.Error != nil || len(history) == 0 || history[0]["sessionUpdate"] != "user_message_chunk" {
+		t.Fatalf("session/load = %s, history %v", r, history)
+	}
+	close(release)
+	var seen []string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("keel acp wrote after session/load:\n%s", strings.Join(seen, "\n"))
+		}
+	})
+	// The answer comes as it is streamed, in chunks.
+	for answer := ""; answer != "resumed answer"; {
+		m := b.next(t)
+		seen = append(seen, m.String())
+		var p struct {
+			Update struct {
+				Kind    string `json:"sessionUpdate"`
+				Content struct {
+					Text string `json:"text"`
+				} `json:"content"`
+			} `json:"update"`
+		}
+		json.Unmarshal(m.Params, &p)
+		if m.Method == "session/update" && p.Update.Kind == "agent_message_chunk" {
+			answer += p.Update.Content.Text
+		}
+	}
+	r, updates := b.call(t, 2, "session/prompt", fmt.Sprintf(`{"sessionId":%q,"prompt":[{"type":"text","text":"and then?"}]}`, s.SessionID), "")
+	if r.Error != nil || string(r.Result) != `{"stopReason":"end_turn"}` {
+		t.Fatalf("the prompt after the resumed turn = %s (updates %v)", r, updates)
+	}
+}
