@@ -60,7 +60,7 @@ type server struct {
 	state    string
 	err      string
 	cs       *sdk.ClientSession
-	sessDone <-chan struct{} // closed when cs ends
+	sessCtx  context.Context // cancelled when cs ends (or the server stops)
 	tools    map[string]*remoteTool
 	order    []string // tool names as the server listed them
 	impl     *sdk.Implementation
@@ -168,9 +168,11 @@ func (s *server) session(connected func()) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	ended := make(chan struct{})
+	sessCtx, sessEnd := context.WithCancel(s.ctx)
 	var waitErr error
 	go func() {
 		waitErr = cs.Wait()
+		sessEnd()
 		close(ended)
 	}()
 	defer func() {
@@ -186,13 +188,13 @@ func (s *server) session(connected func()) error {
 		pid = cmd.Process.Pid
 	}
 	s.mu.Lock()
-	s.cs, s.sessDone, s.impl, s.pid = cs, ended, cs.InitializeResult().ServerInfo, pid
+	s.cs, s.sessCtx, s.impl, s.pid = cs, sessCtx, cs.InitializeResult().ServerInfo, pid
 	s.state, s.err = StateReady, ""
 	n := len(s.order)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.cs, s.sessDone, s.pid = nil, nil, 0
+		s.cs, s.sessCtx, s.pid = nil, nil, 0
 		s.mu.Unlock()
 	}()
 	s.m.log.Info("mcp: server connected", logkey.Server, s.name, logkey.Tools, n)
@@ -405,7 +407,7 @@ func (s *server) call(ctx context.Context, t *remoteTool, inv keel.ToolInvocatio
 		}
 	}
 	s.mu.Lock()
-	cs, sessDone, state, why := s.cs, s.sessDone, s.state, s.err
+	cs, sessCtx, state, why := s.cs, s.sessCtx, s.state, s.err
 	s.mu.Unlock()
 	if cs == nil {
 		if why == "" {
@@ -416,27 +418,15 @@ func (s *server) call(ctx context.Context, t *remoteTool, inv keel.ToolInvocatio
 	timeout := s.timeout()
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	// The connection's end ends the call at once.
-	ended := false
-	stop := context.AfterFunc(s.ctx, cancel)
+	// The connection's end (or the server's stop) ends the call at once.
+	stop := context.AfterFunc(sessCtx, cancel)
 	defer stop()
-	go func() {
-		select {
-		case <-sessDone:
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
 	res, err := cs.CallTool(cctx, &sdk.CallToolParams{Name: t.remote, Arguments: args})
-	select {
-	case <-sessDone:
-		ended = true
-	default:
-	}
+	ended := sessCtx.Err() != nil
 	if err != nil {
 		var je *jsonrpc.Error
 		switch {
-		case ended || s.ctx.Err() != nil:
+		case ended:
 			return nil, &keel.ToolError{Code: keel.ToolCrashed, Message: fmt.Sprintf("the connection to MCP server %s ended during the call; it may or may not have taken effect", s.name)}
 		case ctx.Err() != nil:
 			return nil, &keel.ToolError{Code: keel.ToolTimeout, Message: fmt.Sprintf("the caller stopped waiting for MCP server %s: %v", s.name, context.Cause(ctx))}
