@@ -73,6 +73,7 @@ func newHTTP(t *testing.T, srv *sdk.Server) *httptest.Server {
 type opened struct {
 	m       *mcpclient.Manager
 	changes chan struct{}
+	n       atomic.Int32 // calls of OnChange
 	file    string
 	audit   *auditLog
 }
@@ -87,6 +88,7 @@ func open(t *testing.T, servers map[string]mcpfile.ServerConfig, watch bool) *op
 	}
 	m, err := mcpclient.Open(mcpclient.Config{File: o.file, Watch: watch, Logger: testLogger(t), Interceptors: intercept.Tools{o.audit},
 		OnChange: func() {
+			o.n.Add(1)
 			select {
 			case o.changes <- struct{}{}:
 			default:

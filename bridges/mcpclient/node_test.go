@@ -211,13 +211,16 @@ func TestEverythingHTTP(t *testing.T) {
 }
 
 // TestEverythingStdio runs server-everything as a granted stdio server,
-// then kills it during a call: the call fails at once as crashed, and
+// follows its tools/list_changed, then kills it during a call: the call fails at once as crashed, and
 // the Manager starts it again.
 func TestEverythingStdio(t *testing.T) {
 	t.Parallel()
 	o := open(t, map[string]mcpfile.ServerConfig{"everything": stdioEverything(t)}, false)
 	o.waitFor(t, "server-everything ready", func() bool { return o.state("everything") == mcpclient.StateReady })
 	checkEverything(t, o.m)
+	// server-everything registers more tools once initialized, and says so
+	// (tools/list_changed): the connection's change, then the refresh's.
+	o.waitFor(t, "the refresh after server-everything's tools/list_changed", func() bool { return o.n.Load() >= 2 })
 	pid := o.m.Servers()[0].PID
 	if pid == 0 {
 		t.Fatalf("declared server = %+v, want its PID", o.m.Servers()[0])

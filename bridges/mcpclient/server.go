@@ -56,15 +56,15 @@ type server struct {
 	kick   chan struct{} // a tools/list_changed to act on
 	stderr *tail         // a stdio server's last stderr output
 
-	mu       sync.Mutex
-	state    string
-	err      string
-	cs       *sdk.ClientSession
-	sessCtx  context.Context // cancelled when cs ends (or the server stops)
-	tools    map[string]*remoteTool
-	order    []string // tool names as the server listed them
-	impl     *sdk.Implementation
-	pid      int
+	mu      sync.Mutex
+	state   string
+	err     string
+	cs      *sdk.ClientSession
+	sessCtx context.Context // cancelled when cs ends (or the server stops)
+	tools   map[string]*remoteTool
+	order   []string // tool names as the server listed them
+	impl    *sdk.Implementation
+	pid     int
 }
 
 func newServer(m *Manager, name string, cfg mcpfile.ServerConfig) *server {
@@ -217,6 +217,7 @@ func (s *server) session(connected func()) error {
 				s.m.log.Warn("mcp: refresh the tool list after tools/list_changed", logkey.Server, s.name, logkey.Err, err)
 				continue
 			}
+			s.m.log.Debug("mcp: tool list refreshed after tools/list_changed", logkey.Server, s.name)
 			s.m.changed()
 		}
 	}
