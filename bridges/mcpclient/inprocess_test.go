@@ -338,3 +338,49 @@ func testLogger(t *testing.T) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// TestBadServers: what a server sends is not trusted. Tool names that do
+// not map to a model's function name, or map to another's, are left out;
+// a result over the limit fails the call; a stdio "server" that writes
+// no JSON-RPC is down, saying what it wrote on stderr, and its call fails
+// at once.
+func TestBadServers(t *testing.T) {
+	t.Parallel()
+	srv := sdk.NewServer(&sdk.Implementation{Name: "bad", Version: "0"}, nil)
+	obj := json.RawMessage(`{"type":"object"}`)
+	answer := func(text string) sdk.ToolHandler {
+		return func(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: text}}}, nil
+		}
+	}
+	srv.AddTool(&sdk.Tool{Name: "a.b", InputSchema: obj}, answer("first"))
+	srv.AddTool(&sdk.Tool{Name: "a_b", InputSchema: obj}, answer("second"))
+	srv.AddTool(&sdk.Tool{Name: strings.Repeat("x", 100), InputSchema: obj}, answer("long"))
+	srv.AddTool(&sdk.Tool{Name: "huge", InputSchema: obj}, answer(strings.Repeat("y", 5<<20)))
+	h := newHTTP(t, srv)
+	garbage := mcpfile.ServerConfig{Command: []string{"sh", "-c", "echo this is not JSON-RPC; echo oops, no server here >&2; exec sleep 60"}}
+	garbage.NativeGrant = mcpfile.NativeDigest(garbage)
+	o := open(t, map[string]mcpfile.ServerConfig{"bad": {URL: h.URL}, "garbage": garbage}, false)
+	o.waitFor(t, "bad ready", func() bool { return o.state("bad") == mcpclient.StateReady })
+
+	var names []string
+	for _, s := range o.m.Specs() {
+		names = append(names, s.Name)
+		if len(s.Name) > 64 {
+			t.Errorf("tool %s is longer than a model's function name may be", s.Name)
+		}
+	}
+	if n := strings.Count(strings.Join(names, " "), "mcp-bad-a_b"); n != 1 {
+		t.Errorf("tools %v: mcp-bad-a_b %d times, want once (a.b and a_b map to one name)", names, n)
+	}
+	_, te := call(t, o.m, keel.ToolInvocation{Name: "mcp-bad-huge"})
+	if te == nil || te.Code != keel.ToolResourceExhausted {
+		t.Errorf("a 5 MiB result = %v, want resource_exhausted", te)
+	}
+	o.waitFor(t, "garbage down", func() bool { return o.state("garbage") == mcpclient.StateDown })
+	for _, d := range o.m.Servers() {
+		if d.Name == "garbage" && !strings.Contains(d.Error, "oops, no server here") {
+			t.Errorf("garbage's error = %q, want what it wrote on stderr", d.Error)
+		}
+	}
+}
