@@ -296,3 +296,45 @@ func TestAddStdioNeedsGrant(t *testing.T) {
 		t.Errorf("keel mcp list = %d:\n%s\nwant the server, granted, as a native process", code, out)
 	}
 }
+
+// TestRunWithServerDown: a run's call of a tool whose server went away
+// gets a classified error (crashed, saying the server is not connected)
+// at once, the model goes on, and the daemon serves on.
+func TestRunWithServerDown(t *testing.T) {
+	t.Parallel()
+	p := newPeer(t)
+	dir := emptyDataDir(t)
+	if err := mcpfile.WriteFile(filepath.Join(dir, mcpfile.FileName), mcpfile.File{Servers: map[string]mcpfile.ServerConfig{"peer": {URL: p.http.URL}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := startDaemon(t, dir, scripted.New(nil, scripted.CallTool("mcp-peer-plain", `{"text":"x"}`), scripted.Answer("went on")))
+	ctx := context.Background()
+	waitTools(t, c, "the peer's tools", hasTool("mcp-peer-plain"))
+	p.http.CloseClientConnections()
+	p.http.Close()
+	// The server's state change is a tools.changed too.
+	waitTools(t, c, "the peer down", func([]protocol.ToolInfo) bool {
+		env, err := c.Describe(ctx)
+		return err == nil && len(env.MCPServers) == 1 && env.MCPServers[0].State == "down"
+	})
+	run, err := c.StartRun(ctx, protocol.RunStartParams{Goal: "call a server that is down", Model: scripted.DefaultModel.Name, MaxSteps: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := follow(t, c, run.ID, keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled)
+	if last := evs[len(evs)-1]; last.Type != keel.EventRunSucceeded {
+		t.Fatalf("run ended with %s: %s", last.Type, last.Data)
+	}
+	var res keel.ToolResultData
+	for _, ev := range evs {
+		if ev.Type == keel.EventToolResult {
+			json.Unmarshal(ev.Data, &res)
+		}
+	}
+	if res.Error == nil || res.Error.Code != keel.ToolCrashed || !strings.Contains(res.Error.Message, "not connected") {
+		t.Errorf("tool.result = %+v, want crashed: the server is not connected", res)
+	}
+	if p.calls.Load() != 0 {
+		t.Errorf("the peer was called")
+	}
+}
