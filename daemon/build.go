@@ -200,8 +200,8 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	if h := tel.MetricsHandler(); h != nil {
 		l.routes = append(l.routes, ipc.Route{Pattern: "GET /metrics", Handler: h})
 	}
-	l.mcp = mcpTools{admin: admin, decide: polSvc.ExplainPolicy, audit: audit}
-	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, decide: polSvc.ExplainPolicy}
+	l.mcp = mcpTools{admin: admin, pol: mcpPolicy{polSvc}, audit: audit}
+	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, pol: mcpPolicy{polSvc}}
 	tools := mcpclient.ListedTools{Local: admin, MCP: mcp, DirectEgress: polSvc.DirectEgress}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: tools, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}

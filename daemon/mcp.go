@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/ipc"
+	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/wasmtools"
 )
 
@@ -49,11 +51,53 @@ func mcpRoute(ctx context.Context, tools mcpserver.Tools, runs mcpserver.Runs, l
 // and is in the audit trail all the same, with the decision, and for an
 // ask who answered it (keel.PolicyDecision.Approver).
 type mcpTools struct {
-	admin  *wasmtools.Admin
-	decide func(context.Context, keel.PolicyExplainParams) (keel.PolicyExplainResult, error)
-	audit  interface {
+	admin *wasmtools.Admin
+	pol   mcpPolicy
+	audit interface {
 		ToolDenied(context.Context, keel.ToolInvocation, *keel.ToolError)
 	}
+}
+
+// mcpPolicy decides MCP clients' calls as policy.explain decides a
+// tool action with no run (the same policy, with the policy.Service's
+// inputs), without its costs per call: the arguments are not decoded
+// to check them (the tool's input check does that), their paths and
+// URLs are worked out only for a policy with rules about them, and the
+// explanation is written only for a decision that is recorded.
+type mcpPolicy struct {
+	svc *policy.Service
+}
+
+// decide returns the decision about a call of tool with args, the
+// record of it (nil: no rule or setting had anything to say, the
+// built-in allow) and whether a rule made it.
+func (m mcpPolicy) decide(tool string, args json.RawMessage) (policy.Outcome, *keel.PolicyDecision, bool) {
+	p, version := m.svc.Effective("")
+	if p == nil {
+		snap := m.svc.Watcher.CurrentFor("")
+		p, version = snap.Policy, snap.Version
+	}
+	if p == nil {
+		return policy.Allow, nil, false
+	}
+	a := policy.Action{Kind: policy.KindTool, Tool: tool, Args: args}
+	a.SideEffect, _ = m.svc.SideEffects(tool)
+	if m.svc.Targets != nil && p.NeedsTargets(tool) {
+		t := m.svc.Targets(tool, args)
+		a.Paths, a.Base, a.Resolve, a.URLs, a.Unresolvable = t.Paths, t.Base, t.Resolve, t.URLs, t.Unresolvable
+	}
+	d := p.Decide(&a)
+	if d.Rule() == nil && d.Setting() == nil && d.Outcome == policy.Allow {
+		return policy.Allow, nil, false
+	}
+	return d.Outcome, &keel.PolicyDecision{Outcome: d.Outcome.String(), Explanation: d.String(), Version: version, Digest: p.Digest()}, d.Rule() != nil
+}
+
+// isObject reports whether args is a JSON object, at a glance: the
+// first byte; the tool's input check reads the rest.
+func isObject(args json.RawMessage) bool {
+	b := bytes.TrimLeft(args, " \t\r\n")
+	return len(b) > 0 && b[0] == '{'
 }
 
 func (t mcpTools) ListTools(ctx context.Context) ([]capabilities.ToolInfo, error) {
@@ -64,39 +108,33 @@ func (t mcpTools) SubscribeTools(fn func()) func() { return t.admin.SubscribeToo
 
 func (t mcpTools) CallTool(ctx context.Context, c mcpserver.Call) (json.RawMessage, error) {
 	inv := keel.ToolInvocation{Name: c.Name, Args: c.Input, Client: c.Client}
-	d, err := t.decide(ctx, keel.PolicyExplainParams{Kind: keel.PolicyKindTool, Tool: c.Name, Args: c.Input})
-	switch {
-	case errors.Is(err, keel.ErrInvalid):
-		// Arguments that are not an object: the tool's input check
-		// says what is wrong with them.
+	if !isObject(c.Input) {
+		// The tool's input check says what is wrong with them.
 		return t.admin.Call(ctx, inv)
-	case err != nil:
-		return nil, err
 	}
-	if d.Rule != nil || d.Setting != nil || d.Decision != "allow" {
-		inv.Policy = &keel.PolicyDecision{Outcome: d.Decision, Explanation: d.Explanation, Version: d.Version, Digest: d.Digest}
-	}
+	outcome, pd, _ := t.pol.decide(c.Name, c.Input)
+	inv.Policy = pd
 	refuse := func(te *keel.ToolError) (json.RawMessage, error) {
 		t.audit.ToolDenied(context.WithoutCancel(ctx), inv, te)
 		return nil, te
 	}
-	switch d.Decision {
-	case "allow":
-	case "ask":
+	switch outcome {
+	case policy.Allow:
+	case policy.Ask:
 		if c.Approve == nil {
 			return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf(
-				"the policy asks before %s runs (%s), and this MCP client cannot be asked: it declared no elicitation capability; allow the call in policy.json, or use a client that supports elicitation", c.Name, d.Explanation)})
+				"the policy asks before %s runs (%s), and this MCP client cannot be asked: it declared no elicitation capability; allow the call in policy.json, or use a client that supports elicitation", c.Name, pd.Explanation)})
 		}
-		ok, err := c.Approve(ctx, *inv.Policy)
-		inv.Policy.Approver = c.Client
+		ok, err := c.Approve(ctx, *pd)
+		pd.Approver = c.Client
 		switch {
 		case err != nil:
-			return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy asks before %s runs (%s), and the MCP client gave no answer: %v", c.Name, d.Explanation, err)})
+			return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy asks before %s runs (%s), and the MCP client gave no answer: %v", c.Name, pd.Explanation, err)})
 		case !ok:
 			return refuse(&keel.ToolError{Code: keel.ToolDenied, Message: fmt.Sprintf("%s declined the call of %s", c.Client, c.Name)})
 		}
 	default:
-		return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy denied the call of %s: %s", c.Name, d.Explanation)})
+		return refuse(&keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy denied the call of %s: %s", c.Name, pd.Explanation)})
 	}
 	return t.admin.Call(ctx, inv)
 }
@@ -112,33 +150,30 @@ type mcpRuns struct {
 	start  func(context.Context, keel.StartRequest) (keel.Run, error)
 	getRun func(context.Context, keel.RunID) (keel.Run, error)
 	spans  func(context.Context, keel.RunID) ([]keel.Span, error)
-	decide func(context.Context, keel.PolicyExplainParams) (keel.PolicyExplainResult, error)
+	pol    mcpPolicy
 }
 
 // allowed decides tool with args: nil if a rule allows it (or a person
 // approved an ask, through approve when not nil), else the refusal.
 func (r mcpRuns) allowed(ctx context.Context, tool string, args json.RawMessage, client string, approve func(context.Context, keel.PolicyDecision) (bool, error)) error {
-	d, err := r.decide(ctx, keel.PolicyExplainParams{Kind: keel.PolicyKindTool, Tool: tool, Args: args})
-	if err != nil {
-		return err
-	}
+	outcome, pd, ruled := r.pol.decide(tool, args)
 	off := fmt.Sprintf(`runs over MCP are off unless the policy allows them: add {"action":"tool","tool":%q,"decision":"allow"} to the rules of policy.json`, tool)
 	switch {
-	case d.Decision == "allow" && d.Rule != nil:
+	case outcome == policy.Allow && ruled:
 		return nil
-	case d.Decision == "allow":
+	case outcome == policy.Allow:
 		return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: off}
-	case d.Decision == "ask" && approve != nil:
-		ok, err := approve(ctx, keel.PolicyDecision{Outcome: d.Decision, Explanation: d.Explanation, Version: d.Version, Digest: d.Digest})
+	case outcome == policy.Ask && approve != nil:
+		ok, err := approve(ctx, *pd)
 		if err != nil {
-			return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy asks before %s (%s), and the MCP client gave no answer: %v", tool, d.Explanation, err)}
+			return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy asks before %s (%s), and the MCP client gave no answer: %v", tool, pd.Explanation, err)}
 		}
 		if !ok {
 			return &keel.ToolError{Code: keel.ToolDenied, Message: fmt.Sprintf("%s declined %s", client, tool)}
 		}
 		return nil
 	}
-	return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy refuses %s (%s); %s", tool, d.Explanation, off)}
+	return &keel.ToolError{Code: keel.ToolPolicyDenied, Message: fmt.Sprintf("the policy refuses %s (%s); %s", tool, pd.Explanation, off)}
 }
 
 func (r mcpRuns) StartRun(ctx context.Context, c mcpserver.Call, req keel.StartRequest) (keel.RunID, error) {
