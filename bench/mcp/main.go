@@ -4,8 +4,8 @@
 //
 //   - keel: keel's own tools.call over its WebSocket (the baseline);
 //   - keel MCP HTTP: tools/call at the daemon's /mcp (streamable HTTP);
-//   - keel MCP stdio: tools/call through keel mcp, which proxies to the
-//     daemon's tools.call;
+//   - keel MCP stdio: tools/call through keel mcp, which relays each
+//     message unchanged to the daemon's /mcp;
 //   - Node MCP HTTP and stdio: a native Node MCP server on the official
 //     TypeScript SDK (node/server.mjs) whose wordcount does the same work
 //     in JavaScript (installed with npm ci on first run).
@@ -13,7 +13,7 @@
 // It prints p50 and p99 of each, keel's MCP overhead over its own call
 // (p50 difference) and the ratios keel/Node.
 //
-//	go run ./bench/mcp [-n 2000] [-node bench/mcp/node]
+//	go run ./bench/mcp [-n 2000] [-node bench/mcp/node] [-skip-node] [-skip-stdio] [-cpuprofile FILE]
 package main
 
 import (
@@ -59,6 +59,7 @@ func main() {
 	n := flag.Int("n", 2000, "calls per measurement")
 	nodeDir := flag.String("node", filepath.Join("bench", "mcp", "node"), "the Node peer's directory")
 	skipNode := flag.Bool("skip-node", false, "do not measure the Node peer")
+	skipStdio := flag.Bool("skip-stdio", false, "do not measure keel mcp (stdio): a CPU profile then holds the HTTP path only")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the daemon and the clients) to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -68,7 +69,7 @@ func main() {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	if err := run(*n, *nodeDir, *skipNode); err != nil {
+	if err := run(*n, *nodeDir, *skipNode, *skipStdio); err != nil {
 		fmt.Fprintln(os.Stderr, "mcp:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -80,7 +81,7 @@ type result struct {
 	p50, p99 time.Duration
 }
 
-func run(n int, nodeDir string, skipNode bool) error {
+func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tmp, err := os.MkdirTemp("", "keel-bench-mcp")
@@ -159,17 +160,19 @@ func run(n int, nodeDir string, skipNode bool) error {
 	if err := add("keel MCP, streamable HTTP", call(ctx, keelHTTP)); err != nil {
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	keelStdio, err := connect(ctx, &sdk.CommandTransport{Command: exec.Command(self, "mcp", "--data-dir", dir)})
-	if err != nil {
-		return err
-	}
-	defer keelStdio.Close()
-	if err := add("keel MCP, stdio (keel mcp)", call(ctx, keelStdio)); err != nil {
-		return err
+	if !skipStdio {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		keelStdio, err := connect(ctx, &sdk.CommandTransport{Command: exec.Command(self, "mcp", "--data-dir", dir)})
+		if err != nil {
+			return err
+		}
+		defer keelStdio.Close()
+		if err := add("keel MCP, stdio (keel mcp)", call(ctx, keelStdio)); err != nil {
+			return err
+		}
 	}
 
 	if !skipNode {
@@ -217,6 +220,10 @@ func run(n int, nodeDir string, skipNode bool) error {
 		fmt.Printf("%-30s %10s %10s\n", r.name, r.p50, r.p99)
 	}
 	base := results[0]
+	if skipStdio {
+		fmt.Printf("\nkeel MCP overhead over its own call (p50): HTTP %s\n", results[1].p50-base.p50)
+		return nil
+	}
 	fmt.Printf("\nkeel MCP overhead over its own call (p50): HTTP %s, stdio %s\n", results[1].p50-base.p50, results[2].p50-base.p50)
 	if len(results) == 5 {
 		fmt.Printf("keel / Node (p50): HTTP %.2f×, stdio %.2f×; (p99): HTTP %.2f×, stdio %.2f×\n",
