@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/keel-runtime/keel"
@@ -54,10 +58,15 @@ func chromium() string {
 	return ""
 }
 
-// newTab opens a tab in a browser context of its own (its own cookies),
-// in the one headless Chromium the package's tests share. Without a
-// chromium the test skips, unless CI or KEEL_TEST_REQUIRE_CHROMIUM is
-// set: then it fails.
+// newTab returns a tab in a browser context of its own (its own
+// cookies, none at first), in the one headless Chromium the package's
+// tests share, for the test alone until it ends. Tabs are pooled: a new
+// browser context and its window cost about a second of Chromium's time,
+// so a tab a test is done with goes back to the pool (on about:blank,
+// its cookies and viewport cleared) and the next test takes it. Every
+// tab runs instrumentJS in each document it loads. Without a chromium
+// the test skips, unless CI or KEEL_TEST_REQUIRE_CHROMIUM is set: then it
+// fails.
 func newTab(t *testing.T) context.Context {
 	t.Helper()
 	path := chromium()
@@ -81,12 +90,59 @@ func newTab(t *testing.T) context.Context {
 	if browserErr != nil {
 		t.Fatalf("start chromium: %v", browserErr)
 	}
-	ctx, cancel := chromedp.NewContext(browserCtx, chromedp.WithNewBrowserContext())
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("open a tab: %v", err)
+	tabsMu.Lock()
+	var tb tab
+	if n := len(idleTabs); n > 0 {
+		tb, idleTabs = idleTabs[n-1], idleTabs[:n-1]
 	}
-	return ctx
+	tabsMu.Unlock()
+	if tb.ctx == nil {
+		ctx, cancel := chromedp.NewContext(browserCtx, chromedp.WithNewBrowserContext())
+		err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: instrumentJS})
+			return err
+		}))
+		if err != nil {
+			cancel()
+			t.Fatalf("open a tab: %v", err)
+		}
+		tb = tab{ctx, cancel}
+	}
+	t.Cleanup(tb.release)
+	return tb.ctx
+}
+
+// tab is a pooled tab.
+type tab struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+var (
+	tabsMu   sync.Mutex
+	idleTabs []tab
+)
+
+// release leaves the page (its connection closes, its timers stop),
+// clears the cookies and the viewport, and puts the tab back in the
+// pool; a tab that fails to is closed.
+func (tb tab) release() {
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	err := chromedp.Do(ctx, chromedp.Navigate("about:blank"), chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, network.ClearBrowserCookies, cdp.Empty{}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, emulation.ClearDeviceMetricsOverride, cdp.Empty{})
+		return err
+	}))
+	if err != nil {
+		tb.cancel()
+		return
+	}
+	tabsMu.Lock()
+	idleTabs = append(idleTabs, tb)
+	tabsMu.Unlock()
 }
 
 // run runs steps in the tab, each wait bounded, failing the test with

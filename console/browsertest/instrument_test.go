@@ -8,11 +8,10 @@ import (
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
-	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
-// instrumentJS runs first in every document of an instrumented tab: it
+// instrumentJS runs first in every document of every tab (newTab): it
 // records each request the page sends over a WebSocket (method and
 // params) in window.keelTest.sent, and keeps the page's pending timers
 // (intervals, and timeouts not yet run) that its own scripts set, for
@@ -40,18 +39,9 @@ const instrumentJS = `(() => {
   window.keelTest = { sent, timers: () => pending.size };
 })();`
 
-// instrument makes tab run instrumentJS in every document it loads from
-// now on.
-func instrument(t *testing.T, tab context.Context) {
-	t.Helper()
-	run(t, tab, "instrument the tab", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: instrumentJS})
-		return err
-	}))
-}
-
 // sent counts the requests of the given methods the tab's page has sent
-// over its WebSocket since it loaded (an instrumented tab's).
+// over its WebSocket since it loaded (every tab is instrumented: see
+// newTab).
 func sent(t *testing.T, tab context.Context, methods ...string) int {
 	t.Helper()
 	list := `['` + strings.Join(methods, `','`) + `']`

@@ -53,7 +53,6 @@ func TestRunsPageLive(t *testing.T) {
 	c := k.dial(t)
 	ctx := context.Background()
 	tab := newTab(t)
-	instrument(t, tab)
 	login(t, tab, k)
 	shown := func(n int) chromedp.Action[chromedp.Void] {
 		return waitJS(fmt.Sprintf(`document.querySelectorAll('#runs tr a').length === %d && (%[1]d > 0 || document.querySelector('#runs')?.textContent === 'No runs match.')`, n))
@@ -132,7 +131,6 @@ func TestTwoBrowsers(t *testing.T) {
 	}
 
 	first, second := newTab(t), newTab(t)
-	instrument(t, second)
 	login(t, first, k)
 	login(t, second, k)
 	if a, b := sessionCookie(t, first, k), sessionCookie(t, second, k); a.Value == b.Value {
