@@ -9,8 +9,8 @@
 // without polling (an instrumented tab counts the requests a page sends
 // and the timers it keeps); that two browsers with their own sessions
 // watch and steer one run at once; and that logging out ends the
-// session. The tests share one browser process, each in a browser
-// context of its own, and run in parallel.
+// session. The tests share one browser process and a pool of tabs, each
+// in a browser context of its own (newTab), and run in parallel.
 //
 // They skip when no chromium is installed, unless CI or
 // KEEL_TEST_REQUIRE_CHROMIUM is set: then a missing browser fails them.
