@@ -1,7 +1,9 @@
 package acp
 
 import (
+	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -96,4 +98,40 @@ func TestToolKind(t *testing.T) {
 			t.Errorf("toolKind(%q) = %q, want %q", se, got, want)
 		}
 	}
+}
+
+// FuzzConn feeds the JSON-RPC reader arbitrary input: it never panics,
+// every line it writes is one JSON-RPC 2.0 message, and every request it
+// answers (or refuses) gets exactly one line.
+func FuzzConn(f *testing.F) {
+	for _, seed := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{}}`,
+		`{"jsonrpc":"2.0","method":"note"}`,
+		`{"jsonrpc":"2.0","id":"x","result":{}}`,
+		`[1,2]`, `{"jsonrpc":`, `null`, `"str"`, `{"jsonrpc":"2.0","id":{},"method":"echo"}`,
+		`{"jsonrpc":"2.0","id":2,"method":7}`, "\n\n\r\n", strings.Repeat("a", 100),
+	} {
+		f.Add(seed + "\n")
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var out strings.Builder
+		c := &conn{w: &out, maxLine: 64, pending: map[string]chan *message{},
+			handle: func(context.Context, string, json.RawMessage) (any, error) { return map[string]int{"ok": 1}, nil },
+			errorObject: errorObject}
+		if err := c.serve(context.Background(), strings.NewReader(in)); err != nil {
+			t.Fatalf("serve = %v", err)
+		}
+		for _, line := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+			if line == "" {
+				continue
+			}
+			var m struct {
+				JSONRPC string          `json:"jsonrpc"`
+				ID      json.RawMessage `json:"id"`
+			}
+			if err := json.Unmarshal([]byte(line), &m); err != nil || m.JSONRPC != "2.0" || len(m.ID) == 0 {
+				t.Fatalf("wrote %q for input %q", line, in)
+			}
+		}
+	})
 }
