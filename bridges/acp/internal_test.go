@@ -116,7 +116,7 @@ func FuzzConn(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in string) {
 		var out strings.Builder
 		c := &conn{w: &out, maxLine: 64, pending: map[string]chan *message{},
-			handle: func(context.Context, string, json.RawMessage) (any, error) { return map[string]int{"ok": 1}, nil },
+			handle:      func(context.Context, string, json.RawMessage) (any, error) { return map[string]int{"ok": 1}, nil },
 			errorObject: errorObject}
 		if err := c.serve(context.Background(), strings.NewReader(in)); err != nil {
 			t.Fatalf("serve = %v", err)
