@@ -35,7 +35,8 @@ export function runsPage(conn, root, _, params) {
   const runs = new Map(); // id -> summary, from run.list and runs.changed
   function render() {
     const state = form.elements.state.value, kind = form.elements.kind.value, m = model.value.trim().toLowerCase();
-    const all = [...runs.values()].sort((a, b) => (b.created_at || '').localeCompare(a.created_at || '') || b.id.localeCompare(a.id));
+    const at = (r) => Date.parse(r.created_at) || 0;
+    const all = [...runs.values()].sort((a, b) => at(b) - at(a) || b.id.localeCompare(a.id));
     const shown = all.filter((r) => (!state || r.status === state) && (!kind || (r.kind || 'agent') === kind) && (!m || (r.model || '').toLowerCase().includes(m)));
     replace(seen, [...new Set(all.map((r) => r.model).filter(Boolean))].map((x) => h('option', { value: x })));
     note.textContent = `${shown.length} of ${all.length} runs shown.`;
