@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/ipctest"
@@ -110,7 +112,11 @@ func TestRunsSubscribe(t *testing.T) {
 	f.Emit(keel.Event{RunID: "r2", Seq: 2, Type: keel.EventRunPaused})
 	check("paused", watcher.readRunChanged(), "r2", keel.RunPaused, 2)
 	watcher.callOK(protocol.MethodInitialize, nil, nil)
-	// The last watcher gone, the watch stops following the runs.
+	// A watcher that disconnects stops watching; the last watcher gone,
+	// the watch stops following the runs.
+	other.callOK(protocol.MethodRunsSubscribe, nil, nil)
+	other.ws.Close(websocket.StatusNormalClosure, "")
+	subscribers(3) // two connections and the watch
 	watcher.callOK(protocol.MethodRunsUnsubscribe, nil, nil)
-	subscribers(3)
+	subscribers(2)
 }
