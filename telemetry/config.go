@@ -31,6 +31,14 @@ const (
 	DefaultFlushInterval = time.Second
 	DefaultExportTimeout = 5 * time.Second
 	maxBatch             = 512
+	// maxBatchBytes bounds a batch's encoded spans too: the gRPC client
+	// marshals a request into a buffer from a pool whose largest tier is
+	// 1 MiB; a larger request gets a new buffer every time, which the
+	// kernel must fault in and the GC collect. 512 spans without content
+	// take well under 1 MiB; with content (prompts, outputs) a batch
+	// reaches it sooner. The room left is for the resource and the
+	// request's framing.
+	maxBatchBytes = 1<<20 - 32<<10
 )
 
 // Config is the export configuration, telemetry.json. The zero value

@@ -621,7 +621,7 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 			}
 		}
 		e.add(sp, a, &rs.info, labels, c, withheld)
-		if e.len() == maxBatch {
+		if e.full() {
 			x.send(ctx, e)
 			e.reset()
 		}

@@ -124,6 +124,10 @@ func newEncoder(service, version, scope string) *encoder {
 // len is the number of spans encoded since the last reset.
 func (e *encoder) len() int { return e.n }
 
+// full reports whether the batch should be sent before another span is
+// added: it holds maxBatch spans, or maxBatchBytes of them.
+func (e *encoder) full() bool { return e.n >= maxBatch || len(e.buf) >= maxBatchBytes }
+
 // request returns the spans encoded since the last reset as a request's
 // resource spans; valid until the next reset.
 func (e *encoder) request() []*tracepb.ResourceSpans {
