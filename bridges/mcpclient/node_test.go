@@ -2,12 +2,10 @@ package mcpclient_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -21,6 +19,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/bridges/mcpclient"
 	"github.com/keel-runtime/keel/bridges/mcpclient/mcpfile"
+	"github.com/keel-runtime/keel/internal/nodetest"
 )
 
 // nodeDir holds the peer nobody at keel wrote: the official reference
@@ -30,9 +29,6 @@ import (
 const nodeDir = "testdata/node"
 
 var (
-	npmOnce sync.Once
-	npmErr  error
-
 	// everything is the one streamable HTTP server-everything of the
 	// test binary, started by the first test that needs it and stopped
 	// by TestMain.
@@ -57,31 +53,7 @@ func TestMain(m *testing.M) {
 // test fails: CI must run it), and installs the packages once.
 func needNode(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("node is needed (CI is set): %v", err)
-		}
-		t.Skipf("node is not installed: %v", err)
-	}
-	npmOnce.Do(func() {
-		// npm writes node_modules/.package-lock.json last: its presence
-		// means a complete install.
-		_, err := os.Stat(filepath.Join(nodeDir, "node_modules", ".package-lock.json"))
-		if err == nil || !errors.Is(err, fs.ErrNotExist) {
-			npmErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir = nodeDir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			npmErr = fmt.Errorf("npm ci in %s: %w\n%s", nodeDir, err, out)
-		}
-	})
-	if npmErr != nil {
-		t.Fatal(npmErr)
-	}
+	nodetest.Need(t, nodeDir)
 }
 
 // everythingJS is the server's entry point.

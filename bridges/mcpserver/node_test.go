@@ -5,17 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/keel-runtime/keel/internal/nodetest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
@@ -25,40 +21,11 @@ import (
 // node_modules is installed by npm ci on first use and kept).
 const nodeDir = "testdata/node"
 
-var (
-	npmOnce sync.Once
-	npmErr  error
-)
-
 // needNode skips t when node is not installed, unless CI is set (then the
 // test fails: CI must run it), and installs the packages once.
 func needNode(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("node is needed (CI is set): %v", err)
-		}
-		t.Skipf("node is not installed: %v", err)
-	}
-	npmOnce.Do(func() {
-		// npm writes node_modules/.package-lock.json last: its presence
-		// means a complete install.
-		_, err := os.Stat(filepath.Join(nodeDir, "node_modules", ".package-lock.json"))
-		if err == nil || !errors.Is(err, fs.ErrNotExist) {
-			npmErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir = nodeDir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			npmErr = fmt.Errorf("npm ci in %s: %w\n%s", nodeDir, err, out)
-		}
-	})
-	if npmErr != nil {
-		t.Fatal(npmErr)
-	}
+	nodetest.Need(t, nodeDir)
 }
 
 // node runs a node program in nodeDir with env added and returns its
