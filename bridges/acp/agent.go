@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 )
 
 // ProtocolVersion is the ACP protocol version the agent speaks.
@@ -245,7 +246,7 @@ func (a *Agent) ignoreMCP(p sessionParams) {
 	if len(p.McpServers) > 0 {
 		// keel's tools are its own, installed and granted in keel: the
 		// editor's MCP servers are not connected (docs/bridges.md).
-		a.log.Warn("acp: the session's MCP servers are ignored; install tools in keel instead", "servers", len(p.McpServers))
+		a.log.Warn("acp: the session's MCP servers are ignored; install tools in keel instead", logkey.Servers, len(p.McpServers))
 	}
 }
 
@@ -322,7 +323,7 @@ func (a *Agent) loadSession(ctx context.Context, params json.RawMessage) (any, e
 			defer close(t.done)
 			defer cancel()
 			if _, err := a.follow(tctx, s, t, d.Run.ID, d.Run.LastSeq, pending); err != nil {
-				a.log.Warn("acp: follow the loaded session's run", "run", d.Run.ID, "err", err)
+				a.log.Warn("acp: follow the loaded session's run", logkey.Run, d.Run.ID, logkey.Err, err)
 			}
 			s.mu.Lock()
 			if s.turn == t {
@@ -559,7 +560,7 @@ func (a *Agent) follow(ctx context.Context, s *session, t *turn, id keel.RunID, 
 func (a *Agent) toolKinds(ctx context.Context) map[string]string {
 	specs, err := a.cfg.Runs.Tools(ctx)
 	if err != nil {
-		a.log.Warn("acp: list tools", "err", err)
+		a.log.Warn("acp: list tools", logkey.Err, err)
 		return nil
 	}
 	kinds := make(map[string]string, len(specs))
@@ -707,7 +708,7 @@ func (a *Agent) cancel(params json.RawMessage) {
 func (a *Agent) cancelRun(id keel.RunID) {
 	go func() {
 		if err := a.cfg.Runs.Cancel(context.Background(), id); err != nil && !errors.Is(err, keel.ErrConflict) {
-			a.log.Warn("acp: cancel run", "run", id, "err", err)
+			a.log.Warn("acp: cancel run", logkey.Run, id, logkey.Err, err)
 		}
 	}()
 }
@@ -731,7 +732,7 @@ func (a *Agent) askPermission(ctx context.Context, s *session, run keel.RunID, a
 		} `json:"outcome"`
 	}
 	if err := a.c.call(ctx, "session/request_permission", params, &res); err != nil {
-		a.log.Info("acp: permission request", "run", run, "call", ap.Call.ID, "err", err)
+		a.log.Info("acp: permission request", logkey.Run, run, logkey.Call, ap.Call.ID, logkey.Err, err)
 		return
 	}
 	if res.Outcome.Outcome != "selected" {
@@ -743,6 +744,6 @@ func (a *Agent) askPermission(ctx context.Context, s *session, run keel.RunID, a
 		reason = "rejected in the editor"
 	}
 	if err := a.cfg.Runs.Approve(ctx, Approval{Run: run, CallID: ap.Call.ID, ArgsSHA256: ap.ArgsSHA256, Approved: approved, Reason: reason}); err != nil {
-		a.log.Warn("acp: approve", "run", run, "call", ap.Call.ID, "err", err)
+		a.log.Warn("acp: approve", logkey.Run, run, logkey.Call, ap.Call.ID, logkey.Err, err)
 	}
 }

@@ -27,6 +27,7 @@ const (
 	Remote    = "remote"    // a protocol client's address
 	Method    = "method"    // a protocol method
 	Server    = "server"    // an MCP server keel is a client of (its configured name)
+	Call      = "call"      // a tool call's ID (keel.ToolCall.ID)
 )
 
 // Outcomes and errors.
@@ -61,6 +62,7 @@ const (
 	Stream           = "stream"            // whether a model call streamed
 	PeakRSSKiB       = "peak_rss_kib"      // a process's peak resident memory, KiB
 	Spans            = "spans"             // a number of trace spans
+	Servers          = "servers"           // a number of MCP servers
 	Content          = "content"           // whether exported spans carry prompts and outputs
 )
 
