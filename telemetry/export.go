@@ -83,6 +83,7 @@ type Exporter struct {
 	wake     chan struct{} // the queue holds a batch
 	stop     chan struct{}
 	done     chan struct{}
+	flushes  chan chan struct{} // Flush's requests: closed once all before them went
 	closeCtx context.Context // set by Close before stop closes
 	once     sync.Once
 
@@ -209,7 +210,7 @@ func New(opts Options) (*Exporter, error) {
 		res:    resource.NewSchemaless(attribute.String("service.name", cfg.serviceName()), attribute.String("service.version", version)),
 		enc:    newEncoder(cfg.serviceName(), version, scopeName),
 		states: map[keel.RunID]*runState{}, allowedRuns: map[keel.RunID]bool{}, tops: map[keel.RunID]keel.RunID{},
-		stop: make(chan struct{}), done: make(chan struct{}), minBackoff: minBackoff}
+		stop: make(chan struct{}), done: make(chan struct{}), flushes: make(chan chan struct{}), minBackoff: minBackoff}
 	if cfg.MetricsOn() {
 		m, err := newMetrics(x)
 		if err != nil {
@@ -514,11 +515,41 @@ func (x *Exporter) loop() {
 			if len(pending)+len(ready) > 0 || !x.q.untime() {
 				arm()
 			}
+		case sent := <-x.flushes:
+			drain()
+			sendAll(context.Background(), false)
+			close(sent)
 		case <-x.stop:
 			drain()
 			sendAll(x.closeCtx, true)
 			return
 		}
+	}
+}
+
+// Flush sends every span finished before it was called now, without
+// waiting for the flush interval (with content on, without waiting for
+// content still to come), and returns once they went (or failed, or
+// were counted failed while a collector that failed is given time). It
+// returns ctx's error if ctx ends first, and nil at once for an
+// exporter without export or closed.
+func (x *Exporter) Flush(ctx context.Context) error {
+	if x.q == nil {
+		return nil
+	}
+	sent := make(chan struct{})
+	select {
+	case x.flushes <- sent:
+	case <-x.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	select {
+	case <-sent:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 

@@ -797,3 +797,45 @@ func TestDownCollectorBackoff(t *testing.T) {
 		t.Errorf("Stats() = %+v, want 12 failed and the error", s)
 	}
 }
+
+// TestFlush: Flush sends the spans finished before it at once, an hour
+// before the flush interval would, and the spans after it wait again;
+// on a closed exporter it returns at once.
+func TestFlush(t *testing.T) {
+	t.Parallel()
+	mem := &memClient{}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", FlushIntervalMS: 3_600_000}, Runs: &fakeRuns{}, Client: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := x.Tracer(nopTracer{})
+	count := func() int {
+		mem.mu.Lock()
+		defer mem.mu.Unlock()
+		return len(mem.spans)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range []string{"a", "b", "c"} {
+		finish(t, tr, keel.Span{ID: id, RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	}
+	if err := x.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 3 {
+		t.Errorf("after Flush the collector holds %d spans, want 3", n)
+	}
+	finish(t, tr, keel.Span{ID: "d", RunID: "r", Kind: keel.SpanToolCall, Status: keel.SpanOK})
+	if err := x.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 4 {
+		t.Errorf("after a second Flush the collector holds %d spans, want 4", n)
+	}
+	if err := x.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Flush(ctx); err != nil {
+		t.Errorf("Flush after Close = %v, want nil at once", err)
+	}
+}

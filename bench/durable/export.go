@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -96,7 +98,7 @@ type exportResult struct {
 
 // measureExport times reps sets of single runs of n steps on one engine
 // and database file, the modes taking turns in a rotating order.
-func measureExport(ctx context.Context, dir, synchronous string, n, reps int, upEndpoint string) (exportResult, error) {
+func measureExport(ctx context.Context, dir, synchronous string, n, reps, block int, upEndpoint string) (exportResult, error) {
 	res := exportResult{sync: synchronous}
 	st, err := store.OpenWith(ctx, filepath.Join(dir, "keel-export-"+synchronous+".db"), store.Options{Synchronous: synchronous})
 	if err != nil {
@@ -132,7 +134,20 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 		if err != nil {
 			return nil, err
 		}
-		return telemetry.New(telemetry.Options{Config: cfg, Runs: st})
+		// The exporter's goroutines carry a profiler label naming it
+		// (-cpuprofile, then pprof -tagfocus exporter=down).
+		name := "metrics"
+		switch endpoint {
+		case upEndpoint:
+			name = "up"
+		case downEndpoint:
+			name = "down"
+		}
+		var x *telemetry.Exporter
+		pprof.Do(ctx, pprof.Labels("exporter", name), func(context.Context) {
+			x, err = telemetry.New(telemetry.Options{Config: cfg, Runs: st})
+		})
+		return x, err
 	}
 	metricsOnly, err := newX("")
 	if err != nil {
@@ -177,26 +192,45 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 			return res, fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	// one times block runs of mode back to back, then the flush of what
+	// they left in the exporter's queue: each mode's measurement carries
+	// the whole of its own export, and none of another's (the export
+	// goroutine works beside the runs, so without the flush a batch from
+	// one mode's runs would be sent during the next mode's).
 	one := func(mode, i int) (wall, cpu time.Duration, err error) {
-		sw.cur.Store(choices[mode])
+		ch := choices[mode]
+		sw.cur.Store(ch)
 		c0 := cpuTime()
-		bt, err := runAll(ctx, b, fmt.Sprintf("one-%d-%d", i, mode), 1, n)
-		if err != nil {
-			return 0, 0, err
+		t0 := time.Now()
+		for j := range block {
+			bt, err := runAll(ctx, b, fmt.Sprintf("one-%d-%d-%d", i, mode, j), 1, n)
+			if err != nil {
+				return 0, 0, err
+			}
+			if bt.steps != int64(n) {
+				return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
+			}
 		}
-		if bt.steps != int64(n) {
-			return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
+		if ch.x != nil {
+			if err := ch.x.Flush(ctx); err != nil {
+				return 0, 0, err
+			}
 		}
-		err = st.Sync(ctx)
-		return bt.elapsed / time.Duration(n), (cpuTime() - c0) / time.Duration(n), err
+		steps := time.Duration(block * n)
+		wall, cpu = time.Since(t0)/steps, (cpuTime()-c0)/steps
+		return wall, cpu, st.Sync(ctx)
 	}
+	// Each rep takes the modes in an order of its own, drawn from a
+	// seeded source: a rotation keeps neighbours together, and whatever
+	// one mode leaves behind (GC debt, a batch) would always fall on
+	// the same next one.
+	rng := rand.New(rand.NewPCG(17, uint64(reps)))
 	var walls, cpus [numModes][]time.Duration
 	var ratios, cpuRatios [numModes][]float64
 	var exp, cpuExp [2][]float64
 	for i := range reps {
 		var got, cpu [numModes]time.Duration
-		for k := range numModes {
-			m := (i + k) % numModes
+		for k, m := range rng.Perm(numModes) {
 			if got[m], cpu[m], err = one(m, i*numModes+k); err != nil {
 				return res, err
 			}
@@ -245,11 +279,11 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps int, up
 // runExport is the -export mode: the export comparison alone, at each
 // synchronous setting.
 func runExport(ctx context.Context, cfg config, dir string) error {
-	fmt.Printf("OTLP export off vs on (collector up, collector down): one run of %d steps (echo tool calls), median of %d reps of 5 runs (off: no telemetry; metrics: the daemon's default, no export; up; down; off again) in rotating order\n",
-		cfg.n, cfg.reps)
+	fmt.Printf("OTLP export off vs on (collector up, collector down): %d runs of %d steps (echo tool calls) back to back and the exporter's flush, median of %d reps of 5 such blocks (off: no telemetry; metrics: the daemon's default, no export; up; down; off again), each rep in an order of its own\n",
+		cfg.exportBlock, cfg.n, cfg.reps)
 	for _, s := range cfg.syncs {
-		progress("%s: keel, telemetry off / metrics / up / down, %d reps of 5 runs of %d steps", s, cfg.reps, cfg.n)
-		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, os.Getenv("KEEL_TEST_OTLP_GRPC"))
+		progress("%s: keel, telemetry off / metrics / up / down, %d reps of 5 blocks of %d runs of %d steps", s, cfg.reps, cfg.exportBlock, cfg.n)
+		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, cfg.exportBlock, os.Getenv("KEEL_TEST_OTLP_GRPC"))
 		if err != nil {
 			return fmt.Errorf("synchronous=%s: %w", s, err)
 		}

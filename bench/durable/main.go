@@ -54,20 +54,21 @@ import (
 
 // config is what the flags set.
 type config struct {
-	n        int           // steps per run
-	conc     []int         // concurrent runs, one measurement each
-	dir      string        // where database files go; "" is a new temporary directory
-	floor    int           // commits timed for the floor
-	reps     int           // single runs timed, each paired with floor commits
-	waiting  int           // runs waiting for approval
-	resume   int           // interrupted runs resumed
-	budget   time.Duration // longest projected concurrent measurement
-	lgDir    string        // the LangGraph.js benchmark
-	skipLang bool
-	policy   bool     // measure the policy's cost only (policy.go)
-	policyIn string   // "": on and off in turns; "on" or "off": that side alone (policy.go)
-	export   bool     // measure the OTLP export's cost only (export.go)
-	syncs    []string // synchronous settings, one column each
+	n           int           // steps per run
+	conc        []int         // concurrent runs, one measurement each
+	dir         string        // where database files go; "" is a new temporary directory
+	floor       int           // commits timed for the floor
+	reps        int           // single runs timed, each paired with floor commits
+	waiting     int           // runs waiting for approval
+	resume      int           // interrupted runs resumed
+	budget      time.Duration // longest projected concurrent measurement
+	lgDir       string        // the LangGraph.js benchmark
+	skipLang    bool
+	policy      bool     // measure the policy's cost only (policy.go)
+	policyIn    string   // "": on and off in turns; "on" or "off": that side alone (policy.go)
+	export      bool     // measure the OTLP export's cost only (export.go)
+	exportBlock int      // -export: runs per timed block
+	syncs       []string // synchronous settings, one column each
 }
 
 func main() {
@@ -87,6 +88,7 @@ func main() {
 	flag.BoolVar(&cfg.policy, "policy", false, "measure only a run's step time with a 1,000-rule policy in force vs none (issue 16)")
 	flag.StringVar(&cfg.policyIn, "policy-only", "", "with -policy: time only runs with the policy \"on\" or \"off\", so that each side can be profiled (-cpuprofile) in its own process")
 	flag.BoolVar(&cfg.export, "export", false, "measure only a run's step time with OTLP export off vs on, collector up and down (issue 17); KEEL_TEST_OTLP_GRPC names the collector, else an in-process receiver")
+	flag.IntVar(&cfg.exportBlock, "export-block", 4, "with -export: runs of one mode timed back to back, with the flush of their spans")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
