@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
+	"google.golang.org/grpc"
 )
 
 // scopeName is the instrumentation scope of what keel exports.
@@ -84,7 +85,8 @@ type Exporter struct {
 	stop     chan struct{}
 	done     chan struct{}
 	flushes  chan chan struct{} // Flush's requests: closed once all before them went
-	closeCtx context.Context // set by Close before stop closes
+	codec    *requestCodec      // the gRPC client's codec; nil over HTTP or with Options.Client
+	closeCtx context.Context    // set by Close before stop closes
 	once     sync.Once
 
 	exported, dropped, failed, denied atomic.Uint64
@@ -238,7 +240,7 @@ func New(opts Options) (*Exporter, error) {
 	x.dest = u.String()
 	x.client = opts.Client
 	if x.client == nil {
-		x.client = newOTLP(cfg, u.String())
+		x.client, x.codec = newOTLP(cfg, u.String())
 	}
 	// The clients connect lazily: a collector that is down does not fail
 	// Start.
@@ -258,8 +260,9 @@ func (x *Exporter) startLoop() {
 // newOTLP makes the official OTLP client for cfg, to url (see
 // destination), unstarted. It does not retry: a batch that fails is
 // dropped and counted, and the queue, not a retry loop, absorbs a
-// collector's hiccups.
-func newOTLP(cfg Config, url string) otlptrace.Client {
+// collector's hiccups. Over gRPC, the client marshals its requests with
+// codec (see requestCodec); over HTTP codec is nil.
+func newOTLP(cfg Config, url string) (client otlptrace.Client, codec *requestCodec) {
 	timeout := cfg.exportTimeout()
 	if cfg.Protocol == ProtocolHTTP {
 		opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(url), otlptracehttp.WithTimeout(timeout),
@@ -267,14 +270,16 @@ func newOTLP(cfg Config, url string) otlptrace.Client {
 		if len(cfg.Headers) > 0 {
 			opts = append(opts, otlptracehttp.WithHeaders(cfg.Headers))
 		}
-		return otlptracehttp.NewClient(opts...)
+		return otlptracehttp.NewClient(opts...), nil
 	}
 	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(url), otlptracegrpc.WithTimeout(timeout),
 		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
 	if len(cfg.Headers) > 0 {
 		opts = append(opts, otlptracegrpc.WithHeaders(cfg.Headers))
 	}
-	return otlptracegrpc.NewClient(opts...)
+	codec = newRequestCodec()
+	opts = append(opts, otlptracegrpc.WithDialOption(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec))))
+	return otlptracegrpc.NewClient(opts...), codec
 }
 
 // Config returns the configuration in use.
@@ -673,6 +678,9 @@ func (x *Exporter) send(ctx context.Context, e *encoder) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
+		if x.codec != nil {
+			x.codec.lost()
+		}
 		x.backoff = min(max(2*x.backoff, x.minBackoff), maxBackoff)
 		x.retryAt = now.Add(x.backoff)
 		x.failed.Add(uint64(n))
