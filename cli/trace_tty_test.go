@@ -102,7 +102,9 @@ func TestTraceFollowTerminal(t *testing.T) {
 	// On a terminal.
 	pty, tty := openPTY(t)
 	screen, tool, ended := newWatchWriter("(agent, waiting)"), newWatchWriter("tool.call tally"), newWatchWriter("(agent, succeeded)")
+	drained := make(chan struct{}) // closed once the reader met the end of the terminal's output
 	go func() {
+		defer close(drained)
 		buf := make([]byte, 4096)
 		for {
 			n, err := pty.Read(buf)
@@ -127,8 +129,13 @@ func TestTraceFollowTerminal(t *testing.T) {
 	if code := wait(t, done, "keel trace --follow exits when the run ends"); code != cli.ExitOK {
 		t.Fatalf("keel trace --follow on a terminal: exit %d\n%s", code, screen)
 	}
-	// What the CLI wrote may still be on its way through the pty.
+	// What the CLI wrote may still be on its way through the pty: with
+	// the terminal's side closed, the reader gets all of it, then an
+	// error. (Waiting for the final drawing's first line was not enough:
+	// a CI run read the rest after the check.)
 	wait(t, ended.seen, "the final waterfall on the terminal")
+	tty.Close()
+	wait(t, drained, "the rest of the final waterfall on the terminal")
 	s := screen.String()
 	draws := strings.Split(s, "\x1b[H\x1b[2J")
 	if len(draws)-1 < 3 { // draws[0] is what came before the first
