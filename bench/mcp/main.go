@@ -19,11 +19,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -39,6 +37,7 @@ import (
 	"github.com/keel-runtime/keel/bench/internal/timing"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/nodetest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/datadir"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -268,24 +267,10 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.next.RoundTrip(r)
 }
 
-// installNode runs npm ci in dir unless a complete install is there (npm
-// writes node_modules/.package-lock.json last).
+// installNode runs npm ci in dir unless a complete install is there.
 func installNode(dir string) error {
 	if _, err := exec.LookPath("node"); err != nil {
 		return fmt.Errorf("node is needed for the Node peer (or pass -skip-node): %w", err)
 	}
-	_, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json"))
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "mcp: installing the Node peer's packages in %s (npm ci)\n", dir)
-	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
-	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("npm ci in %s: %w", dir, err)
-	}
-	return nil
+	return nodetest.Install(context.Background(), dir, os.Stderr)
 }

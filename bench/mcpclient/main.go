@@ -18,7 +18,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +32,7 @@ import (
 	"github.com/keel-runtime/keel/bench/internal/timing"
 	"github.com/keel-runtime/keel/bridges/mcpclient"
 	"github.com/keel-runtime/keel/bridges/mcpclient/mcpfile"
+	"github.com/keel-runtime/keel/internal/nodetest"
 )
 
 func main() {
@@ -54,12 +54,8 @@ func main() {
 }
 
 func run(n int, nodeDir string) error {
-	if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", ".package-lock.json")); errors.Is(err, fs.ErrNotExist) {
-		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = nodeDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("npm ci in %s: %w", nodeDir, err)
-		}
+	if err := nodetest.Install(context.Background(), nodeDir, os.Stderr); err != nil {
+		return err
 	}
 	js, err := filepath.Abs(filepath.Join(nodeDir, "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js"))
 	if err != nil {

@@ -2,13 +2,14 @@
 // official MCP and ACP SDKs, the MCP conformance suite, reference
 // servers): each lives in a directory with its package.json and
 // package-lock.json, whose node_modules npm installs on first use and
-// keeps. Only tests use this package.
+// keeps. Only tests and benchmarks use this package.
 package nodetest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -53,16 +54,17 @@ func Need(t testing.TB, dir string) {
 		installs[abs] = in
 	}
 	mu.Unlock()
-	in.once.Do(func() { in.err = Install(context.Background(), abs) })
+	in.once.Do(func() { in.err = Install(context.Background(), abs, nil) })
 	if in.err != nil {
 		t.Fatal(in.err)
 	}
 }
 
 // Install runs npm ci in dir unless node_modules holds a complete
-// install. For benchmarks, which have no testing.T; ctx bounds it, and
-// so does a 5-minute limit.
-func Install(ctx context.Context, dir string) error {
+// install. For benchmarks too, which have no testing.T; ctx bounds it,
+// and so does a 5-minute limit. npm's output goes to progress, or with
+// progress nil into the error, should it fail.
+func Install(ctx context.Context, dir string, progress io.Writer) error {
 	_, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json"))
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return err
@@ -71,6 +73,14 @@ func Install(ctx context.Context, dir string) error {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
 	cmd.Dir = dir
+	if progress != nil {
+		fmt.Fprintf(progress, "installing the Node packages in %s (npm ci)\n", dir)
+		cmd.Stdout, cmd.Stderr = progress, progress
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("npm ci in %s: %w", dir, err)
+		}
+		return nil
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("npm ci in %s: %w\n%s", dir, err, out)
 	}
