@@ -22,6 +22,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/ipc"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -38,17 +39,15 @@ type started struct {
 	stop func() error // cancels and waits for Run to return
 }
 
-// startDaemon runs a daemon on cfg until the test ends. Unset, the data
-// dir is noTools, the address any free loopback port, the logger silent.
-// Without a CacheDir the daemon keeps its compilation cache where it does
-// by default, in the data dir, which starts as a view of warmCache.
+// startDaemon runs a daemon on cfg until the test ends
+// (daemontest.Start). Unset, the data dir is noTools, the address any free
+// loopback port, the logger silent. Without a CacheDir the daemon keeps
+// its compilation cache where it does by default, in the data dir, which
+// starts as a view of warmCache.
 func startDaemon(t *testing.T, cfg daemon.Config) *started {
 	t.Helper()
 	if cfg.DataDir == "" {
 		cfg.DataDir = noTools(t)
-	}
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:0"
 	}
 	if cfg.CacheDir == "" {
 		cache := filepath.Join(cfg.DataDir, "cache", "wazero")
@@ -56,45 +55,8 @@ func startDaemon(t *testing.T, cfg daemon.Config) *started {
 			linkWarmCache(t, cache) // else a daemon before this one made it
 		}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	ready := make(chan protocol.DaemonInfo, 1)
-	cfg.Ready = func(i protocol.DaemonInfo) { ready <- i }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- daemon.Run(ctx, cfg) }()
-	s := &started{dir: cfg.DataDir}
-	var once bool
-	var runErr error
-	s.stop = func() error {
-		if once {
-			return runErr
-		}
-		once = true
-		cancel()
-		select {
-		case runErr = <-done:
-		case <-time.After(time.Minute):
-			runErr = errors.New("daemon did not stop within a minute")
-		}
-		return runErr
-	}
-	select {
-	case s.info = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("daemon.Run returned before ready: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		t.Fatal("daemon not ready within 2 minutes")
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("daemon stop: %v", err)
-		}
-	})
-	return s
+	d := daemontest.Start(t, cfg)
+	return &started{info: d.Info, dir: d.Dir, stop: d.Stop}
 }
 
 // noTools is a new data dir whose daemon installs no tools. Most tests
@@ -143,15 +105,7 @@ func dataDir(t *testing.T, names []string) string {
 	return dir
 }
 
-func dial(t *testing.T, dir string) *client.Client {
-	t.Helper()
-	c, err := client.DialDataDir(context.Background(), dir)
-	if err != nil {
-		t.Fatalf("DialDataDir: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+func dial(t *testing.T, dir string) *client.Client { return daemontest.Dial(t, dir) }
 
 // asked returns a model step that replies as f does, and a channel
 // closed once the step is asked: the run is then inside that model step.
@@ -234,21 +188,7 @@ func waitTools(t *testing.T, c *client.Client, what string, ok func([]protocol.T
 	// Tools loaded at start are published with no notification; every
 	// change after that load is notified.
 	waitLoaded(t, c)
-	timeout := time.After(time.Minute)
-	for {
-		tools, err := c.ListTools(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok(tools) {
-			return tools
-		}
-		select {
-		case <-c.ToolsChanged():
-		case <-timeout:
-			t.Fatalf("%s: not within a minute; tools.list = %+v", what, tools)
-		}
-	}
+	return daemontest.WaitTools(t, c, what, ok)
 }
 
 // waitLoaded waits until the daemon of c has loaded the tools it found
@@ -273,9 +213,7 @@ func waitLoaded(t *testing.T, c *client.Client) {
 
 // runCLI runs the real command line against the daemon of dir.
 func runCLI(ctx context.Context, dir string, args ...string) (stdout, stderr string, code int) {
-	var out, errb bytes.Buffer
-	code = cli.Main(ctx, append(args, "--data-dir", dir), &out, &errb)
-	return out.String(), errb.String(), code
+	return daemontest.CLI(ctx, dir, args...)
 }
 
 // wantCode fails the test unless err is a protocol error with code, and
@@ -289,59 +227,21 @@ func wantCode(t *testing.T, err error, code int, what string) *protocol.Error {
 	return pe
 }
 
-// runToEnd starts a run with p, follows it until it ends (see follow) and
-// returns its detail.
+// runToEnd starts a run with p, follows it until it ends and returns
+// its detail (daemontest.RunToEnd).
 func runToEnd(t *testing.T, c *client.Client, p protocol.RunStartParams) protocol.RunDetail {
 	t.Helper()
-	run, err := c.StartRun(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	follow(t, c, run.ID)
-	got, err := c.GetRun(context.Background(), run.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
+	return daemontest.RunToEnd(t, c, p)
 }
 
 // follow subscribes to a run and collects its events until the run ends
-// (an interruption is not an end: the run resumes).
+// (daemontest.Follow).
 func follow(t *testing.T, c *client.Client, id keel.RunID) []keel.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := c.Subscribe(ctx, id, 0); err != nil {
-		t.Fatalf("Subscribe: %v", err)
-	}
-	var evs []keel.Event
-	for {
-		select {
-		case ev, ok := <-c.Events():
-			if !ok {
-				t.Fatalf("connection closed; got %v", evTypes(evs))
-			}
-			if ev.RunID != id || ev.Seq == 0 {
-				continue
-			}
-			evs = append(evs, ev)
-			switch ev.Type {
-			case keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled:
-				return evs
-			}
-		case <-ctx.Done():
-			t.Fatalf("run %s did not end; got %v", id, evTypes(evs))
-		}
-	}
+	return daemontest.Follow(t, c, id)
 }
 
-func evTypes(evs []keel.Event) []keel.EventType {
-	var out []keel.EventType
-	for _, e := range evs {
-		out = append(out, e.Type)
-	}
-	return out
-}
+func evTypes(evs []keel.Event) []keel.EventType { return daemontest.Types(evs) }
 
 // checkJournal opens the SQLite file itself (after the daemon stopped) and
 // checks that it holds exactly the events the client saw, in order.

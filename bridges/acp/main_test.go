@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +16,8 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/internal/wasmtest"
-	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -49,60 +48,23 @@ type testDaemon struct {
 // module: it answers {"words":3} to anything).
 func newDataDir(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	tools := filepath.Join(dir, "tools")
-	if err := os.MkdirAll(tools, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range map[string]string{
-		".examples-installed": "",
-		"tally.wasm":          string(wasmtest.CannedReactor(`{"output":{"words":3}}`)),
-		"tally.manifest.json": tallyManifest,
-	} {
-		if err := os.WriteFile(filepath.Join(tools, name), []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	return daemontest.DataDir(t, map[string][]byte{
+		"tally.wasm":          wasmtest.CannedReactor(`{"output":{"words":3}}`),
+		"tally.manifest.json": []byte(tallyManifest),
+	})
 }
 
 // startDaemon runs a daemon on dir with the model p, which asks for
 // approval of read-only calls (tally's), until stop or the test's end.
 func startDaemon(t *testing.T, dir string, p models.Provider) *testDaemon {
 	t.Helper()
-	cfg := daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", Provider: p, CacheDir: filepath.Join(dir, "cache"),
-		RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly},
-		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil))}
-	ready := make(chan protocol.DaemonInfo, 1)
-	cfg.Ready = func(i protocol.DaemonInfo) { ready <- i }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- daemon.Run(ctx, cfg) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
+	d := daemontest.Start(t, daemon.Config{DataDir: dir, Provider: p, CacheDir: filepath.Join(dir, "cache"),
+		RequireApproval: []keel.SideEffect{keel.SideEffectReadOnly}})
+	return &testDaemon{dir: dir, stop: func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("daemon.Run: %v", err)
 		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon.Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("the daemon did not stop within 30 s")
-		}
-	}
-	t.Cleanup(stop)
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("daemon.Run: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("the daemon was not ready within a minute")
-	}
-	return &testDaemon{dir: dir, stop: stop}
+	}}
 }
 
 // agent is `keel acp` running as a child process.

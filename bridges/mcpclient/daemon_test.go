@@ -1,11 +1,8 @@
 package mcpclient_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,137 +17,35 @@ import (
 	"github.com/keel-runtime/keel/bridges/mcpclient/mcpfile"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
 )
 
-// emptyDataDir is a data directory with no installed tools (the bundled
-// ones count as installed already): a daemon on it compiles nothing.
-func emptyDataDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	tools := filepath.Join(dir, "tools")
-	if err := os.MkdirAll(tools, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tools, ".examples-installed"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 // startDaemon runs a daemon on dir with model until the test ends (or
 // stop), and returns a client of it.
 func startDaemon(t *testing.T, dir string, model *scripted.Provider) (c *client.Client, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan protocol.DaemonInfo, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, daemon.Config{DataDir: dir, Addr: "127.0.0.1:0", Provider: model,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: func(i protocol.DaemonInfo) { ready <- i }})
-	}()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		if c != nil {
-			c.Close()
-		}
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon.Run: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("the daemon did not stop within a minute")
-		}
-	}
-	t.Cleanup(stop)
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("daemon.Run: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("the daemon was not ready within a minute")
-	}
-	c, err := client.DialDataDir(ctx, dir)
-	if err != nil {
+	d := daemontest.Start(t, daemon.Config{DataDir: dir, Provider: model})
+	c = daemontest.Dial(t, dir)
+	if _, err := c.Initialize(context.Background(), protocol.InitializeParams{Client: "mcpclient-test"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Initialize(ctx, protocol.InitializeParams{Client: "mcpclient-test"}); err != nil {
-		t.Fatal(err)
+	return c, func() {
+		c.Close()
+		if err := d.Stop(); err != nil {
+			t.Errorf("daemon.Run: %v", err)
+		}
 	}
-	return c, stop
 }
 
 // keelCLI runs the keel command line on dir (--data-dir first: args may
 // end with a command after --).
 func keelCLI(t *testing.T, dir string, args ...string) (string, int) {
 	t.Helper()
-	var out bytes.Buffer
-	code := cli.Main(context.Background(), append([]string{"--data-dir", dir}, args...), &out, &out)
-	return out.String(), code
-}
-
-// waitTools waits, tools.changed by tools.changed, until cond holds for
-// the daemon's tools.list.
-func waitTools(t *testing.T, c *client.Client, what string, cond func([]protocol.ToolInfo) bool) []protocol.ToolInfo {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for {
-		tools, err := c.ListTools(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cond(tools) {
-			return tools
-		}
-		select {
-		case <-c.ToolsChanged():
-		case <-ctx.Done():
-			t.Fatalf("waited a minute for %s; tools.list: %+v", what, tools)
-		}
-	}
-}
-
-// follow returns the events of run id until one of until.
-func follow(t *testing.T, c *client.Client, id keel.RunID, until ...keel.EventType) []keel.Event {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := c.Subscribe(ctx, id, 0); err != nil {
-		t.Fatalf("Subscribe: %v", err)
-	}
-	var evs []keel.Event
-	for {
-		select {
-		case ev, ok := <-c.Events():
-			if !ok {
-				t.Fatalf("connection closed; got %d events", len(evs))
-			}
-			if ev.RunID != id || ev.Seq == 0 {
-				continue
-			}
-			evs = append(evs, ev)
-			if slices.Contains(until, ev.Type) {
-				return evs
-			}
-		case <-ctx.Done():
-			t.Fatalf("run %s: no %v; got %d events", id, until, len(evs))
-		}
-	}
-}
-
-func hasTool(name string) func([]protocol.ToolInfo) bool {
-	return func(ts []protocol.ToolInfo) bool {
-		return slices.ContainsFunc(ts, func(t protocol.ToolInfo) bool { return t.Name == name })
-	}
+	out, errOut, code := daemontest.CLI(context.Background(), dir, args...)
+	return out + errOut, code
 }
 
 // TestRunThroughDaemon: a user adds server-everything (streamable HTTP,
@@ -162,7 +57,7 @@ func hasTool(name string) func([]protocol.ToolInfo) bool {
 func TestRunThroughDaemon(t *testing.T) {
 	t.Parallel()
 	url := everythingHTTP(t)
-	dir := emptyDataDir(t)
+	dir := daemontest.EmptyDataDir(t)
 	model := scripted.New(nil, scripted.CallTool("mcp-everything-echo", `{"message":"from a run"}`), scripted.Answer("done"))
 	c, _ := startDaemon(t, dir, model)
 	ctx := context.Background()
@@ -170,7 +65,7 @@ func TestRunThroughDaemon(t *testing.T) {
 	if out, code := keelCLI(t, dir, "mcp", "add", "everything", "--url", url, "--label", "pii"); code != 0 {
 		t.Fatalf("keel mcp add = %d: %s", code, out)
 	}
-	tools := waitTools(t, c, "server-everything's tools", hasTool("mcp-everything-echo"))
+	tools := daemontest.WaitTools(t, c, "server-everything's tools", daemontest.HasTool("mcp-everything-echo"))
 	for _, tool := range tools {
 		if tool.Name == "mcp-everything-echo" && (tool.Provenance != "mcp:everything/echo" || tool.SideEffects != keel.SideEffectReadOnly || !slices.Equal(tool.Labels, []string{"pii"})) {
 			t.Errorf("tools.list: %+v, want provenance mcp:everything/echo, read_only, labels [pii]", tool)
@@ -181,7 +76,7 @@ func TestRunThroughDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := follow(t, c, run.ID, keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled)
+	evs := daemontest.Follow(t, c, run.ID, keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled)
 	if last := evs[len(evs)-1]; last.Type != keel.EventRunSucceeded {
 		t.Fatalf("run ended with %s: %s", last.Type, last.Data)
 	}
@@ -216,7 +111,7 @@ func TestRunThroughDaemon(t *testing.T) {
 	if out, code := keelCLI(t, dir, "mcp", "remove", "everything"); code != 0 {
 		t.Fatalf("keel mcp remove = %d: %s", code, out)
 	}
-	waitTools(t, c, "server-everything's tools gone", func(ts []protocol.ToolInfo) bool { return !hasTool("mcp-everything-echo")(ts) })
+	daemontest.WaitTools(t, c, "server-everything's tools gone", func(ts []protocol.ToolInfo) bool { return !daemontest.HasTool("mcp-everything-echo")(ts) })
 }
 
 // TestCrashRecoveryAsks: the daemon stops while a run's call of an MCP
@@ -237,7 +132,7 @@ func TestCrashRecoveryAsks(t *testing.T) {
 	p := &peer{srv: srv}
 	p.http = newHTTP(t, srv)
 
-	dir := emptyDataDir(t)
+	dir := daemontest.EmptyDataDir(t)
 	if err := mcpfile.WriteFile(filepath.Join(dir, mcpfile.FileName), mcpfile.File{Servers: map[string]mcpfile.ServerConfig{"peer": {URL: p.http.URL}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +149,7 @@ func TestCrashRecoveryAsks(t *testing.T) {
 	stop()
 
 	c, _ = startDaemon(t, dir, scripted.New(nil, scripted.Answer("done")))
-	evs := follow(t, c, run.ID, keel.EventRunWaiting, keel.EventRunSucceeded, keel.EventRunFailed)
+	evs := daemontest.Follow(t, c, run.ID, keel.EventRunWaiting, keel.EventRunSucceeded, keel.EventRunFailed)
 	last := evs[len(evs)-1]
 	if last.Type != keel.EventRunWaiting || !strings.Contains(string(last.Data), "not idempotent") {
 		t.Errorf("the resumed run: %s %s, want it waiting for a person (not idempotent)", last.Type, last.Data)
@@ -303,17 +198,17 @@ func TestAddStdioNeedsGrant(t *testing.T) {
 func TestRunWithServerDown(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
-	dir := emptyDataDir(t)
+	dir := daemontest.EmptyDataDir(t)
 	if err := mcpfile.WriteFile(filepath.Join(dir, mcpfile.FileName), mcpfile.File{Servers: map[string]mcpfile.ServerConfig{"peer": {URL: p.http.URL}}}); err != nil {
 		t.Fatal(err)
 	}
 	c, _ := startDaemon(t, dir, scripted.New(nil, scripted.CallTool("mcp-peer-plain", `{"text":"x"}`), scripted.Answer("went on")))
 	ctx := context.Background()
-	waitTools(t, c, "the peer's tools", hasTool("mcp-peer-plain"))
+	daemontest.WaitTools(t, c, "the peer's tools", daemontest.HasTool("mcp-peer-plain"))
 	p.http.CloseClientConnections()
 	p.http.Close()
 	// The server's state change is a tools.changed too.
-	waitTools(t, c, "the peer down", func([]protocol.ToolInfo) bool {
+	daemontest.WaitTools(t, c, "the peer down", func([]protocol.ToolInfo) bool {
 		env, err := c.Describe(ctx)
 		return err == nil && len(env.MCPServers) == 1 && env.MCPServers[0].State == "down"
 	})
@@ -321,7 +216,7 @@ func TestRunWithServerDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := follow(t, c, run.ID, keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled)
+	evs := daemontest.Follow(t, c, run.ID, keel.EventRunSucceeded, keel.EventRunFailed, keel.EventRunCancelled)
 	if last := evs[len(evs)-1]; last.Type != keel.EventRunSucceeded {
 		t.Fatalf("run ended with %s: %s", last.Type, last.Data)
 	}
