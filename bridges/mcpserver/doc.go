@@ -30,7 +30,9 @@
 //     the exact arguments and their SHA-256, when the client declared
 //     the elicitation capability (Call.Approve): accept runs that call
 //     once, decline refuses it (denied); a client that cannot be asked
-//     gets a policy_denied error that says so;
+//     gets a policy_denied error that says so. Over HTTP the question
+//     goes on the session's notification stream (GET), which it waits
+//     for (HTTPConfig.StreamWait): responses are single JSON bodies;
 //   - every change of the installed tools (install, remove, hot
 //     reload, grants) becomes notifications/tools/list_changed;
 //   - the audit record of each call names the client as it declared

@@ -133,7 +133,7 @@ func (s *Server) call(req *sdk.CallToolRequest, tool string, args json.RawMessag
 	c := Call{Name: tool, Input: args, Client: ClientName(req.Session)}
 	if canElicit(req.Session) {
 		c.Approve = func(ctx context.Context, d keel.PolicyDecision) (bool, error) {
-			return approve(ctx, req.Session, tool, args, d)
+			return s.approve(ctx, req.Session, tool, args, d)
 		}
 	}
 	return c

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -92,6 +93,11 @@ type Server struct {
 	// requests holds the context of each HTTP request in flight, by the
 	// key HTTPHandler gives it (requestHeader).
 	requests sync.Map
+	// streams follows the HTTP sessions' notification streams, which an
+	// elicitation waits for up to streamWait (HTTPConfig.StreamWait, set
+	// by HTTPHandler; 0: no HTTP, no wait).
+	streams    streams
+	streamWait atomic.Int64
 
 	mu     sync.Mutex
 	served map[string][]byte // tool name → its MCP form as served
@@ -319,8 +325,14 @@ func canElicit(ss *sdk.ServerSession) bool {
 // approve asks the user of ss, through MCP elicitation (form mode, an
 // empty form: accept or decline), whether tool may run with args, which
 // the question shows in full with their SHA-256, as the audit trail
-// keeps it.
-func approve(ctx context.Context, ss *sdk.ServerSession, tool string, args json.RawMessage, d keel.PolicyDecision) (bool, error) {
+// keeps it. Over HTTP it first waits for the session's notification
+// stream, which carries the question (see HTTPConfig.StreamWait).
+func (s *Server) approve(ctx context.Context, ss *sdk.ServerSession, tool string, args json.RawMessage, d keel.PolicyDecision) (bool, error) {
+	if wait := time.Duration(s.streamWait.Load()); wait > 0 && ss.ID() != "" {
+		if err := s.streams.wait(ctx, ss.ID(), wait); err != nil {
+			return false, fmt.Errorf("mcpserver: elicitation: %w", err)
+		}
+	}
 	sum := sha256.Sum256(args)
 	msg := fmt.Sprintf("keel's policy asks before this tool call runs.\n\nTool: %s\nArguments: %s\n(SHA-256 %x)\n\nWhy: %s\n\nAccept runs this call, with exactly these arguments, once.",
 		tool, args, sum, d.Explanation)
@@ -446,6 +458,12 @@ type HTTPConfig struct {
 	// MaxRequestBytes bounds a request's body; a larger one is refused
 	// (413). Default 4 MiB.
 	MaxRequestBytes int64
+	// StreamWait bounds how long an elicitation waits for its session's
+	// notification stream (the client's GET), which carries it: clients
+	// open the stream after initialize without waiting for it, so a
+	// call made at once can ask first. A client that has none open by
+	// then is not asked (the call is refused, ErrNoStream). Default 10 s.
+	StreamWait time.Duration
 }
 
 // HTTPHandler returns the streamable HTTP transport of s (MCP
@@ -460,6 +478,10 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = 4 << 20
 	}
+	if cfg.StreamWait <= 0 {
+		cfg.StreamWait = 10 * time.Second
+	}
+	s.streamWait.Store(int64(cfg.StreamWait))
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s.sdk }, &sdk.StreamableHTTPOptions{
 		Logger: s.log, SessionTimeout: cfg.SessionTimeout, MaxRequestBodyBytes: cfg.MaxRequestBytes,
 		// A client that goes away ends its call (protocol 2026-07-28 on;
@@ -482,6 +504,18 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 			r.Header.Set(requestHeader, id) // replaces any the client sent
 			s.requests.Store(id, r.Context())
 			defer s.requests.Delete(id)
+		}
+		if id := r.Header.Get("Mcp-Session-Id"); r.Method == http.MethodGet && id != "" {
+			// The SDK flushes a notification stream's headers while it
+			// holds the stream, before it lets a message through: once
+			// flushed, an elicitation sent reaches the client.
+			sw := &streamWriter{ResponseWriter: w, ready: func() { s.streams.opened(id) }}
+			defer func() {
+				if sw.done {
+					s.streams.closed(id)
+				}
+			}()
+			w = sw
 		}
 		h.ServeHTTP(w, r)
 	})
