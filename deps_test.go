@@ -124,13 +124,14 @@ func TestDependencyDirection(t *testing.T) {
 	// Only cmd/ may import the composition root.
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		pkg, deps, _ := strings.Cut(line, "|")
-		// bench/ programs, like end-to-end tests, start a whole daemon.
-		if strings.HasPrefix(pkg, mod+"/cmd/") || strings.HasPrefix(pkg, mod+"/bench/") || pkg == mod+"/daemon" {
+		// bench/ programs, like end-to-end tests, start a whole daemon;
+		// so does internal/daemontest, for tests only.
+		if strings.HasPrefix(pkg, mod+"/cmd/") || strings.HasPrefix(pkg, mod+"/bench/") || pkg == mod+"/daemon" || pkg == mod+"/internal/daemontest" {
 			continue
 		}
 		for _, d := range strings.Fields(deps) {
 			if d == mod+"/daemon" {
-				t.Errorf("%s imports the composition root daemon; only cmd/ and bench/ may", pkg)
+				t.Errorf("%s imports the composition root daemon; only cmd/, bench/ and internal/daemontest may", pkg)
 			}
 		}
 	}
