@@ -1,0 +1,39 @@
+// Package knowledge is keel's long-term knowledge: documents (files,
+// notes, a run's remembered outcome) cut into chunks, searched by BM25
+// and by vector similarity, in scopes that policy decides who may read.
+// It lives in the daemon's SQLite file, in tables of its own (prefix
+// kn_), opened with its own connections.
+//
+// Provenance: every document records its source (absolute path, URL or
+// keel:run/ID), content hash (SHA-256), modification time, who added it
+// and when. Every vector records the embedding model and its digest; a
+// vector of another model or digest is not used, and is replaced by the
+// next Add or Reembed.
+//
+// Chunking follows the document's structure: Markdown at headings
+// (outside code fences; a chunk's heading is its path of headings), Go at
+// top-level declarations with their doc comments (go/parser), other
+// source code where a blank line meets brace depth zero, text at blank
+// lines. Small neighbours are packed up to about 1500 bytes; a piece over
+// 4000 bytes is cut at blank lines, else at line ends.
+//
+// Full-text search is SQLite FTS5 (built into modernc.org/sqlite) over
+// the chunks, an external-content index kept in step by triggers in the
+// same transaction as the chunk rows, porter-stemmed, ranked by BM25 with
+// headings weighing twice the text. Hybrid ranking fuses the BM25 list
+// and the vector list by reciprocal rank fusion (k = 60).
+//
+// Vector search is exact: a scope's vectors are held in memory,
+// normalized, and a query is a dot product with each (see
+// docs/PERFORMANCE.md for the figures that chose it over an approximate
+// index at laptop scale).
+//
+// Forgetting really forgets: rows are deleted with secure_delete on (their
+// bytes overwritten), the FTS index runs with its secure-delete option (a
+// deleted chunk's tokens leave the index at once, no delete markers), and
+// the write-ahead log is checkpointed and truncated.
+//
+// An Index is safe for concurrent use. Writes go through one connection
+// in short transactions (a few hundred chunks), so a cancelled or killed
+// ingest leaves every file fully indexed or as it was.
+package knowledge

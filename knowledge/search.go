@@ -1,0 +1,330 @@
+package knowledge
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/keel-runtime/keel"
+)
+
+// Mode is how Search ranks.
+type Mode string
+
+// Search modes.
+const (
+	// ModeAuto (the zero value) is ModeHybrid when the index has an
+	// Embedder, else ModeBM25.
+	ModeAuto Mode = ""
+	// ModeHybrid fuses the BM25 and the vector rankings by reciprocal
+	// rank fusion. Without an Embedder it is ModeBM25.
+	ModeHybrid Mode = "hybrid"
+	// ModeBM25 ranks by FTS5's BM25 alone.
+	ModeBM25 Mode = "bm25"
+	// ModeVector ranks by vector similarity alone (cosine); it needs an
+	// Embedder (keel.ErrInvalid without).
+	ModeVector Mode = "vector"
+)
+
+// Limits of Query.Limit.
+const (
+	DefaultLimit = 8
+	MaxLimit     = 100
+)
+
+// rrfK is reciprocal rank fusion's constant: a hit's fused score is the
+// sum over the rankings of 1/(rrfK + rank).
+const rrfK = 60
+
+// Query is a search.
+type Query struct {
+	Text string
+	// Scopes are the scopes the caller may read (policy decides them);
+	// required: none is ErrScope.
+	Scopes     []Scope
+	PathPrefix string    // only sources starting with it
+	Type       string    // only documents of this type ("" any)
+	Since      time.Time // only documents modified at or after (zero: any)
+	Until      time.Time // only documents modified before (zero: any)
+	Limit      int       // default DefaultLimit, at most MaxLimit
+	Mode       Mode
+}
+
+// Hit is a chunk found, with its provenance.
+type Hit struct {
+	ChunkID, DocID, Source, Type, Heading string
+	Scope                                 Scope
+	Labels                                []string // the scope's labels
+	StartLine, EndLine                    int
+	Text                                  string
+	// Score is the fused score (RRF) in hybrid mode, the BM25 score
+	// (higher is better) in BM25 mode, the cosine in vector mode.
+	Score float64
+	// BM25Rank and VectorRank are the hit's 1-based ranks in each
+	// ranking; 0 when absent from it.
+	BM25Rank, VectorRank int
+}
+
+// Search finds the chunks that best match q within q.Scopes and the
+// filters. Words of q.Text are matched as terms (any of them; FTS5
+// syntax is not interpreted), stemmed, ranked by BM25 with headings
+// weighing twice the text. Hits with the same text (a file copied) are
+// returned once. Errors: ErrScope when q names no scope or a malformed
+// one; keel.ErrInvalid for ModeVector without an Embedder; the
+// Embedder's error in hybrid mode.
+func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
+	if len(q.Scopes) == 0 {
+		return nil, fmt.Errorf("%w: a search names the scopes it may read", ErrScope)
+	}
+	for _, s := range q.Scopes {
+		if _, err := ParseScope(string(s)); err != nil {
+			return nil, err
+		}
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	limit = min(limit, MaxLimit)
+	mode := q.Mode
+	switch mode {
+	case ModeAuto, ModeHybrid:
+		mode = ModeHybrid
+		if ix.o.Embedder == nil {
+			mode = ModeBM25
+		}
+	case ModeBM25:
+	case ModeVector:
+		if ix.o.Embedder == nil {
+			return nil, fmt.Errorf("knowledge: search: vector mode without an embedding model: %w", keel.ErrInvalid)
+		}
+	default:
+		return nil, fmt.Errorf("knowledge: search: mode %q: %w", q.Mode, keel.ErrInvalid)
+	}
+	f := newFilter(q)
+	var bm, vec []Hit
+	var err error
+	if mode != ModeVector {
+		if bm, err = ix.searchBM25(ctx, q.Text, f, limit*4); err != nil {
+			return nil, err
+		}
+		if mode == ModeBM25 {
+			return ix.finish(ctx, dedupe(bm), limit)
+		}
+	}
+	if vec, err = ix.searchVector(ctx, q.Text, q.Scopes, f, limit*4); err != nil {
+		return nil, err
+	}
+	if mode == ModeVector {
+		return ix.finish(ctx, dedupe(vec), limit)
+	}
+	return ix.finish(ctx, fuse(bm, vec), limit)
+}
+
+// fuse merges two rankings by reciprocal rank fusion.
+func fuse(bm, vec []Hit) []Hit {
+	byID := map[string]int{}
+	var out []Hit
+	for i, h := range bm {
+		h.BM25Rank = i + 1
+		h.Score = 1.0 / float64(rrfK+i+1)
+		byID[h.ChunkID] = len(out)
+		out = append(out, h)
+	}
+	for i, h := range vec {
+		s := 1.0 / float64(rrfK+i+1)
+		if j, ok := byID[h.ChunkID]; ok {
+			out[j].VectorRank = i + 1
+			out[j].Score += s
+			continue
+		}
+		h.VectorRank, h.Score = i+1, s
+		out = append(out, h)
+	}
+	slices.SortStableFunc(out, func(a, b Hit) int {
+		switch {
+		case a.Score > b.Score:
+			return -1
+		case a.Score < b.Score:
+			return 1
+		}
+		return 0
+	})
+	return dedupe(out)
+}
+
+// dedupe drops hits whose text an earlier hit has.
+func dedupe(hs []Hit) []Hit {
+	seen := map[string]bool{}
+	out := hs[:0]
+	for _, h := range hs {
+		if seen[h.Text] {
+			continue
+		}
+		seen[h.Text] = true
+		out = append(out, h)
+	}
+	return out
+}
+
+// finish cuts hs to limit and adds the scopes' labels.
+func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error) {
+	if len(hs) > limit {
+		hs = hs[:limit]
+	}
+	labels := map[Scope][]string{}
+	for i := range hs {
+		s := hs[i].Scope
+		ls, ok := labels[s]
+		if !ok {
+			var raw string
+			if err := ix.r.QueryRowContext(ctx, `SELECT labels FROM kn_scopes WHERE name = ?`, string(s)).Scan(&raw); err == nil {
+				ls = splitLabels(raw)
+			}
+			labels[s] = ls
+		}
+		hs[i].Labels = slices.Clone(ls)
+	}
+	return hs, nil
+}
+
+// filter is a query's conditions on documents, as SQL over kn_docs d.
+type filter struct {
+	where string
+	args  []any
+}
+
+func newFilter(q Query) filter {
+	var w []string
+	var args []any
+	ph := make([]string, len(q.Scopes))
+	for i, s := range q.Scopes {
+		ph[i] = "?"
+		args = append(args, string(s))
+	}
+	w = append(w, "d.scope IN ("+strings.Join(ph, ",")+")")
+	if q.PathPrefix != "" {
+		w = append(w, "substr(d.source, 1, ?) = ?")
+		args = append(args, len([]rune(q.PathPrefix)), q.PathPrefix)
+	}
+	if q.Type != "" {
+		w = append(w, "d.type = ?")
+		args = append(args, q.Type)
+	}
+	if !q.Since.IsZero() {
+		w = append(w, "d.mtime >= ?")
+		args = append(args, q.Since.UnixNano())
+	}
+	if !q.Until.IsZero() {
+		w = append(w, "d.mtime < ?")
+		args = append(args, q.Until.UnixNano())
+	}
+	return filter{where: strings.Join(w, " AND "), args: args}
+}
+
+// hitColumns are the columns scanHit reads, from kn_chunks c and kn_docs d.
+const hitColumns = `c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line, c.text`
+
+type scanner interface{ Scan(...any) error }
+
+func scanHit(r scanner, extra ...any) (Hit, error) {
+	var h Hit
+	var cid, did int64
+	var scope string
+	err := r.Scan(append([]any{&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &h.Text}, extra...)...)
+	h.ChunkID, h.DocID, h.Scope = chunkID(cid), docID(did), Scope(scope)
+	return h, err
+}
+
+// matchExpr turns free text into an FTS5 query: its words (letters,
+// digits, '_'), each quoted, any of them; English stop words are left out
+// unless nothing else is left. "" when there is no word.
+func matchExpr(text string) string {
+	words := strings.FieldsFunc(strings.ToLower(text), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '_'
+	})
+	var keep []string
+	seen := map[string]bool{}
+	for _, w := range words {
+		if !stopWords[w] && !seen[w] {
+			seen[w] = true
+			keep = append(keep, `"`+w+`"`)
+		}
+	}
+	if len(keep) == 0 {
+		for _, w := range words {
+			if !seen[w] {
+				seen[w] = true
+				keep = append(keep, `"`+w+`"`)
+			}
+		}
+	}
+	return strings.Join(keep, " OR ")
+}
+
+var stopWords = map[string]bool{}
+
+func init() {
+	for _, w := range strings.Fields(`a about an and are as at be by do does for from how i in is it its of on or
+		that the this to was what when where which who why will with you`) {
+		stopWords[w] = true
+	}
+}
+
+// searchBM25 returns the best n matches of text by BM25 that pass f.
+// FTS5 ranks the whole index and SQLite filters; when the filter leaves
+// fewer than n of a full page, the page grows.
+func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n int) ([]Hit, error) {
+	m := matchExpr(text)
+	if m == "" {
+		return nil, nil
+	}
+	page := n
+	for {
+		q := `SELECT ` + hitColumns + `, -f.rank FROM
+			(SELECT rowid AS id, rank FROM kn_fts WHERE kn_fts MATCH ? ORDER BY rank LIMIT ?) f
+			JOIN kn_chunks c ON c.id = f.id JOIN kn_docs d ON d.id = c.doc_id
+			WHERE ` + f.where + ` ORDER BY f.rank LIMIT ?`
+		args := append(append([]any{m, page}, f.args...), n)
+		rows, err := ix.r.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("knowledge: search: %w", err)
+		}
+		var hs []Hit
+		for rows.Next() {
+			var score float64
+			h, err := scanHit(rows, &score)
+			if err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("knowledge: search: %w", err)
+			}
+			h.Score = score
+			hs = append(hs, h)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("knowledge: search: %w", err)
+		}
+		if len(hs) >= n || page >= 1<<30 {
+			for i := range hs {
+				hs[i].BM25Rank = i + 1
+			}
+			return hs, nil
+		}
+		// Were there more matches than the page held?
+		var more int
+		if err := ix.r.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT rowid FROM kn_fts WHERE kn_fts MATCH ? LIMIT ?)`, m, page+1).Scan(&more); err != nil {
+			return nil, fmt.Errorf("knowledge: search: %w", err)
+		}
+		if more <= page {
+			for i := range hs {
+				hs[i].BM25Rank = i + 1
+			}
+			return hs, nil
+		}
+		page *= 16
+	}
+}

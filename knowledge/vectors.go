@@ -1,0 +1,379 @@
+package knowledge
+
+import (
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/keel-runtime/keel/models"
+)
+
+// Vector search is exact: a scope's vectors (of the current model and
+// digest) are held in memory, normalized, in one flat []float32, and a
+// query is a dot product with each. See doc.go for the figures that chose
+// it.
+
+// vecSet is the vectors of one scope for one model.
+type vecSet struct {
+	model, digest string
+	dim           int
+	ids           []int64
+	vecs          []float32 // len(ids)*dim, each normalized
+}
+
+// vectorCache holds a vecSet per scope, loaded on the first vector search
+// and dropped by any write to the scope.
+type vectorCache struct {
+	mu   sync.Mutex
+	sets map[Scope]*vecSet
+	gen  map[Scope]uint64 // bumped by invalidate
+	all  uint64           // bumped by invalidateAll
+}
+
+func (c *vectorCache) invalidate(s Scope) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == nil {
+		c.gen = map[Scope]uint64{}
+	}
+	c.gen[s]++
+	delete(c.sets, s)
+}
+
+func (c *vectorCache) invalidateAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == nil {
+		c.gen = map[Scope]uint64{}
+	}
+	for s := range c.sets {
+		c.gen[s]++
+	}
+	c.all++
+	c.sets = nil
+}
+
+// get returns the cached set of s for model/digest, or the generation to
+// pass to put after loading it.
+func (c *vectorCache) get(s Scope, model, digest string) (*vecSet, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v := c.sets[s]; v != nil && v.model == model && v.digest == digest {
+		return v, 0
+	}
+	return nil, c.gen[s] + c.all<<32
+}
+
+// put caches v unless s was written since gen.
+func (c *vectorCache) put(s Scope, gen uint64, v *vecSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen[s]+c.all<<32 != gen {
+		return
+	}
+	if c.sets == nil {
+		c.sets = map[Scope]*vecSet{}
+	}
+	c.sets[s] = v
+}
+
+func encodeVec(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+	}
+	return b
+}
+
+// normalizeInto appends b's vector, scaled to length 1, to dst.
+func normalizeInto(dst []float32, b []byte) []float32 {
+	n := len(b) / 4
+	start := len(dst)
+	var sum float64
+	for i := range n {
+		f := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		dst = append(dst, f)
+		sum += float64(f) * float64(f)
+	}
+	if sum > 0 {
+		inv := float32(1 / math.Sqrt(sum))
+		for i := start; i < len(dst); i++ {
+			dst[i] *= inv
+		}
+	}
+	return dst
+}
+
+func (ix *Index) vectors(ctx context.Context, s Scope) (*vecSet, error) {
+	model, digest := ix.o.EmbedModel, ix.currentDigest()
+	if v, _ := ix.vecs.get(s, model, digest); v != nil {
+		return v, nil
+	}
+	_, gen := ix.vecs.get(s, model, digest)
+	rows, err := ix.r.QueryContext(ctx, `SELECT v.chunk_id, v.vec FROM kn_vectors v
+		JOIN kn_chunks c ON c.id = v.chunk_id JOIN kn_docs d ON d.id = c.doc_id
+		WHERE d.scope = ? AND v.model = ? AND v.digest = ?`, string(s), model, digest)
+	if err != nil {
+		return nil, fmt.Errorf("knowledge: vectors: %w", err)
+	}
+	defer rows.Close()
+	v := &vecSet{model: model, digest: digest}
+	for rows.Next() {
+		var id int64
+		var b []byte
+		if err := rows.Scan(&id, &b); err != nil {
+			return nil, fmt.Errorf("knowledge: vectors: %w", err)
+		}
+		if v.dim == 0 {
+			v.dim = len(b) / 4
+		}
+		if len(b) != 4*v.dim {
+			continue // another dimension: not of this model after all
+		}
+		v.ids = append(v.ids, id)
+		v.vecs = normalizeInto(v.vecs, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("knowledge: vectors: %w", err)
+	}
+	ix.vecs.put(s, gen, v)
+	return v, nil
+}
+
+// scored is a chunk and its similarity.
+type scored struct {
+	id  int64
+	sim float32
+}
+
+// topK is a min-heap of the best k scored.
+type topK []scored
+
+func (h topK) Len() int           { return len(h) }
+func (h topK) Less(i, j int) bool { return h[i].sim < h[j].sim }
+func (h topK) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *topK) Push(x any)        { *h = append(*h, x.(scored)) }
+func (h *topK) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// nearest returns the k vectors of v most similar to q (normalized).
+func (v *vecSet) nearest(q []float32, k int, h *topK) {
+	if len(q) != v.dim {
+		return
+	}
+	for i, id := range v.ids {
+		row := v.vecs[i*v.dim : (i+1)*v.dim]
+		var s float32
+		for j, x := range row {
+			s += x * q[j]
+		}
+		if h.Len() < k {
+			heap.Push(h, scored{id, s})
+		} else if s > (*h)[0].sim {
+			(*h)[0] = scored{id, s}
+			heap.Fix(h, 0)
+		}
+	}
+}
+
+// embedInput is what is embedded for a chunk: its heading and text, cut
+// to max bytes.
+func embedInput(heading, text string, max int) string {
+	s := text
+	if heading != "" {
+		s = heading + "\n" + text
+	}
+	if len(s) > max {
+		s = s[:max]
+		for len(s) > 0 && !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+// searchVector returns the n chunks of scopes nearest to text's vector
+// that pass f. The filter is applied to the 4n nearest, so a very
+// selective filter may leave fewer than n.
+func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, f filter, n int) ([]Hit, error) {
+	if strings.TrimSpace(text) == "" {
+		return nil, nil
+	}
+	resp, err := ix.o.Embedder.Embed(ctx, models.EmbedRequest{Model: ix.o.EmbedModel, Input: []string{embedInput("", text, ix.o.EmbedMaxBytes)}})
+	if err != nil {
+		return nil, fmt.Errorf("knowledge: search: embed the query: %w", err)
+	}
+	if len(resp.Vectors) != 1 {
+		return nil, fmt.Errorf("knowledge: search: embed the query: %d vectors for 1 input", len(resp.Vectors))
+	}
+	q := normalizeInto(nil, encodeVec(resp.Vectors[0]))
+	h := &topK{}
+	k := n * 4
+	for _, s := range scopes {
+		v, err := ix.vectors(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		v.nearest(q, k, h)
+	}
+	best := make([]scored, h.Len())
+	for i := len(best) - 1; i >= 0; i-- {
+		best[i] = heap.Pop(h).(scored)
+	}
+	if len(best) == 0 {
+		return nil, nil
+	}
+	ph := make([]string, len(best))
+	args := make([]any, 0, len(best)+len(f.args))
+	sims := make(map[int64]float32, len(best))
+	for i, b := range best {
+		ph[i] = "?"
+		args = append(args, b.id)
+		sims[b.id] = b.sim
+	}
+	args = append(args, f.args...)
+	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM kn_chunks c JOIN kn_docs d ON d.id = c.doc_id
+		WHERE c.id IN (`+strings.Join(ph, ",")+`) AND `+f.where, args...)
+	if err != nil {
+		return nil, fmt.Errorf("knowledge: search: %w", err)
+	}
+	defer rows.Close()
+	byID := map[string]Hit{}
+	for rows.Next() {
+		h, err := scanHit(rows)
+		if err != nil {
+			return nil, fmt.Errorf("knowledge: search: %w", err)
+		}
+		byID[h.ChunkID] = h
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("knowledge: search: %w", err)
+	}
+	var out []Hit
+	for _, b := range best {
+		h, ok := byID[chunkID(b.id)]
+		if !ok {
+			continue
+		}
+		h.Score = float64(b.sim)
+		h.VectorRank = len(out) + 1
+		out = append(out, h)
+		if len(out) == n {
+			break
+		}
+	}
+	return out, nil
+}
+
+// pendingChunk is a chunk without a vector of the current model.
+type pendingChunk struct {
+	id            int64
+	heading, text string
+}
+
+// Reembed embeds the chunks of scope ("" = every scope) that have no
+// vector of the current model and digest (new chunks, or all of them
+// after the model changed), replacing old vectors. progress, if set, is
+// given the count done after each batch. It returns how many it embedded.
+// Without an Embedder it does nothing.
+func (ix *Index) Reembed(ctx context.Context, scope Scope, progress func(done int)) (int, error) {
+	if ix.o.Embedder == nil {
+		return 0, nil
+	}
+	return ix.embedPending(ctx, scope, progress)
+}
+
+func (ix *Index) embedPending(ctx context.Context, scope Scope, progress func(done int)) (int, error) {
+	digest := ix.refreshDigest(ctx)
+	model := ix.o.EmbedModel
+	q := `SELECT c.id, c.heading, c.text FROM kn_chunks c JOIN kn_docs d ON d.id = c.doc_id
+		LEFT JOIN kn_vectors v ON v.chunk_id = c.id
+		WHERE (v.chunk_id IS NULL OR v.model != ? OR v.digest != ?)`
+	args := []any{model, digest}
+	if scope != "" {
+		q += ` AND d.scope = ?`
+		args = append(args, string(scope))
+	}
+	rows, err := ix.r.QueryContext(ctx, q+` ORDER BY c.id`, args...)
+	if err != nil {
+		return 0, fmt.Errorf("knowledge: embed: %w", err)
+	}
+	var pend []pendingChunk
+	for rows.Next() {
+		var p pendingChunk
+		if err := rows.Scan(&p.id, &p.heading, &p.text); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("knowledge: embed: %w", err)
+		}
+		p.text = embedInput(p.heading, p.text, ix.o.EmbedMaxBytes)
+		pend = append(pend, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("knowledge: embed: %w", err)
+	}
+	done := 0
+	for len(pend) > 0 {
+		b := pend[:min(len(pend), ix.o.EmbedBatch)]
+		pend = pend[len(b):]
+		in := make([]string, len(b))
+		for i, p := range b {
+			in[i] = p.text
+		}
+		resp, err := ix.o.Embedder.Embed(ctx, models.EmbedRequest{Model: model, Input: in})
+		if err != nil {
+			return done, fmt.Errorf("knowledge: embed: %w", err)
+		}
+		if len(resp.Vectors) != len(b) {
+			return done, fmt.Errorf("knowledge: embed: %d vectors for %d inputs", len(resp.Vectors), len(b))
+		}
+		if err := ix.writeVectors(ctx, b, resp.Vectors, model, digest); err != nil {
+			return done, err
+		}
+		done += len(b)
+		if progress != nil {
+			progress(done)
+		}
+	}
+	if done > 0 {
+		if scope != "" {
+			ix.vecs.invalidate(scope)
+		} else {
+			ix.vecs.invalidateAll()
+		}
+	}
+	return done, nil
+}
+
+// writeVectors stores one batch's vectors; a chunk deleted meanwhile is
+// left out.
+func (ix *Index) writeVectors(ctx context.Context, b []pendingChunk, vs [][]float32, model, digest string) error {
+	tx, err := ix.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("knowledge: embed: %w", err)
+	}
+	defer tx.Rollback()
+	st, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO kn_vectors(chunk_id, model, digest, vec)
+		SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM kn_chunks WHERE id = ?1)`)
+	if err != nil {
+		return fmt.Errorf("knowledge: embed: %w", err)
+	}
+	for i, p := range b {
+		if _, err := st.ExecContext(ctx, p.id, model, digest, encodeVec(vs[i])); err != nil {
+			return fmt.Errorf("knowledge: embed: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("knowledge: embed: %w", err)
+	}
+	return nil
+}
