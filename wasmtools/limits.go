@@ -74,7 +74,13 @@ type cappedMemory struct {
 }
 
 // Reallocate grows the memory to size bytes; the new bytes are zero.
-// Memories only grow, so size is never below len(buf).
+// Memories only grow, so size is never below len(buf), and the bytes
+// past len(buf) were never written: they are still the zeros make gave.
+// Capacity at least doubles (up to the limit) when size passes it, so a
+// memory grown a few pages at a time, as a Go guest's heap is, is copied
+// a handful of times, not once per quarter more (append's step for
+// large slices: copying and clearing 64 MiB grown in pages cost a core
+// some hundred milliseconds).
 func (c *cappedMemory) Reallocate(size uint64) []byte {
 	used := size
 	if c.cap.tables != nil {
@@ -84,9 +90,13 @@ func (c *cappedMemory) Reallocate(size uint64) []byte {
 		c.cap.exceeded.Store(true)
 		return nil
 	}
-	if have := uint64(len(c.buf)); size > have {
-		c.buf = append(c.buf, make([]byte, size-have)...)
+	if size > uint64(cap(c.buf)) {
+		room := max(size, min(2*uint64(cap(c.buf)), c.cap.limit))
+		buf := make([]byte, size, room)
+		copy(buf, c.buf)
+		c.buf = buf
 	}
+	c.buf = c.buf[:max(size, uint64(len(c.buf)))]
 	return c.buf[:size]
 }
 

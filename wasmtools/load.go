@@ -463,9 +463,22 @@ func readTool(file string) ([]byte, fileStamp, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fileStamp{}, fmt.Errorf("%s is not a regular file", file)
 	}
-	bin, err := io.ReadAll(f)
-	if err != nil {
-		return nil, fileStamp{}, err
+	// Read into a buffer of the size Stat gave (io.ReadAll grows from 512
+	// bytes, copying and clearing a module of megabytes many times), one
+	// byte more to see whether the file grew since.
+	bin := make([]byte, 0, fi.Size()+1)
+	for {
+		n, err := f.Read(bin[len(bin):cap(bin)])
+		bin = bin[:len(bin)+n]
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fileStamp{}, err
+		}
+		if len(bin) == cap(bin) {
+			bin = slices.Grow(bin, len(bin))
+		}
 	}
 	return bin, stampOf(fi), nil
 }
