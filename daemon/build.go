@@ -171,7 +171,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.closers = append(l.closers, mcp.Close)
 	l.mcpServers = mcp
 	runTools := mcpclient.RunTools{Local: reg.RunTools(), MCP: mcp}
-	eng, err := engine.New(engine.Config{Store: engineStore{st, tel.Tracer(st)}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	eng, err := engine.New(engine.Config{Store: engineStore{tel.Journal(st), tel.Tracer(st)}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}

@@ -18,8 +18,9 @@ import (
 // (docs/observability.md); optional: without it nothing is exported.
 const TelemetryConfigFile = telemetry.ConfigFile
 
-// engineStore is the store as the engine sees it: its journal, and its
-// trace through the exporter.
+// engineStore is the store as the engine sees it: its journal and its
+// trace, both through the exporter (the journal so that the export
+// takes the runs' records as they are written instead of reading them).
 type engineStore struct {
 	engine.Journal
 	engine.Tracer

@@ -180,7 +180,8 @@ func TestQueueWakesToArmTheTimerOnly(t *testing.T) {
 }
 
 // TestNoAllocationsPerSpan: handing a span over to the export goroutine
-// (the run's side), recording its metrics and encoding it (once the
+// (the run's side), a step's commit through the exporter's journal,
+// recording its metrics and encoding it (once the
 // encoder's buffers have grown) allocate nothing per span.
 func TestNoAllocationsPerSpan(t *testing.T) {
 	x, err := New(Options{Config: Config{FlushIntervalMS: 3_600_000, QueueSize: 1 << 20}, Runs: &fakeRuns{}})
@@ -195,6 +196,17 @@ func TestNoAllocationsPerSpan(t *testing.T) {
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(1000, func() { tr.FinishSpan(ctx, model) }); n != 0 {
 		t.Errorf("FinishSpan allocates %v times a span, want 0", n)
+	}
+	// A step's commit (no change of status) through the exporter's
+	// journal costs the run nothing more.
+	xj, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", Insecure: true, FlushIntervalMS: 3_600_000}, Runs: &fakeRuns{}, Client: &memClient{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xj.Close(context.Background())
+	j, evs := xj.Journal(nopJournal{}), []keel.Event{{Type: keel.EventToolResult}}
+	if n := testing.AllocsPerRun(1000, func() { j.AppendAll(ctx, "run_alloc", evs, nil) }); n != 0 {
+		t.Errorf("AppendAll without a change of status allocates %v times, want 0", n)
 	}
 	ma, ta := decodeAttrs(&model), decodeAttrs(&tool)
 	if n := testing.AllocsPerRun(1000, func() { x.m.span(model, &ma); x.m.span(tool, &ta) }); n != 0 {

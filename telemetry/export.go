@@ -35,6 +35,18 @@ type Runs interface {
 	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
 }
 
+// Journal is the engine's journal seam (engine.Journal), which
+// Exporter.Journal wraps.
+type Journal interface {
+	CreateRun(ctx context.Context, r keel.Run) error
+	CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
+	GetRun(ctx context.Context, id keel.RunID) (keel.Run, error)
+	AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error)
+	Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error)
+	RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error)
+	RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error)
+}
+
 // Tracer is the engine's trace seam (engine.Tracer), which Exporter.
 // Tracer wraps.
 type Tracer interface {
@@ -108,12 +120,22 @@ type Exporter struct {
 	tops        map[keel.RunID]keel.RunID
 }
 
-// item is one entry of the export queue: a finished span, or an event
-// whose content spans may carry.
+// item is one entry of the export queue: a finished span, an event
+// whose content spans may carry, or a run's record as the journal
+// wrote it.
 type item struct {
 	span keel.Span
 	src  Tracer // the tracer the span was finished through, to complete it (see complete)
 	ev   *keel.Event
+	rec  *runRecord
+}
+
+// runRecord is what Exporter.Journal saw written of a run: the run it
+// created (created), or the end of the run (its status, result and
+// error in run).
+type runRecord struct {
+	run     keel.Run
+	created bool
 }
 
 // queue is the bounded hand-over from the runs' goroutines to the export
@@ -183,7 +205,10 @@ func (q *queue) close() {
 
 // runState is what the worker knows of a run with spans in flight.
 type runState struct {
-	info     runInfo
+	info runInfo
+	// ended says the journal's record of the run's end came (see
+	// Exporter.Journal): its root span needs no read of the run.
+	ended    bool
 	labelled bool     // data with a label entered the run: no content from here on
 	labels   []string // the run's labels seen so far
 	models   map[int]string
@@ -296,6 +321,58 @@ type tracer struct {
 	x *Exporter
 }
 
+// Journal returns next with the run records the export needs taken as
+// they are written: a run as it is created, and its status, result and
+// error as it ends. Every call is forwarded as is; a write that
+// succeeded hands a copy of the record to the export goroutine's queue
+// (a few per run, none per step). Without it the export goroutine reads
+// each run (Options.Runs) at its first span and again at the end of its
+// root span: two reads of the database a run, about as much CPU as the
+// rest of a 50-step run's export. A run it saw no record of (resumed
+// after a restart, or whose record the full queue turned away) is read
+// as before. With export off (or metrics alone) it returns next. The
+// result satisfies engine.Journal.
+func (x *Exporter) Journal(next Journal) Journal {
+	if x.client == nil {
+		return next
+	}
+	return &journal{Journal: next, x: x}
+}
+
+type journal struct {
+	Journal
+	x *Exporter
+}
+
+func (j *journal) CreateRun(ctx context.Context, r keel.Run) error {
+	if err := j.Journal.CreateRun(ctx, r); err != nil {
+		return err
+	}
+	j.x.enqueue(item{rec: &runRecord{run: r, created: true}})
+	return nil
+}
+
+func (j *journal) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	out, err := j.Journal.CreateRunWith(ctx, r, evs, upd)
+	if err != nil {
+		return out, err
+	}
+	if upd != nil {
+		r.Status, r.Result, r.Error = upd.Status, upd.Result, upd.Error
+	}
+	j.x.enqueue(item{rec: &runRecord{run: r, created: true}})
+	return out, nil
+}
+
+func (j *journal) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	out, err := j.Journal.AppendAll(ctx, id, evs, upd)
+	// Only an end matters: it is what the run's root span reports.
+	if err == nil && upd != nil && (upd.Status.Terminal() || upd.Status == keel.RunInterrupted) {
+		j.x.enqueue(item{rec: &runRecord{run: keel.Run{ID: id, Status: upd.Status, Result: upd.Result, Error: upd.Error}}})
+	}
+	return out, err
+}
+
 func (t *tracer) FinishSpan(ctx context.Context, sp keel.Span) error {
 	if err := t.Tracer.FinishSpan(ctx, sp); err != nil {
 		return err
@@ -319,7 +396,7 @@ func (x *Exporter) finished(sp keel.Span, src Tracer) {
 
 func (x *Exporter) enqueue(it item) {
 	ok, wake := x.q.put(it)
-	if !ok && it.ev == nil {
+	if !ok && it.ev == nil && it.rec == nil {
 		if x.m != nil {
 			x.m.span(it.span, nil)
 		}
@@ -459,6 +536,14 @@ func (x *Exporter) loop() {
 		failing := x.client != nil && !x.cfg.Content && time.Now().Before(x.retryAt)
 		for _, it := range items {
 			switch {
+			case it.rec != nil && it.rec.created:
+				// A run comes before its spans and events: its record is
+				// taken now.
+				x.created(&it.rec.run)
+			case it.rec != nil:
+				// The end of a run is taken in order with the spans, at
+				// the flush: its root span comes after it.
+				pending = append(pending, queued{rec: it.rec})
 			case it.ev != nil:
 				x.content(it.ev)
 			case x.client == nil:
@@ -559,10 +644,12 @@ func (x *Exporter) Flush(ctx context.Context) error {
 }
 
 // queued is a span the worker took from the queue, with its attributes
-// decoded (once, for the metrics and the export).
+// decoded (once, for the metrics and the export); or the record of a
+// run's end (rec), taken in order with the spans.
 type queued struct {
 	span  keel.Span
 	attrs spanAttrs
+	rec   *runRecord
 }
 
 // complete returns the span of it whole. FinishSpan records a span's
@@ -604,8 +691,11 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 	if !final && time.Now().Before(x.retryAt) {
 		// The collector failed a moment ago: these spans would fail too,
 		// after the work of encoding them.
-		x.failed.Add(uint64(len(spans)))
 		for i := range spans {
+			if spans[i].rec != nil {
+				continue
+			}
+			x.failed.Add(1)
 			if sp := &spans[i].span; sp.Kind == keel.SpanRun {
 				delete(x.states, sp.RunID)
 			}
@@ -619,6 +709,10 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 	var rs *runState
 	var ok bool
 	for i := range spans {
+		if r := spans[i].rec; r != nil {
+			x.ended(&r.run)
+			continue
+		}
 		sp, a := &spans[i].span, &spans[i].attrs
 		if rs == nil || sp.RunID != lastRun || sp.Kind == keel.SpanRun {
 			// Spans come in runs' order: the run's state and decision are
@@ -718,16 +812,43 @@ func (x *Exporter) allowed(run keel.Run) bool {
 }
 
 // state returns what the worker knows of run id, reading the run when it
-// is new or fresh says its state matters now (its root span ends).
+// is new or fresh says its state matters now (its root span ends),
+// unless the journal's record of its end came (ended).
 func (x *Exporter) state(ctx context.Context, id keel.RunID, fresh bool) *runState {
 	rs := x.states[id]
-	if rs != nil && !fresh {
+	if rs != nil && (!fresh || rs.ended) {
 		return rs
 	}
 	run, err := x.runs.GetRun(ctx, id)
 	if err != nil {
 		run = keel.Run{ID: id}
 	}
+	return x.learn(ctx, rs, run)
+}
+
+// created takes the record of a run the journal created: its state
+// without a read.
+func (x *Exporter) created(run *keel.Run) {
+	x.learn(context.Background(), x.states[run.ID], *run)
+}
+
+// ended takes the journal's record of the end of a run (run holds its
+// ID, status, result and error), for its root span; a run the worker
+// holds no state for is read when its root span comes, as before.
+func (x *Exporter) ended(run *keel.Run) {
+	rs := x.states[run.ID]
+	if rs == nil {
+		return
+	}
+	r := &rs.info.run
+	r.Status, r.Result, r.Error = run.Status, run.Result, run.Error
+	rs.ended = true
+}
+
+// learn makes run what the worker knows of it: into rs, or into a new
+// state when rs is nil.
+func (x *Exporter) learn(ctx context.Context, rs *runState, run keel.Run) *runState {
+	id := run.ID
 	if rs == nil {
 		if len(x.states) >= maxStates {
 			// Runs whose root span never came (dropped, or the daemon

@@ -32,13 +32,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeRuns is a hand-written Runs over a map.
 type fakeRuns struct {
-	mu   sync.Mutex
-	runs map[keel.RunID]keel.Run
+	mu    sync.Mutex
+	runs  map[keel.RunID]keel.Run
+	reads int // GetRun's calls
 }
 
 func (f *fakeRuns) GetRun(_ context.Context, id keel.RunID) (keel.Run, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reads++
 	r, ok := f.runs[id]
 	if !ok {
 		return keel.Run{}, keel.ErrNotFound
@@ -837,5 +839,108 @@ func TestFlush(t *testing.T) {
 	}
 	if err := x.Flush(ctx); err != nil {
 		t.Errorf("Flush after Close = %v, want nil at once", err)
+	}
+}
+
+// nopJournal is the store's journal under the exporter: its writes
+// succeed and keep nothing.
+type nopJournal struct{ Journal }
+
+func (nopJournal) CreateRun(context.Context, keel.Run) error { return nil }
+func (nopJournal) CreateRunWith(context.Context, keel.Run, []keel.Event, *keel.RunUpdate) ([]keel.Event, error) {
+	return nil, nil
+}
+func (nopJournal) AppendAll(context.Context, keel.RunID, []keel.Event, *keel.RunUpdate) ([]keel.Event, error) {
+	return nil, nil
+}
+
+// TestJournalCarriesTheRun: with the journal through the exporter, a
+// run's spans (a sub-agent's too) are exported without a read of the
+// run: the exporter takes the records the journal writes (model, kind,
+// parent and labels as the run is created, its status as it ends). A
+// run whose end the journal did not record is read at its root span, as
+// before.
+func TestJournalCarriesTheRun(t *testing.T) {
+	t.Parallel()
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{
+		// What a read would find: not what the journal wrote.
+		"run_j": {ID: "run_j", Model: "other", Status: keel.RunRunning},
+		"run_r": {ID: "run_r", Model: "keel-tiny", Status: keel.RunSucceeded},
+	}}
+	x, mem, tr := newTest(t, Config{FlushIntervalMS: 3_600_000}, runs, nil)
+	j := x.Journal(nopJournal{})
+	ctx := context.Background()
+	evs := []keel.Event{{Type: keel.EventRunStarted}}
+	run := keel.Run{ID: "run_j", Model: "keel-tiny", Kind: keel.KindPlan, Status: keel.RunQueued, Policy: keel.RunPolicy{Labels: []string{"pii"}}}
+	if _, err := j.CreateRunWith(ctx, run, evs, &keel.RunUpdate{Status: keel.RunRunning}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.CreateRun(ctx, keel.Run{ID: "run_jsub", Model: "keel-tiny", ParentID: "run_j", Status: keel.RunQueued}); err != nil {
+		t.Fatal(err)
+	}
+	spans := agentRun("run_j")
+	finish(t, tr, spans[:4]...)
+	if _, err := j.AppendAll(ctx, "run_jsub", evs, &keel.RunUpdate{Status: keel.RunSucceeded, Result: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, tr, keel.Span{ID: "root_run_jsub", RunID: "run_jsub", ParentID: "step_run_j", Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanOK})
+	// Not an end: nothing to take.
+	if _, err := j.AppendAll(ctx, "run_j", evs, &keel.RunUpdate{Status: keel.RunWaiting}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.AppendAll(ctx, "run_j", evs, &keel.RunUpdate{Status: keel.RunFailed, Error: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	root := spans[4]
+	root.Status, root.Error = keel.SpanError, "failed: boom"
+	finish(t, tr, root)
+	// A run the journal did not create (resumed after a restart): read.
+	finish(t, tr, agentRun("run_r")[4])
+	if err := x.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runs.mu.Lock()
+	reads := runs.reads
+	runs.mu.Unlock()
+	if reads != 1 {
+		t.Errorf("the exporter read runs %d times, want once (run_r, which the journal did not create)", reads)
+	}
+	got := mem.GetSpans()
+	if len(got) != 7 {
+		t.Fatalf("exported %d spans, want 7", len(got))
+	}
+	var sub, rootJ, rootR tracetest.SpanStub
+	for _, s := range got {
+		a := attrsOf(s)
+		if a[keyLabels].Type() == attribute.INVALID || !slices.Contains(a[keyLabels].AsStringSlice(), "pii") {
+			if a[keyRunID].AsString() == "run_j" {
+				t.Errorf("span %s of run_j: labels %v, want the run's pii", s.Name, a[keyLabels].AsStringSlice())
+			}
+		}
+		if s.SpanContext.TraceID() != traceIDOf("run_j") && a[keyRunID].AsString() != "run_r" {
+			t.Errorf("span %s in trace %s, want run_j's", s.Name, s.SpanContext.TraceID())
+		}
+		switch {
+		case a[keyRunID].AsString() == "run_jsub":
+			sub = s
+		case s.Name == "invoke_agent agent" && a[keyRunID].AsString() == "run_j":
+			rootJ = s
+		case a[keyRunID].AsString() == "run_r":
+			rootR = s
+		case s.Name == "chat keel-tiny":
+			if m := a[keyRequestModel].AsString(); m != "keel-tiny" {
+				t.Errorf("chat span %s = %q, want the created run's keel-tiny", keyRequestModel, m)
+			}
+		}
+	}
+	ra := attrsOf(rootJ)
+	if ra[keyRunStatus].AsString() != "failed" || ra[keyErrorType].AsString() != "failed" || ra[keyRunKind].AsString() != "plan" || ra[keyRequestModel].AsString() != "keel-tiny" {
+		t.Errorf("run_j's root span attrs %v, want status and error.type failed, kind plan, model keel-tiny (the journal's records)", ra)
+	}
+	if sa := attrsOf(sub); sa[keyParentRun].AsString() != "run_j" || sa[keyRunStatus].AsString() != "succeeded" {
+		t.Errorf("the sub-agent's root: %s = %q, %s = %q, want run_j, succeeded", keyParentRun, sa[keyParentRun].AsString(), keyRunStatus, sa[keyRunStatus].AsString())
+	}
+	if s := attrsOf(rootR)[keyRunStatus].AsString(); s != "succeeded" {
+		t.Errorf("run_r's root span: %s = %q, want succeeded (read)", keyRunStatus, s)
 	}
 }

@@ -40,7 +40,26 @@ type switchedTracer struct {
 
 type tracerChoice struct {
 	tr telemetry.Tracer
+	j  telemetry.Journal
 	x  *telemetry.Exporter // nil: export off
+}
+
+// switchedJournal is the engine's journal, switched with the tracer: the
+// store's, or the store's through the exporter (Exporter.Journal), as
+// the daemon wires it.
+type switchedJournal struct {
+	telemetry.Journal // the store, for the methods not switched
+	sw                *switchedTracer
+}
+
+func (s switchedJournal) CreateRun(ctx context.Context, r keel.Run) error {
+	return s.sw.cur.Load().j.CreateRun(ctx, r)
+}
+func (s switchedJournal) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	return s.sw.cur.Load().j.CreateRunWith(ctx, r, evs, upd)
+}
+func (s switchedJournal) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	return s.sw.cur.Load().j.AppendAll(ctx, id, evs, upd)
 }
 
 func (s *switchedTracer) StartSpan(ctx context.Context, sp keel.Span) error {
@@ -169,12 +188,13 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 		metricsOnly.Close(cctx)
 	}()
 	sw := &switchedTracer{}
-	choices := []*tracerChoice{{tr: st}, {tr: metricsOnly.Tracer(st), x: metricsOnly}, {tr: up.Tracer(st), x: up}, {tr: down.Tracer(st), x: down}, {tr: st}}
+	choices := []*tracerChoice{{tr: st, j: st}, {tr: metricsOnly.Tracer(st), j: metricsOnly.Journal(st), x: metricsOnly},
+		{tr: up.Tracer(st), j: up.Journal(st), x: up}, {tr: down.Tracer(st), j: down.Journal(st), x: down}, {tr: st, j: st}}
 	sw.cur.Store(choices[0])
 	eng, err := engine.New(engine.Config{Store: struct {
 		engine.Journal
 		engine.Tracer
-	}{st, sw}, Model: chain{n}, Tools: tools{}, DefaultMaxSteps: n})
+	}{switchedJournal{st, sw}, sw}, Model: chain{n}, Tools: tools{}, DefaultMaxSteps: n})
 	if err != nil {
 		return res, err
 	}

@@ -40,6 +40,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -90,7 +91,11 @@ func main() {
 	flag.BoolVar(&cfg.export, "export", false, "measure only a run's step time with OTLP export off vs on, collector up and down (issue 17); KEEL_TEST_OTLP_GRPC names the collector, else an in-process receiver")
 	flag.IntVar(&cfg.exportBlock, "export-block", 4, "with -export: runs of one mode timed back to back, with the flush of their spans")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
+	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole program to this file at its end (go tool pprof -sample_index=alloc_space; -tagfocus does not apply: allocations carry no labels)")
 	flag.Parse()
+	if *memProfile != "" {
+		defer writeMemProfile(*memProfile)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -124,6 +129,9 @@ func main() {
 	}
 	if err := run(cfg); err != nil {
 		pprof.StopCPUProfile()
+		if *memProfile != "" {
+			writeMemProfile(*memProfile)
+		}
 		fmt.Fprintln(os.Stderr, "durable:", err)
 		os.Exit(1)
 	}
@@ -262,4 +270,16 @@ func measureColumn(ctx context.Context, cfg config, dir, lgDir, sync string) (*c
 		return nil, fmt.Errorf("resume: %w", err)
 	}
 	return col, nil
+}
+
+// writeMemProfile writes the allocation profile to path.
+func writeMemProfile(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "durable: -memprofile:", err)
+	}
 }
