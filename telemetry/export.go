@@ -541,8 +541,8 @@ func (x *Exporter) loop() {
 				// taken now.
 				x.created(&it.rec.run)
 			case it.rec != nil:
-				// The end of a run is taken in order with the spans, at
-				// the flush: its root span comes after it.
+				// The end of a run is taken with the spans queued with it,
+				// at the flush (see flush).
 				pending = append(pending, queued{rec: it.rec})
 			case it.ev != nil:
 				x.content(it.ev)
@@ -645,7 +645,7 @@ func (x *Exporter) Flush(ctx context.Context) error {
 
 // queued is a span the worker took from the queue, with its attributes
 // decoded (once, for the metrics and the export); or the record of a
-// run's end (rec), taken in order with the spans.
+// run's end (rec), taken with the spans of its batch (see flush).
 type queued struct {
 	span  keel.Span
 	attrs spanAttrs
@@ -708,9 +708,17 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 	var lastRun keel.RunID
 	var rs *runState
 	var ok bool
+	// The engine ends a run's root span just before it journals the
+	// run's end: the batch's records of ends are taken before its spans,
+	// so that a root span finds its run's end recorded (as a read of the
+	// run at this point would find it).
 	for i := range spans {
 		if r := spans[i].rec; r != nil {
 			x.ended(&r.run)
+		}
+	}
+	for i := range spans {
+		if spans[i].rec != nil {
 			continue
 		}
 		sp, a := &spans[i].span, &spans[i].attrs

@@ -880,20 +880,22 @@ func TestJournalCarriesTheRun(t *testing.T) {
 	}
 	spans := agentRun("run_j")
 	finish(t, tr, spans[:4]...)
+	// As the engine does: the root span ends, then the run's end is
+	// journaled.
+	finish(t, tr, keel.Span{ID: "root_run_jsub", RunID: "run_jsub", ParentID: "step_run_j", Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanOK})
 	if _, err := j.AppendAll(ctx, "run_jsub", evs, &keel.RunUpdate{Status: keel.RunSucceeded, Result: "done"}); err != nil {
 		t.Fatal(err)
 	}
-	finish(t, tr, keel.Span{ID: "root_run_jsub", RunID: "run_jsub", ParentID: "step_run_j", Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanOK})
 	// Not an end: nothing to take.
 	if _, err := j.AppendAll(ctx, "run_j", evs, &keel.RunUpdate{Status: keel.RunWaiting}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.AppendAll(ctx, "run_j", evs, &keel.RunUpdate{Status: keel.RunFailed, Error: "boom"}); err != nil {
 		t.Fatal(err)
 	}
 	root := spans[4]
 	root.Status, root.Error = keel.SpanError, "failed: boom"
 	finish(t, tr, root)
+	if _, err := j.AppendAll(ctx, "run_j", evs, &keel.RunUpdate{Status: keel.RunFailed, Error: "boom"}); err != nil {
+		t.Fatal(err)
+	}
 	// A run the journal did not create (resumed after a restart): read.
 	finish(t, tr, agentRun("run_r")[4])
 	if err := x.Flush(ctx); err != nil {
