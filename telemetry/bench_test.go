@@ -229,3 +229,14 @@ func TestNoAllocationsPerSpan(t *testing.T) {
 		t.Errorf("encoding a batch of 128 spans allocates %v times, want at most 2", n)
 	}
 }
+
+// BenchmarkDecodeAttrs is the decode of a span's JSON attributes alone
+// (part of BenchmarkEncode).
+func BenchmarkDecodeAttrs(b *testing.B) {
+	spans := agentRun("run_bench")
+	b.ReportAllocs()
+	for i := range b.N {
+		sp := spans[i%len(spans)]
+		_ = decodeAttrs(&sp)
+	}
+}

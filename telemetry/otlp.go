@@ -163,49 +163,56 @@ func (e *encoder) reset() {
 // batch of 512 spans without content is about 200 kB.
 const keepBuffer = 1 << 20
 
-// kv appends the head of attribute key, whose AnyValue is size bytes,
-// to the span being written.
-func (e *encoder) kv(key string, size int) {
-	b := protowire.AppendTag(e.body, fieldAttributes, protowire.BytesType)
+// The attribute writers append one attribute (a KeyValue, as field
+// Span.attributes) to b and return it. They work on a slice held in a
+// local variable, not on the encoder: storing a slice into the encoder
+// (on the heap) at every attribute went through the GC's write barrier
+// whenever a collection was under way, which, in a busy daemon, is most
+// of the time; it cost about as much as the encoding itself.
+
+// appendKV appends the head of attribute key, whose AnyValue is size
+// bytes.
+func appendKV(b []byte, key string, size int) []byte {
+	b = protowire.AppendTag(b, fieldAttributes, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(protowire.SizeTag(fieldKey)+protowire.SizeBytes(len(key))+protowire.SizeTag(fieldValue)+protowire.SizeBytes(size)))
 	b = protowire.AppendTag(b, fieldKey, protowire.BytesType)
 	b = protowire.AppendString(b, key)
 	b = protowire.AppendTag(b, fieldValue, protowire.BytesType)
-	e.body = protowire.AppendVarint(b, uint64(size))
+	return protowire.AppendVarint(b, uint64(size))
 }
 
-func (e *encoder) str(key, val string) {
-	e.kv(key, protowire.SizeTag(fieldString)+protowire.SizeBytes(len(val)))
-	e.body = protowire.AppendTag(e.body, fieldString, protowire.BytesType)
-	e.body = protowire.AppendString(e.body, val)
+func appendStr(b []byte, key, val string) []byte {
+	b = appendKV(b, key, protowire.SizeTag(fieldString)+protowire.SizeBytes(len(val)))
+	b = protowire.AppendTag(b, fieldString, protowire.BytesType)
+	return protowire.AppendString(b, val)
 }
 
-func (e *encoder) int(key string, val int) {
-	e.kv(key, protowire.SizeTag(fieldInt)+protowire.SizeVarint(uint64(val)))
-	e.body = protowire.AppendTag(e.body, fieldInt, protowire.VarintType)
-	e.body = protowire.AppendVarint(e.body, uint64(val))
+func appendInt(b []byte, key string, val int) []byte {
+	b = appendKV(b, key, protowire.SizeTag(fieldInt)+protowire.SizeVarint(uint64(val)))
+	b = protowire.AppendTag(b, fieldInt, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(val))
 }
 
-func (e *encoder) float(key string, val float64) {
-	e.kv(key, protowire.SizeTag(fieldDouble)+protowire.SizeFixed64())
-	e.body = protowire.AppendTag(e.body, fieldDouble, protowire.Fixed64Type)
-	e.body = protowire.AppendFixed64(e.body, math.Float64bits(val))
+func appendFloat(b []byte, key string, val float64) []byte {
+	b = appendKV(b, key, protowire.SizeTag(fieldDouble)+protowire.SizeFixed64())
+	b = protowire.AppendTag(b, fieldDouble, protowire.Fixed64Type)
+	return protowire.AppendFixed64(b, math.Float64bits(val))
 }
 
-func (e *encoder) bool(key string, val bool) {
-	e.kv(key, protowire.SizeTag(fieldBool)+protowire.SizeVarint(protowire.EncodeBool(val)))
-	e.body = protowire.AppendTag(e.body, fieldBool, protowire.VarintType)
-	e.body = protowire.AppendVarint(e.body, protowire.EncodeBool(val))
+func appendBool(b []byte, key string, val bool) []byte {
+	b = appendKV(b, key, protowire.SizeTag(fieldBool)+protowire.SizeVarint(protowire.EncodeBool(val)))
+	b = protowire.AppendTag(b, fieldBool, protowire.VarintType)
+	return protowire.AppendVarint(b, protowire.EncodeBool(val))
 }
 
-func (e *encoder) strs(key string, vals ...string) {
+func appendStrs(b []byte, key string, vals ...string) []byte {
 	elem := func(s string) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(len(s)) }
 	arr := 0
 	for _, s := range vals {
 		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(s))
 	}
-	e.kv(key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
-	b := protowire.AppendTag(e.body, fieldArray, protowire.BytesType)
+	b = appendKV(b, key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
+	b = protowire.AppendTag(b, fieldArray, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(arr))
 	for _, s := range vals {
 		b = protowire.AppendTag(b, fieldArrayValues, protowire.BytesType)
@@ -213,20 +220,20 @@ func (e *encoder) strs(key string, vals ...string) {
 		b = protowire.AppendTag(b, fieldString, protowire.BytesType)
 		b = protowire.AppendString(b, s)
 	}
-	e.body = b
+	return b
 }
 
-// decisions appends attribute key: a model call's policy decisions, a
-// string each, "provider/model: explanation".
-func (e *encoder) decisions(key string, ds []modelDecision) {
+// appendDecisions appends attribute key: a model call's policy
+// decisions, a string each, "provider/model: explanation".
+func appendDecisions(b []byte, key string, ds []modelDecision) []byte {
 	text := func(d *modelDecision) int { return len(d.Provider) + 1 + len(d.Model) + 2 + len(d.Explanation) }
 	elem := func(d *modelDecision) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(text(d)) }
 	arr := 0
 	for i := range ds {
 		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(&ds[i]))
 	}
-	e.kv(key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
-	b := protowire.AppendTag(e.body, fieldArray, protowire.BytesType)
+	b = appendKV(b, key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
+	b = protowire.AppendTag(b, fieldArray, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(arr))
 	for i := range ds {
 		d := &ds[i]
@@ -236,17 +243,18 @@ func (e *encoder) decisions(key string, ds []modelDecision) {
 		b = protowire.AppendVarint(b, uint64(text(d)))
 		b = append(append(append(append(append(b, d.Provider...), '/'), d.Model...), ": "...), d.Explanation...)
 	}
-	e.body = b
+	return b
 }
 
-// nonEmpty appends the string attributes of kv (key, value, ...) whose
-// value is not empty.
-func (e *encoder) nonEmpty(kv ...string) {
+// appendNonEmpty appends the string attributes of kv (key, value, ...)
+// whose value is not empty.
+func appendNonEmpty(b []byte, kv ...string) []byte {
 	for i := 0; i+1 < len(kv); i += 2 {
 		if kv[i+1] != "" {
-			e.str(kv[i], kv[i+1])
+			b = appendStr(b, kv[i], kv[i+1])
 		}
 	}
+	return b
 }
 
 // spanID is spanIDOf(id).
@@ -355,96 +363,95 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		b = protowire.AppendTag(b, fieldEnd, protowire.Fixed64Type)
 		b = protowire.AppendFixed64(b, t)
 	}
-	e.body = b
 
-	e.str(keyRunID, string(sp.RunID))
-	e.str(keySpanID, sp.ID)
-	e.str(keySpanKind, string(sp.Kind))
+	b = appendStr(b, keyRunID, string(sp.RunID))
+	b = appendStr(b, keySpanID, sp.ID)
+	b = appendStr(b, keySpanKind, string(sp.Kind))
 	if sp.Step > 0 {
-		e.int(keyStep, sp.Step)
+		b = appendInt(b, keyStep, sp.Step)
 	}
 	if len(labels) > 0 {
-		e.strs(keyLabels, labels...)
+		b = appendStrs(b, keyLabels, labels...)
 	}
 	if sp.Retries > 0 {
-		e.int(keyRetries, sp.Retries)
+		b = appendInt(b, keyRetries, sp.Retries)
 	}
 	errType := ""
 	run := &ri.run
 	switch sp.Kind {
 	case keel.SpanRun:
-		e.str(keyOperation, opInvokeAgent)
-		e.str(keyAgentName, sp.Name)
-		e.str(keyAgentID, string(sp.RunID))
-		e.str(keyRunKind, string(run.KindOrAgent()))
+		b = appendStr(b, keyOperation, opInvokeAgent)
+		b = appendStr(b, keyAgentName, sp.Name)
+		b = appendStr(b, keyAgentID, string(sp.RunID))
+		b = appendStr(b, keyRunKind, string(run.KindOrAgent()))
 		if run.Model != "" {
-			e.str(keyRequestModel, run.Model)
+			b = appendStr(b, keyRequestModel, run.Model)
 		}
 		if run.Status != "" {
-			e.str(keyRunStatus, string(run.Status))
+			b = appendStr(b, keyRunStatus, string(run.Status))
 		}
 		if run.ParentID != "" {
-			e.str(keyParentRun, string(run.ParentID))
+			b = appendStr(b, keyParentRun, string(run.ParentID))
 		}
 		if run.Status.Terminal() && run.Status != keel.RunSucceeded || run.Status == keel.RunInterrupted {
 			errType = string(run.Status)
 		}
 	case keel.SpanStep:
 		if sp.Name != "step" {
-			e.str(keyPlanStep, sp.Name)
+			b = appendStr(b, keyPlanStep, sp.Name)
 		}
 		if a.Run != "" {
-			e.str(keySubagent, string(a.Run))
-			e.int(keyAttempt, a.Attempt)
+			b = appendStr(b, keySubagent, string(a.Run))
+			b = appendInt(b, keyAttempt, a.Attempt)
 		}
 	case keel.SpanModelCall:
 		req := run.Model
 		if req == "" {
 			req = sp.Name
 		}
-		e.str(keyOperation, opChat)
-		e.str(keyRequestModel, req)
-		e.str(keyResponseModel, sp.Name)
-		e.int(keyInputTokens, sp.PromptTokens)
-		e.int(keyOutputTokens, sp.CompletionTokens)
+		b = appendStr(b, keyOperation, opChat)
+		b = appendStr(b, keyRequestModel, req)
+		b = appendStr(b, keyResponseModel, sp.Name)
+		b = appendInt(b, keyInputTokens, sp.PromptTokens)
+		b = appendInt(b, keyOutputTokens, sp.CompletionTokens)
 		if sp.Provider != "" {
-			e.str(keyProvider, sp.Provider)
+			b = appendStr(b, keyProvider, sp.Provider)
 		}
 		if sp.CostUSD != 0 {
-			e.float(keyCost, sp.CostUSD)
+			b = appendFloat(b, keyCost, sp.CostUSD)
 		}
 		if sp.FinishReason != "" {
-			e.strs(keyFinishReasons, sp.FinishReason)
+			b = appendStrs(b, keyFinishReasons, sp.FinishReason)
 		}
 		if sp.TTFT > 0 {
-			e.float(keyTTFT, float64(sp.TTFT)/1e6)
+			b = appendFloat(b, keyTTFT, float64(sp.TTFT)/1e6)
 		}
-		e.nonEmpty(keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
+		b = appendNonEmpty(b, keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
 		if len(a.Policy.Decisions) > 0 {
-			e.decisions(keyPolicyList, a.Policy.Decisions)
+			b = appendDecisions(b, keyPolicyList, a.Policy.Decisions)
 		}
 		if sp.Status == keel.SpanError {
 			errType = errOther
 		}
 	case keel.SpanToolCall:
-		e.str(keyOperation, opExecuteTool)
-		e.str(keyToolName, sp.Name)
+		b = appendStr(b, keyOperation, opExecuteTool)
+		b = appendStr(b, keyToolName, sp.Name)
 		if a.CallID != "" {
-			e.str(keyToolCallID, a.CallID)
+			b = appendStr(b, keyToolCallID, a.CallID)
 		}
 		if sp.Status == keel.SpanError {
 			errType = cmpOr(a.ErrorType, errOther)
 		}
 	case keel.SpanHuman:
-		e.bool(keyHumanWait, true)
+		b = appendBool(b, keyHumanWait, true)
 		if a.CallID != "" {
-			e.str(keyToolCallID, a.CallID)
+			b = appendStr(b, keyToolCallID, a.CallID)
 		}
 	}
 	if sp.Kind == keel.SpanToolCall || sp.Kind == keel.SpanHuman {
 		if pd := a.Policy.Decision; pd != nil && pd.Outcome != "" {
-			e.str(keyPolicyOutcome, pd.Outcome)
-			e.str(keyPolicyExplain, pd.Explanation)
+			b = appendStr(b, keyPolicyOutcome, pd.Outcome)
+			b = appendStr(b, keyPolicyExplain, pd.Explanation)
 		}
 		if len(a.Egress) > 0 {
 			refused := 0
@@ -453,8 +460,8 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 					refused++
 				}
 			}
-			e.int(keyEgressCount, len(a.Egress))
-			e.int(keyEgressRefused, refused)
+			b = appendInt(b, keyEgressCount, len(a.Egress))
+			b = appendInt(b, keyEgressRefused, refused)
 		}
 	}
 	code, msg := tracepb.Status_STATUS_CODE_UNSET, ""
@@ -465,7 +472,7 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		if errType == "" {
 			errType = errOther
 		}
-		e.str(keyErrorType, errType)
+		b = appendStr(b, keyErrorType, errType)
 		// The error's text may quote what was said: it goes with the content.
 		code, msg = tracepb.Status_STATUS_CODE_ERROR, errType
 		if c != nil && sp.Error != "" {
@@ -473,13 +480,12 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		}
 	}
 	if withheld {
-		e.bool(keyContentOmitted, true)
+		b = appendBool(b, keyContentOmitted, true)
 	}
 	if c != nil {
-		e.nonEmpty(keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result)
+		b = appendNonEmpty(b, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result)
 	}
 
-	b = e.body
 	status := 0
 	if msg != "" {
 		status += protowire.SizeTag(fieldStatusMessage) + protowire.SizeBytes(len(msg))
@@ -501,7 +507,7 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 	b = protowire.AppendFixed32(b, flags)
 	e.body = b
 
-	e.buf = protowire.AppendTag(e.buf, fieldScopeSpans, protowire.BytesType)
-	e.buf = protowire.AppendVarint(e.buf, uint64(len(b)))
-	e.buf = append(e.buf, b...)
+	buf := protowire.AppendTag(e.buf, fieldScopeSpans, protowire.BytesType)
+	buf = protowire.AppendVarint(buf, uint64(len(b)))
+	e.buf = append(buf, b...)
 }
