@@ -17,7 +17,7 @@ func TestDependencyDirection(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	// forbidden[pkg] lists module packages (prefixes) pkg must not depend on.
-	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "bridges", "console", "daemon", "cli", "cmd", "examples"}
+	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "bridges", "console", "daemon", "cli", "cmd", "examples", "cloud"}
 	except := func(allowed ...string) []string {
 		var f []string
 	next:
@@ -76,6 +76,18 @@ func TestDependencyDirection(t *testing.T) {
 		"knowledge": except("intercept", "models", "schema"),
 		// Hand-built test modules: the standard library only.
 		"internal/wasmtest": except(),
+		// The store seam's conformance suite: root types and the
+		// standard library, so any store's tests can run it.
+		"internal/storetest": except(),
+		// The cloud (JetStream) side: a second store behind the engine's
+		// seam and workers of the engine. It builds on the engine and
+		// what the engine imports, never on the edge daemon's rooms
+		// (store, ipc, daemon, cli); its composition root
+		// (cloud/cloudcmd) adds the tool runtime and model providers.
+		// Only cmd/ and bench/ import it (checked below).
+		"cloud":                   except("engine", "models", "intercept", "policy", "schema", "cloud"),
+		"cloud/internal/natstest": except(),
+		"cloud/cloudcmd":          except("engine", "models", "intercept", "policy", "schema", "capabilities", "wasmtools", "cloud"),
 	}
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -122,6 +134,18 @@ func TestDependencyDirection(t *testing.T) {
 		for _, layer := range []string{"store", "models", "wasmtools", "engine", "ipc"} {
 			if !strings.Contains(" "+deps+" ", " "+mod+"/"+layer+" ") {
 				t.Errorf("the composition root daemon does not import %s: every layer is built there", layer)
+			}
+		}
+	}
+	// Only cmd/, bench/ and cloud/ itself import cloud/.
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, deps, _ := strings.Cut(line, "|")
+		if strings.HasPrefix(pkg, mod+"/cmd/") || strings.HasPrefix(pkg, mod+"/bench/") || strings.HasPrefix(pkg, mod+"/cloud/") || pkg == mod+"/cloud" {
+			continue
+		}
+		for _, d := range strings.Fields(deps) {
+			if d == mod+"/cloud" || strings.HasPrefix(d, mod+"/cloud/") {
+				t.Errorf("%s imports %s; only cmd/ and bench/ may", pkg, d)
 			}
 		}
 	}

@@ -1,0 +1,195 @@
+// Package natstest runs embedded NATS JetStream servers on loopback for
+// the tests and benchmarks of cloud/: a cluster of N nodes in this
+// process, on random ports, with their stores in a temporary directory.
+// A package shares one cluster between its tests (start it in TestMain)
+// and keeps them apart by giving each its own namespace.
+package natstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options configures a Cluster. The zero value is a 3-node cluster with
+// JetStream's default file-store sync (every 2 minutes).
+type Options struct {
+	// Nodes is how many servers; default 3. One node is not clustered.
+	Nodes int
+	// SyncAlways makes every node fsync each write before it acks it
+	// (sync_interval: always); default false.
+	SyncAlways bool
+	// Dir holds the nodes' stores; default a new temporary directory,
+	// removed by Close.
+	Dir string
+}
+
+// Cluster is a running set of embedded JetStream servers.
+type Cluster struct {
+	Servers []*server.Server
+	dir     string
+	ownDir  bool
+}
+
+// Start starts a cluster and returns once its JetStream answers (a meta
+// leader is elected), or an error after 30 s.
+func Start(o Options) (*Cluster, error) {
+	if o.Nodes <= 0 {
+		o.Nodes = 3
+	}
+	c := &Cluster{dir: o.Dir}
+	if c.dir == "" {
+		d, err := os.MkdirTemp("", "natstest-")
+		if err != nil {
+			return nil, err
+		}
+		c.dir, c.ownDir = d, true
+	}
+	// JetStream clustering wants every node's routes configured up front:
+	// free ports are picked first (another process could take one before
+	// its node listens; Start then fails and can be called again).
+	ports, err := freePorts(o.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	var routes []*url.URL
+	for _, p := range ports {
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)})
+	}
+	for i := range o.Nodes {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       server.RANDOM_PORT,
+			NoSigs:     true,
+			NoLog:      os.Getenv("NATSTEST_LOG") == "",
+			JetStream:  true,
+			StoreDir:   filepath.Join(c.dir, fmt.Sprintf("n%d", i+1)),
+			SyncAlways: o.SyncAlways,
+			// Small enough for many test clusters at once.
+			JetStreamMaxMemory: 64 << 20,
+			JetStreamMaxStore:  1 << 30,
+		}
+		if o.Nodes > 1 {
+			opts.Cluster = server.ClusterOpts{Name: "keel", Host: "127.0.0.1", Port: ports[i]}
+			opts.Routes = routes
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("natstest: node %d: %w", i+1, err)
+		}
+		if !opts.NoLog {
+			s.ConfigureLogger()
+		}
+		c.Servers = append(c.Servers, s)
+		s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			c.Close()
+			return nil, fmt.Errorf("natstest: node %d did not start", i+1)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.waitJetStream(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// freePorts returns n loopback ports free a moment ago.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("natstest: %w", err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}
+
+// waitJetStream waits until every node's JetStream answers an account
+// info request (the meta group has a leader).
+func (c *Cluster) waitJetStream(ctx context.Context) error {
+	for _, s := range c.Servers {
+		nc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			return fmt.Errorf("natstest: %w", err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return fmt.Errorf("natstest: %w", err)
+		}
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err = js.AccountInfo(actx)
+			cancel()
+			if err == nil {
+				break
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				nc.Close()
+				return fmt.Errorf("natstest: JetStream did not come up: %w", errors.Join(err, ctx.Err()))
+			case <-t.C:
+			}
+		}
+		nc.Close()
+	}
+	return nil
+}
+
+// URL returns the client URLs of every node, comma-separated, as
+// nats.Connect takes them.
+func (c *Cluster) URL() string {
+	var us []string
+	for _, s := range c.Servers {
+		if s.Running() {
+			us = append(us, s.ClientURL())
+		}
+	}
+	return strings.Join(us, ",")
+}
+
+// Connect connects to the cluster (any node) with opts.
+func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(c.URL(), opts...)
+}
+
+// Close stops every node and removes the stores' directory if Start made
+// it.
+func (c *Cluster) Close() {
+	// In parallel: a node's shutdown waits for its JetStream to stop.
+	var wg sync.WaitGroup
+	for _, s := range c.Servers {
+		wg.Go(s.Shutdown)
+	}
+	wg.Wait()
+	if c.ownDir {
+		os.RemoveAll(c.dir)
+	}
+}

@@ -1,0 +1,534 @@
+package jsstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config configures a Store. The zero value is usable.
+type Config struct {
+	// Namespace names the streams, subjects and buckets (see the package
+	// documentation): letters, digits, '-' and '_'; default "keel".
+	// Stores with different namespaces share nothing.
+	Namespace string
+	// Replicas is the replication factor of the streams and buckets
+	// Open creates: 1 (one node's copy) or 3 (quorum of 3); default 3.
+	// Streams that exist are used as they are.
+	Replicas int
+}
+
+// Store is the engine's store (engine.Store) on JetStream. It is safe
+// for concurrent use; several Stores, in one process or many, may share
+// a namespace (see the package documentation for who wins a conflict).
+type Store struct {
+	js      jetstream.JetStream
+	ns      string
+	journal jetstream.Stream
+	spans   jetstream.Stream
+	heads   jetstream.KeyValue
+	idem    jetstream.KeyValue
+
+	mu   sync.Mutex
+	runs map[keel.RunID]*runState
+
+	spanMu  sync.Mutex
+	pending []jetstream.PubAckFuture // span writes not yet acknowledged
+}
+
+// runState is what the Store knows of one run: its journal as of stream
+// sequence through. mu serializes the appends of this Store to the run.
+type runState struct {
+	mu      sync.Mutex
+	loaded  bool
+	run     keel.Run
+	through uint64
+	evs     []keel.Event
+}
+
+// ErrNamespace is returned by Open for a namespace that cannot name
+// streams.
+var ErrNamespace = errors.New("jsstore: namespace must be letters, digits, '-' or '_'")
+
+// Open returns a Store over js, creating its streams and buckets if they
+// do not exist.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, error) {
+	if cfg.Namespace == "" {
+		cfg.Namespace = "keel"
+	}
+	if strings.Trim(cfg.Namespace, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
+		return nil, fmt.Errorf("%w: %q", ErrNamespace, cfg.Namespace)
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 3
+	}
+	ns := cfg.Namespace
+	s := &Store{js: js, ns: ns, runs: map[keel.RunID]*runState{}}
+	var err error
+	if s.journal, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: ns + "_JOURNAL", Subjects: []string{ns + ".journal.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+		// Reads go to the stream's leader (no direct get from a replica
+		// that may lag): a run read after its last append sees it.
+		AllowDirect: false, DenyDelete: true, DenyPurge: true,
+	}); err != nil {
+		return nil, fmt.Errorf("jsstore: journal stream: %w", err)
+	}
+	if s.spans, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: ns + "_SPANS", Subjects: []string{ns + ".spans.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+		MaxMsgsPerSubject: 1,
+	}); err != nil {
+		return nil, fmt.Errorf("jsstore: spans stream: %w", err)
+	}
+	if s.heads, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ns + "_runs", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
+		return nil, fmt.Errorf("jsstore: heads bucket: %w", err)
+	}
+	if s.idem, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ns + "_idem", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
+		return nil, fmt.Errorf("jsstore: idempotency bucket: %w", err)
+	}
+	return s, nil
+}
+
+// token makes s one subject token and key-value key: s itself when it
+// is letters, digits, '-' and '_' (run and span IDs are), else '=' and
+// its base64url.
+func token(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == "" {
+		return s
+	}
+	return "=" + base64.RawURLEncoding.EncodeToString([]byte(s))
+}
+
+func (s *Store) runSubject(id keel.RunID) string { return s.ns + ".journal." + token(string(id)) }
+
+// batch is one journal message: one append.
+type batch struct {
+	Run    *keel.Run       `json:"run,omitempty"` // the first message of a run
+	Events []keel.Event    `json:"events,omitempty"`
+	Update *keel.RunUpdate `json:"update,omitempty"`
+}
+
+// head is a run's entry in the heads bucket.
+type head struct {
+	Run     keel.Run `json:"run"`
+	Through uint64   `json:"through"` // the journal's stream sequence it reflects
+}
+
+// state returns the Store's state of run id, made on first use.
+func (s *Store) state(id keel.RunID) *runState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.runs[id]
+	if st == nil {
+		st = &runState{}
+		s.runs[id] = st
+	}
+	return st
+}
+
+// forget drops the state of a run that does not exist.
+func (s *Store) forget(id keel.RunID, st *runState) {
+	s.mu.Lock()
+	if s.runs[id] == st {
+		delete(s.runs, id)
+	}
+	s.mu.Unlock()
+}
+
+// refresh brings st (locked) up to the journal's last message of run id:
+// one request when nothing was appended elsewhere, and one more per
+// message appended since. A run with no journal is keel.ErrNotFound.
+func (s *Store) refresh(ctx context.Context, id keel.RunID, st *runState) error {
+	subj := s.runSubject(id)
+	last, err := s.journal.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("run %s: %w", id, keel.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("run %s: %w", id, err)
+	}
+	if st.loaded && last.Sequence == st.through {
+		return nil
+	}
+	first := !st.loaded
+	if last.Sequence < st.through || !st.loaded {
+		st.reset() // read it all again
+	}
+	for seq := st.through + 1; ; {
+		m := last
+		if seq != last.Sequence {
+			if m, err = s.journal.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj)); err != nil {
+				return fmt.Errorf("run %s: journal from %d: %w", id, seq, err)
+			}
+		}
+		if err := st.apply(m.Sequence, m.Data); err != nil {
+			return fmt.Errorf("run %s: journal message %d: %w", id, m.Sequence, err)
+		}
+		if m.Sequence >= last.Sequence {
+			break
+		}
+		seq = m.Sequence + 1
+	}
+	if first {
+		s.repairHead(ctx, st)
+	}
+	return nil
+}
+
+// apply folds one journal message into st.
+func (st *runState) apply(seq uint64, data []byte) error {
+	var b batch
+	if err := json.Unmarshal(data, &b); err != nil {
+		return err
+	}
+	if b.Run != nil {
+		st.run, st.loaded = *b.Run, true
+	}
+	if !st.loaded {
+		return errors.New("the run's first message has no run")
+	}
+	st.fold(b.Events, b.Update)
+	st.through = seq
+	return nil
+}
+
+// reset forgets what st knew of its run (not its lock).
+func (st *runState) reset() {
+	st.loaded, st.run, st.through, st.evs = false, keel.Run{}, 0, nil
+}
+
+// fold applies an append's stored events and status change to st.
+func (st *runState) fold(evs []keel.Event, upd *keel.RunUpdate) {
+	st.evs = append(st.evs, evs...)
+	if n := len(evs); n > 0 {
+		st.run.LastSeq, st.run.UpdatedAt = evs[n-1].Seq, evs[n-1].Time
+	}
+	if upd != nil {
+		st.run.Status, st.run.Result, st.run.Error = upd.Status, upd.Result, upd.Error
+	}
+}
+
+// CreateRun stores a new run. It fails with keel.ErrConflict if the ID
+// exists or another run has its idempotency key.
+func (s *Store) CreateRun(ctx context.Context, r keel.Run) error {
+	_, err := s.create(ctx, r, nil, nil)
+	return err
+}
+
+// CreateRunWith stores a new run and its first events (as AppendAll) in
+// one journal message: the run is there with them, or not at all.
+func (s *Store) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if len(evs) == 0 {
+		return nil, fmt.Errorf("create run %s: no events", r.ID)
+	}
+	return s.create(ctx, r, evs, upd)
+}
+
+func (s *Store) create(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	r.LastSeq, r.Warnings = 0, nil
+	r.CreatedAt, r.UpdatedAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC()
+	if err := s.Sync(ctx); err != nil {
+		return nil, fmt.Errorf("create run %s: %w", r.ID, err)
+	}
+	var undoKey func()
+	if r.IdempotencyKey != "" {
+		var err error
+		if undoKey, err = s.claimKey(ctx, r); err != nil {
+			return nil, fmt.Errorf("create run %s: %w", r.ID, err)
+		}
+	}
+	out := number(r.ID, 0, evs)
+	b := batch{Run: &r, Events: out, Update: upd}
+	data, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("create run %s: %w", r.ID, err)
+	}
+	st := s.state(r.ID)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ack, err := s.js.Publish(ctx, s.runSubject(r.ID), data, jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		if undoKey != nil {
+			undoKey()
+		}
+		return nil, fmt.Errorf("create run %s: %w", r.ID, mapErr(err))
+	}
+	st.reset()
+	st.loaded, st.run, st.through = true, r, ack.Sequence
+	st.fold(out, upd)
+	s.putHead(ctx, st)
+	return out, nil
+}
+
+// claimKey points r's idempotency key at r, and returns how to undo it.
+// A key already pointing at a run that exists is keel.ErrConflict; one
+// pointing at a run whose creation never reached the journal (a crash
+// between the two) is taken over.
+func (s *Store) claimKey(ctx context.Context, r keel.Run) (undo func(), err error) {
+	k := keyOf(r.IdempotencyKey)
+	rev, err := s.idem.Create(ctx, k, []byte(r.ID))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		e, gerr := s.idem.Get(ctx, k)
+		if gerr != nil {
+			return nil, fmt.Errorf("idempotency key: %w", gerr)
+		}
+		if _, lerr := s.journal.GetLastMsgForSubject(ctx, s.runSubject(keel.RunID(e.Value()))); !errors.Is(lerr, jetstream.ErrMsgNotFound) {
+			return nil, fmt.Errorf("idempotency key %q is run %s's: %w", r.IdempotencyKey, e.Value(), keel.ErrConflict)
+		}
+		rev, err = s.idem.Update(ctx, k, []byte(r.ID), e.Revision())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idempotency key: %w", mapErr(err))
+	}
+	return func() {
+		// Best effort: a key left behind is taken over by the next
+		// creation that finds its run missing.
+		s.idem.Delete(context.WithoutCancel(ctx), k, jetstream.LastRevision(rev))
+	}, nil
+}
+
+func keyOf(idempotencyKey string) string {
+	sum := sha256.Sum256([]byte(idempotencyKey))
+	return hex.EncodeToString(sum[:])
+}
+
+// number gives evs their run and sequence numbers after last.
+func number(id keel.RunID, last int64, evs []keel.Event) []keel.Event {
+	out := make([]keel.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = keel.Event{RunID: id, Seq: last + 1 + int64(i), Type: ev.Type, Time: ev.Time.UTC(), Data: ev.Data}
+	}
+	return out
+}
+
+// GetRun returns one run or keel.ErrNotFound.
+func (s *Store) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	st := s.state(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := s.refresh(ctx, id, st); err != nil {
+		if errors.Is(err, keel.ErrNotFound) {
+			s.forget(id, st)
+		}
+		return keel.Run{}, err
+	}
+	return st.run, nil
+}
+
+// Events returns the run's events with Seq > afterSeq in order, or
+// keel.ErrNotFound.
+func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]keel.Event, error) {
+	st := s.state(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := s.refresh(ctx, id, st); err != nil {
+		if errors.Is(err, keel.ErrNotFound) {
+			s.forget(id, st)
+		}
+		return nil, err
+	}
+	i, _ := slices.BinarySearchFunc(st.evs, afterSeq+1, func(ev keel.Event, seq int64) int { return int(ev.Seq - seq) })
+	return slices.Clone(st.evs[i:]), nil
+}
+
+// AppendAll adds events to the run's journal in one message, numbered
+// after its last, upd applying with the last. It fails with
+// keel.ErrConflict when the run's status forbids it (see
+// keel.CanTransition) or when another Store appended to the run since
+// this one last read or wrote it: nothing is stored then, and the next
+// read of the run shows the other's events.
+func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
+	if len(evs) == 0 {
+		return nil, fmt.Errorf("append to %s: no events", id)
+	}
+	// A span that is the only record of something is durable no later
+	// than the journal's next write (engine.Tracer).
+	if err := s.Sync(ctx); err != nil {
+		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
+	}
+	st := s.state(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.loaded {
+		if err := s.refresh(ctx, id, st); err != nil {
+			if errors.Is(err, keel.ErrNotFound) {
+				s.forget(id, st)
+			}
+			return nil, fmt.Errorf("append %s: %w", evs[0].Type, err)
+		}
+	}
+	if cur := st.run.Status; cur.Terminal() || (upd != nil && !keel.CanTransition(cur, upd.Status)) {
+		to := cur
+		if upd != nil {
+			to = upd.Status
+		}
+		return nil, fmt.Errorf("append %s to %s: run is %s, cannot become %s: %w", evs[0].Type, id, cur, to, keel.ErrConflict)
+	}
+	out := number(id, st.run.LastSeq, evs)
+	data, err := json.Marshal(batch{Events: out, Update: upd})
+	if err != nil {
+		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
+	}
+	ack, err := s.js.Publish(ctx, s.runSubject(id), data, jetstream.WithExpectLastSequencePerSubject(st.through))
+	if err != nil {
+		if errors.Is(mapErr(err), keel.ErrConflict) {
+			st.loaded = false // another Store appended: read it again
+		}
+		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, mapErr(err))
+	}
+	changed := upd != nil && upd.Status != st.run.Status
+	st.fold(out, upd)
+	st.through = ack.Sequence
+	if changed {
+		s.putHead(ctx, st)
+	}
+	return out, nil
+}
+
+// putHead writes st's run to the heads bucket, unless the bucket has a
+// later one. Best effort: the journal is the truth, and a head left
+// behind is repaired by the next read of the run that finds it so (see
+// repairHead) or by RunsWithStatus.
+func (s *Store) putHead(ctx context.Context, st *runState) {
+	ctx = context.WithoutCancel(ctx)
+	data, err := json.Marshal(head{Run: st.run, Through: st.through})
+	if err != nil {
+		return
+	}
+	k := token(string(st.run.ID))
+	for range 3 {
+		e, err := s.heads.Get(ctx, k)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = s.heads.Create(ctx, k, data)
+		case err == nil:
+			var h head
+			if json.Unmarshal(e.Value(), &h) == nil && h.Through >= st.through {
+				return
+			}
+			_, err = s.heads.Update(ctx, k, data, e.Revision())
+		}
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+			return
+		}
+	}
+}
+
+// repairHead writes st's head when the bucket's is missing or behind.
+func (s *Store) repairHead(ctx context.Context, st *runState) {
+	e, err := s.heads.Get(ctx, token(string(st.run.ID)))
+	if err == nil {
+		var h head
+		if json.Unmarshal(e.Value(), &h) == nil && h.Run.Status == st.run.Status {
+			return
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return
+	}
+	s.putHead(ctx, st)
+}
+
+// RunsWithStatus returns every run in one of the given states, oldest
+// first. It reads every head, and the journal of each run whose head is
+// not terminal (a head may lag its journal).
+func (s *Store) RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([]keel.Run, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	w, err := s.heads.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	defer w.Stop()
+	var ids []keel.RunID
+	var out []keel.Run
+	for e := range w.Updates() {
+		if e == nil {
+			break // the bucket's current contents are all delivered
+		}
+		var h head
+		if err := json.Unmarshal(e.Value(), &h); err != nil {
+			return nil, fmt.Errorf("list runs: head %s: %w", e.Key(), err)
+		}
+		switch {
+		case !h.Run.Status.Terminal():
+			ids = append(ids, h.Run.ID)
+		case slices.Contains(states, h.Run.Status):
+			out = append(out, h.Run) // final: its head is its journal's
+		}
+	}
+	for _, id := range ids {
+		r, err := s.GetRun(ctx, id)
+		if errors.Is(err, keel.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list runs: %w", err)
+		}
+		if slices.Contains(states, r.Status) {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b keel.Run) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.ID), string(b.ID))
+	})
+	return out, nil
+}
+
+// RunByIdempotencyKey returns the run created with key, or
+// keel.ErrNotFound.
+func (s *Store) RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error) {
+	e, err := s.idem.Get(ctx, keyOf(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", keel.ErrNotFound)
+	}
+	if err != nil {
+		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", err)
+	}
+	r, err := s.GetRun(ctx, keel.RunID(e.Value()))
+	if err != nil {
+		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", err)
+	}
+	if r.IdempotencyKey != key {
+		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", keel.ErrNotFound)
+	}
+	return r, nil
+}
+
+// mapErr maps JetStream's refusals to the seam's errors: a wrong last
+// sequence (another writer appended, or the run exists) is
+// keel.ErrConflict.
+func mapErr(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			return fmt.Errorf("%w: %v", keel.ErrConflict, err)
+		}
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: %v", keel.ErrConflict, err)
+	}
+	return err
+}
+
+// Close waits for the span writes under way (at most 5 s). The
+// connection is the caller's.
+func (s *Store) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Sync(ctx)
+}
