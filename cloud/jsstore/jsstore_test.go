@@ -162,4 +162,3 @@ func TestHeadRepaired(t *testing.T) {
 		t.Errorf("head after a read = %s, want running (repaired)", h.Run.Status)
 	}
 }
-
