@@ -1,0 +1,372 @@
+package cloud
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cloud/jsstore"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config configures a Worker. NewEngine is required.
+type Config struct {
+	// Namespace is the jsstore namespace the fleet shares (its journal,
+	// work queue and leases); default "keel".
+	Namespace string
+	// Replicas of the streams and buckets Start creates: 1 or 3;
+	// default 3.
+	Replicas int
+	// Name identifies the worker in its leases and logs; default random.
+	Name string
+	// MaxRuns is how many runs the worker runs at once; default 4.
+	MaxRuns int
+	// LeaseTTL is how long a lease lives unless renewed (the worker
+	// renews it every third of it), and how long a work item stays
+	// with a worker that does not say it is working on it: a dead
+	// worker's runs are taken over after about LeaseTTL. Default 30 s.
+	// Every worker of a namespace must use the same: the first to start
+	// sets it on the shared bucket and consumer.
+	LeaseTTL time.Duration
+	// NewEngine builds the worker's engine over the store it is given
+	// (the engine's Store; the rest of engine.Config is the caller's:
+	// model, tools, policy). Required.
+	NewEngine func(st engine.Store) (*engine.Engine, error)
+	// Logger; default discards.
+	Logger *slog.Logger
+}
+
+// Worker runs runs from the fleet's work queue. Its methods are safe for
+// concurrent use.
+type Worker struct {
+	cfg    Config
+	log    *slog.Logger
+	nc     *nats.Conn
+	st     *jsstore.Store
+	eng    *engine.Engine
+	cons   jetstream.Consumer
+	leases jetstream.KeyValue
+
+	ctx    context.Context // the worker's lifetime, cancelled by Close and Kill
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	slots  chan struct{}
+	once   sync.Once
+}
+
+// Work is one item of the work queue: a run to start (or, if it exists,
+// to adopt), named by its idempotency key.
+type Work struct {
+	Request keel.StartRequest `json:"request"`
+}
+
+// queue holds the names of the work queue's parts in a namespace.
+type queue struct{ stream, subject, consumer, leases string }
+
+func names(ns string) queue {
+	return queue{stream: ns + "_WORK", subject: ns + ".work", consumer: "workers", leases: ns + "_leases"}
+}
+
+// ErrNoKey is returned by Submit for a request without an idempotency key:
+// the key names the run across workers.
+var ErrNoKey = errors.New("cloud: a submitted run needs an idempotency key")
+
+// Submit queues a run for the fleet of namespace ns. The request's
+// idempotency key names the run: a second Submit with the same key
+// within the queue's two-minute duplicate window is dropped, and a run
+// that exists is adopted rather than started again. It returns once the
+// queue has the item (on a quorum of its replicas).
+func Submit(ctx context.Context, js jetstream.JetStream, ns string, req keel.StartRequest) error {
+	if req.IdempotencyKey == "" {
+		return ErrNoKey
+	}
+	if ns == "" {
+		ns = "keel"
+	}
+	data, err := json.Marshal(Work{Request: req})
+	if err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	if _, err := js.Publish(ctx, names(ns).subject, data, jetstream.WithMsgID(req.IdempotencyKey)); err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	return nil
+}
+
+// Setup creates (or updates) the namespace's work queue, its consumer
+// and its lease bucket. Start calls it; a client that submits before
+// any worker started calls it too.
+func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int, leaseTTL time.Duration) error {
+	if ns == "" {
+		ns = "keel"
+	}
+	if replicas == 0 {
+		replicas = 3
+	}
+	if leaseTTL <= 0 {
+		leaseTTL = 30 * time.Second
+	}
+	q := names(ns)
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: replicas, Duplicates: 2 * time.Minute})
+	if err != nil {
+		return fmt.Errorf("cloud: work queue: %w", err)
+	}
+	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: q.consumer, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: leaseTTL, MaxDeliver: -1, MaxAckPending: -1}); err != nil {
+		return fmt.Errorf("cloud: work consumer: %w", err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: q.leases, TTL: leaseTTL, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
+		return fmt.Errorf("cloud: lease bucket: %w", err)
+	}
+	return nil
+}
+
+// Start starts a worker over nc, which it uses until Close or Kill (and
+// closes then). It returns once the worker pulls from the queue.
+func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
+	if cfg.NewEngine == nil {
+		return nil, errors.New("cloud: Config.NewEngine is required")
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = "keel"
+	}
+	if cfg.Name == "" {
+		var b [4]byte
+		rand.Read(b[:])
+		cfg.Name = "worker-" + hex.EncodeToString(b[:])
+	}
+	if cfg.MaxRuns <= 0 {
+		cfg.MaxRuns = 4
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 30 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("cloud: %w", err)
+	}
+	if err := Setup(ctx, js, cfg.Namespace, cfg.Replicas, cfg.LeaseTTL); err != nil {
+		return nil, err
+	}
+	q := names(cfg.Namespace)
+	w := &Worker{cfg: cfg, log: log.With("worker", cfg.Name), nc: nc, slots: make(chan struct{}, cfg.MaxRuns)}
+	if w.st, err = jsstore.Open(ctx, js, jsstore.Config{Namespace: cfg.Namespace, Replicas: cfg.Replicas}); err != nil {
+		return nil, err
+	}
+	if w.cons, err = js.Consumer(ctx, q.stream, q.consumer); err != nil {
+		return nil, fmt.Errorf("cloud: work consumer: %w", err)
+	}
+	if w.leases, err = js.KeyValue(ctx, q.leases); err != nil {
+		return nil, fmt.Errorf("cloud: lease bucket: %w", err)
+	}
+	if w.eng, err = cfg.NewEngine(w.st); err != nil {
+		return nil, fmt.Errorf("cloud: engine: %w", err)
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.wg.Add(1)
+	go w.pull()
+	return w, nil
+}
+
+// Name returns the worker's name.
+func (w *Worker) Name() string { return w.cfg.Name }
+
+// Engine returns the worker's engine: a run's events can be watched
+// there (Engine.Subscribe) and a waiting run answered (Engine.Decide).
+func (w *Worker) Engine() *engine.Engine { return w.eng }
+
+// pull takes work items while a run slot is free, until the worker stops.
+func (w *Worker) pull() {
+	defer w.wg.Done()
+	for {
+		select {
+		case w.slots <- struct{}{}:
+		case <-w.ctx.Done():
+			return
+		}
+		batch, err := w.cons.Fetch(1, jetstream.FetchContext(w.ctx))
+		if err != nil {
+			<-w.slots
+			if w.ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("fetch work", logkey.Err, err)
+			continue
+		}
+		got := false
+		for m := range batch.Messages() {
+			got = true
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				defer func() { <-w.slots }()
+				w.handle(m)
+			}()
+		}
+		if !got {
+			<-w.slots
+		}
+	}
+}
+
+// leaseKey is a run's lease key: the SHA-256 of its idempotency key.
+func leaseKey(idem string) string {
+	sum := sha256.Sum256([]byte(idem))
+	return hex.EncodeToString(sum[:])
+}
+
+// handle runs one work item: takes the run's lease (or leaves the item
+// for later if another worker holds it), starts or adopts the run, keeps
+// the lease and the item alive while the run goes on, and acknowledges
+// the item once the run ended or waits for a person.
+func (w *Worker) handle(m jetstream.Msg) {
+	ctx := w.ctx
+	var item Work
+	if err := json.Unmarshal(m.Data(), &item); err != nil || item.Request.IdempotencyKey == "" {
+		w.log.Error("a work item that is not one: dropped", logkey.Err, err)
+		m.Term()
+		return
+	}
+	key := leaseKey(item.Request.IdempotencyKey)
+	rev, err := w.leases.Create(ctx, key, []byte(w.cfg.Name))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		// Another worker runs it; if that one dies, its lease lapses and
+		// the item comes back.
+		m.NakWithDelay(w.cfg.LeaseTTL / 2)
+		return
+	}
+	if err != nil {
+		w.log.Warn("take a lease", logkey.Err, err)
+		m.Nak()
+		return
+	}
+	log := w.log.With("key", item.Request.IdempotencyKey)
+	renewed := make(chan struct{})
+	lost := make(chan struct{})
+	var current uint64 = rev
+	go func() { // keeps the lease and the item while the run goes on
+		defer close(renewed)
+		t := time.NewTicker(w.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				r, err := w.leases.Update(ctx, key, []byte(w.cfg.Name), current)
+				if err != nil {
+					if ctx.Err() == nil {
+						log.Warn("lease lost: another worker may adopt the run; the journal fences this one", logkey.Err, err)
+						close(lost)
+					}
+					return
+				}
+				current = r
+				m.InProgress()
+			case <-ctx.Done():
+				return
+			case <-lost:
+				return
+			}
+		}
+	}()
+	done := func(ack bool) {
+		select {
+		case <-lost:
+		default:
+			close(lost) // stops the renewal
+		}
+		<-renewed
+		if ctx.Err() != nil {
+			return // killed or closing: the lease lapses, the item comes back
+		}
+		if ack {
+			m.Ack()
+		} else {
+			m.Nak()
+		}
+		w.leases.Delete(context.WithoutCancel(ctx), key, jetstream.LastRevision(current))
+	}
+	id, err := w.startOrAdopt(ctx, item.Request)
+	if err != nil {
+		log.Error("start or adopt a run", logkey.Err, err)
+		done(false)
+		return
+	}
+	if err := w.eng.Wait(ctx, id); err != nil {
+		done(false)
+		return
+	}
+	r, err := w.st.GetRun(ctx, id)
+	if err != nil {
+		done(false)
+		return
+	}
+	// An ended run, or one that waits for a person, is done with; an
+	// interrupted one (this engine is closing) goes back to the queue.
+	done(r.Status != keel.RunInterrupted && r.Status != keel.RunQueued && r.Status != keel.RunRunning)
+}
+
+// startOrAdopt starts the run req asks for, or adopts it if a worker
+// created it before (and died).
+func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest) (keel.RunID, error) {
+	r, err := w.st.RunByIdempotencyKey(ctx, req.IdempotencyKey)
+	if errors.Is(err, keel.ErrNotFound) {
+		r, err = w.eng.Start(ctx, req)
+		if err != nil {
+			return "", err
+		}
+		return r.ID, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if _, err := w.eng.Adopt(ctx, r.ID); err != nil && !errors.Is(err, keel.ErrConflict) {
+		return "", err
+	}
+	return r.ID, nil
+}
+
+// Close stops taking work, interrupts the worker's runs (journaled as
+// interrupted, so another worker adopts them at once), gives their work
+// items back, and closes the connection.
+func (w *Worker) Close(ctx context.Context) error {
+	var err error
+	w.once.Do(func() {
+		err = w.eng.Close(ctx)
+		w.cancel()
+		w.wg.Wait()
+		err = errors.Join(err, w.st.Close())
+		w.nc.Close()
+	})
+	return err
+}
+
+// Kill makes the worker die as a crashed process would: its connection
+// is cut at once, so nothing it does afterwards reaches the cluster (no
+// journal append, no lease renewal, no acknowledgement), and its
+// goroutines then end. Its leases lapse and its runs are adopted by
+// other workers. For tests and benchmarks.
+func (w *Worker) Kill() {
+	w.once.Do(func() {
+		w.nc.Close()
+		w.cancel()
+		w.eng.Close(context.Background())
+		w.wg.Wait()
+	})
+}

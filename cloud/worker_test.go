@@ -1,0 +1,416 @@
+package cloud_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cloud"
+	"github.com/keel-runtime/keel/cloud/internal/natstest"
+	"github.com/keel-runtime/keel/cloud/jsstore"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/wasmtest"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// cluster is the package's 3-node cluster; each test has a namespace.
+var cluster *natstest.Cluster
+
+func TestMain(m *testing.M) {
+	var err error
+	if cluster, err = natstest.Start(natstest.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cluster.Close()
+	os.Exit(code)
+}
+
+// calls is the side effect of the bump tool: how many times each call
+// (run/call ID) ran, whichever worker ran it.
+type calls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *calls) add(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
+}
+
+func (c *calls) get(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+// counter counts every call of a worker's tools as it starts; hold, if
+// set, may keep a call from going on (until its context ends) after it
+// counted, as a tool would that did its side effect and then hung.
+type counter struct {
+	calls *calls
+	hold  func(inv keel.ToolInvocation) bool
+}
+
+func (c *counter) BeforeTool(ctx context.Context, inv keel.ToolInvocation) intercept.Decision {
+	c.calls.add(string(inv.Run) + "/" + inv.CallID)
+	if c.hold != nil && c.hold(inv) {
+		<-ctx.Done()
+	}
+	return intercept.Decision{}
+}
+
+func (c *counter) AfterTool(context.Context, keel.ToolInvocation, intercept.Decision, intercept.ToolOutcome) {
+}
+
+// toolsDir holds bump: a canned wasm module declared non-idempotent, so
+// that the engine never runs a call of it twice on its own.
+func toolsDir(t *testing.T) string {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"bump.wasm": string(wasmtest.CannedReactor(`{"output":{"bumped":true}}`)),
+		"bump.manifest.json": `{"name":"bump","description":"Add one to a counter.","side_effects":"non_idempotent_write",
+"input_schema":{"type":"object"}}`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// toolSteps is each run's script: bump three times, then answer. The
+// step is chosen from the conversation (how many tool results it holds),
+// so a run resumed on another worker goes on where its journal stands.
+const toolSteps = 3
+
+func script(req models.ChatRequest) (models.ChatResponse, error) {
+	n := 0
+	for _, m := range req.Messages {
+		if m.Role == models.RoleTool {
+			n++
+		}
+	}
+	goal := scripted.Goal(req)
+	if n >= toolSteps {
+		return models.ChatResponse{Message: models.Message{Content: "done " + goal}}, nil
+	}
+	call := keel.ToolCall{ID: fmt.Sprintf("%s-c%d", goal, n+1), Name: "bump", Arguments: json.RawMessage(`{}`)}
+	return models.ChatResponse{Message: models.Message{ToolCalls: []keel.ToolCall{call}}}, nil
+}
+
+// gated is a worker's model; hold, if set, keeps a request waiting
+// until its context ends (the worker is killed).
+type gated struct {
+	*scripted.Provider
+	hold func(req models.ChatRequest) bool
+}
+
+func (g gated) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
+	if g.hold != nil && g.hold(req) {
+		<-ctx.Done()
+		return models.ChatResponse{}, ctx.Err()
+	}
+	return g.Provider.Chat(ctx, req, onDelta)
+}
+
+type workerOpts struct {
+	maxRuns   int
+	holdModel func(models.ChatRequest) bool
+	holdTool  func(keel.ToolInvocation) bool
+}
+
+const leaseTTL = 1500 * time.Millisecond
+
+// startWorker starts a worker of namespace ns with its own connection,
+// tool registry (bump, counted in c) and scripted model.
+func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *cloud.Worker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg, err := wasmtools.Open(ctx, wasmtools.Config{Dir: tools, Interceptors: intercept.Tools{&counter{calls: c, hold: o.holdTool}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close(context.Background()) })
+	nc, err := cluster.Connect(nats.Name(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
+		return []scripted.Step{scripted.Repeat(scripted.AnswerFunc(script))}
+	}), hold: o.holdModel}
+	w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: ns, Name: name, MaxRuns: o.maxRuns, LeaseTTL: leaseTTL,
+		NewEngine: func(st engine.Store) (*engine.Engine, error) {
+			return engine.New(engine.Config{Store: st, Model: model, Tools: reg.RunTools(), DefaultMaxSteps: 10})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		w.Close(ctx)
+	})
+	return w
+}
+
+// watchRuns reports each run's status changes as the journal stream
+// stores them (an ordered consumer of the namespace's journal: a
+// refused append, which a core subscription would see too, is not in
+// it).
+func watchRuns(t *testing.T, ns string) <-chan keel.RunStatus {
+	nc, err := cluster.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, ns+"_JOURNAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan keel.RunStatus, 1024)
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		var b struct {
+			Update *keel.RunUpdate `json:"update"`
+		}
+		if json.Unmarshal(m.Data(), &b) == nil && b.Update != nil {
+			ch <- b.Update.Status
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	return ch
+}
+
+// waitStatus waits until n status changes to want arrived on ch.
+func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n int) {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for got := 0; got < n; {
+		select {
+		case st := <-ch:
+			if st == want {
+				got++
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d runs %s within a minute", got, n, want)
+		}
+	}
+}
+
+func client(t *testing.T, ns string) (jetstream.JetStream, *jsstore.Store) {
+	nc, err := cluster.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cloud.Setup(ctx, js, ns, 3, leaseTTL); err != nil {
+		t.Fatal(err)
+	}
+	st, err := jsstore.Open(ctx, js, jsstore.Config{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, st
+}
+
+// checkRuns checks every run of goals succeeded, each of its calls ran
+// exactly once, and its journal holds no event twice (one model result
+// per step, one tool result per call, seqs 1..n). It returns the runs
+// whose journal shows a takeover (run.interrupted).
+func checkRuns(t *testing.T, st *jsstore.Store, c *calls, goals []string) (adopted []keel.RunID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, g := range goals {
+		r, err := st.RunByIdempotencyKey(ctx, g)
+		if err != nil {
+			t.Fatalf("run %s: %v", g, err)
+		}
+		if r.Status != keel.RunSucceeded || r.Result != "done "+g {
+			t.Errorf("run %s (%s) ended %s %q, want succeeded", g, r.ID, r.Status, r.Result)
+		}
+		evs, err := st.Events(ctx, r.ID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps, results := map[int]int{}, map[string]int{}
+		for i, ev := range evs {
+			if ev.Seq != int64(i+1) {
+				t.Errorf("run %s: event %d has seq %d", g, i, ev.Seq)
+			}
+			switch ev.Type {
+			case keel.EventModelResult:
+				var d keel.ModelResultData
+				json.Unmarshal(ev.Data, &d)
+				steps[d.Step]++
+			case keel.EventToolResult:
+				var d keel.ToolResultData
+				json.Unmarshal(ev.Data, &d)
+				results[d.CallID]++
+			case keel.EventRunInterrupted:
+				adopted = append(adopted, r.ID)
+			}
+		}
+		for step, n := range steps {
+			if n != 1 {
+				t.Errorf("run %s: %d model results for step %d, want 1", g, n, step)
+			}
+		}
+		for i := 1; i <= toolSteps; i++ {
+			call := fmt.Sprintf("%s-c%d", g, i)
+			if n := results[call]; n != 1 {
+				t.Errorf("run %s: %d tool results for %s, want 1", g, n, call)
+			}
+			if n := c.get(string(r.ID) + "/" + call); n != 1 {
+				t.Errorf("run %s: %s ran %d times, want exactly once", g, call, n)
+			}
+		}
+	}
+	return adopted
+}
+
+// TestKillWorkerMidRun: three workers share nine runs; one dies (its
+// connection cut) in the middle of a run, after one of its tool calls
+// ran and while its model is asked for the next step. Its lease lapses,
+// its work item comes back, and another worker adopts the run from the
+// journal: every run succeeds, each non-idempotent call ran exactly
+// once, and no journal holds an event twice.
+func TestKillWorkerMidRun(t *testing.T) {
+	t.Parallel()
+	const ns, runs = "kill", 9
+	tools := toolsDir(t)
+	c := &calls{}
+	js, st := client(t, ns)
+	statuses := watchRuns(t, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var goals []string
+	for i := range runs {
+		goals = append(goals, fmt.Sprintf("job-%d", i))
+		if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goals[i], IdempotencyKey: goals[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The victim runs one run at a time, and holds its second model step.
+	reached := make(chan struct{})
+	var once sync.Once
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: func(req models.ChatRequest) bool {
+		for _, m := range req.Messages {
+			if m.Role == models.RoleTool {
+				once.Do(func() { close(reached) })
+				return true
+			}
+		}
+		return false
+	}})
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its run's second step")
+	}
+	startWorker(t, ns, "w2", tools, c, workerOpts{})
+	startWorker(t, ns, "w3", tools, c, workerOpts{})
+	victim.Kill()
+	waitStatus(t, statuses, keel.RunSucceeded, runs)
+	adopted := checkRuns(t, st, c, goals)
+	if len(adopted) != 1 {
+		t.Errorf("%d runs were adopted after the kill (%v), want 1", len(adopted), adopted)
+	}
+}
+
+// TestKillWorkerInTool: a worker dies while a non-idempotent call runs,
+// after its side effect: the journal has the call's intent and no
+// result. The worker that adopts the run does not run the call again (the
+// engine cannot know whether it ran): the run waits for a person, who
+// says it was done, and then it finishes. The call ran exactly once.
+func TestKillWorkerInTool(t *testing.T) {
+	t.Parallel()
+	const ns = "killtool"
+	tools := toolsDir(t)
+	c := &calls{}
+	js, st := client(t, ns)
+	statuses := watchRuns(t, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	goal := "tool-job"
+	if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goal, IdempotencyKey: goal}); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan keel.ToolInvocation, 1)
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdTool: func(inv keel.ToolInvocation) bool {
+		if strings.HasSuffix(inv.CallID, "-c2") {
+			held <- inv
+			return true
+		}
+		return false
+	}})
+	var inv keel.ToolInvocation
+	select {
+	case inv = <-held:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its second call")
+	}
+	w2 := startWorker(t, ns, "w2", tools, c, workerOpts{})
+	victim.Kill()
+	waitStatus(t, statuses, keel.RunWaiting, 1)
+	if n := c.get(string(inv.Run) + "/" + inv.CallID); n != 1 {
+		t.Fatalf("the cut call ran %d times before a person decided, want 1", n)
+	}
+	if _, err := w2.Engine().Decide(ctx, inv.Run, inv.CallID, keel.DecisionDone, json.RawMessage(`{"bumped":true}`), "it ran"); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	waitStatus(t, statuses, keel.RunSucceeded, 1)
+	// The person's answer stands for the call's result: one
+	// human.decision, no tool.result for it.
+	r, err := st.RunByIdempotencyKey(ctx, goal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := st.Events(ctx, r.ID, 0)
+	decisions := 0
+	for _, ev := range evs {
+		if ev.Type == keel.EventHumanDecision {
+			decisions++
+		}
+	}
+	if decisions != 1 || r.Status != keel.RunSucceeded {
+		t.Errorf("run %s: %d decisions, status %s; want 1, succeeded", r.ID, decisions, r.Status)
+	}
+	for i := 1; i <= toolSteps; i++ {
+		call := fmt.Sprintf("%s-c%d", goal, i)
+		if n := c.get(string(r.ID) + "/" + call); n != 1 {
+			t.Errorf("%s ran %d times, want exactly once", call, n)
+		}
+	}
+}
