@@ -10,8 +10,10 @@
 //     TypeScript SDK (node/server.mjs) whose wordcount does the same work
 //     in JavaScript (installed with npm ci on first run).
 //
-// It prints p50 and p99 of each, keel's MCP overhead over its own call
-// (p50 difference) and the ratios keel/Node.
+// The paths are measured in turns, one call of each per round, so that
+// all of them meet the same load on a shared machine. It prints p50 and
+// p99 of each, keel's MCP overhead over its own call (p50 difference)
+// and the ratios keel/Node.
 //
 //	go run ./bench/mcp [-n 2000] [-node bench/mcp/node] [-skip-node] [-skip-stdio] [-cpuprofile FILE]
 package main
@@ -19,6 +21,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -133,22 +136,19 @@ func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 	}
 	defer c.Close()
 
-	var results []result
-	add := func(name string, f func() error) error {
-		d, err := timing.Measure(n, f)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		results = append(results, result{name, timing.Pct(d, 0.5), timing.Pct(d, 0.99)})
-		return nil
+	// The paths are measured in turns (timing.MeasureTurns: one call of
+	// each per round), so that all meet the same load on a busy machine.
+	var names []string
+	var calls []func() error
+	add := func(name string, f func() error) {
+		names = append(names, name)
+		calls = append(calls, f)
 	}
 
-	if err := add("keel tools.call (WebSocket)", func() error {
+	add("keel tools.call (WebSocket)", func() error {
 		_, err := c.CallTool(ctx, "wordcount", json.RawMessage(input))
 		return err
-	}); err != nil {
-		return err
-	}
+	})
 	mcpURL := "http://" + strings.TrimSuffix(strings.TrimPrefix(info.URL, "ws://"), protocol.Path) + "/mcp"
 	httpc := &http.Client{Transport: bearer{token, http.DefaultTransport}}
 	keelHTTP, err := connect(ctx, &sdk.StreamableClientTransport{Endpoint: mcpURL, HTTPClient: httpc})
@@ -156,9 +156,7 @@ func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 		return err
 	}
 	defer keelHTTP.Close()
-	if err := add("keel MCP, streamable HTTP", call(ctx, keelHTTP)); err != nil {
-		return err
-	}
+	add("keel MCP, streamable HTTP", call(ctx, keelHTTP))
 	if !skipStdio {
 		self, err := os.Executable()
 		if err != nil {
@@ -169,9 +167,7 @@ func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 			return err
 		}
 		defer keelStdio.Close()
-		if err := add("keel MCP, stdio (keel mcp)", call(ctx, keelStdio)); err != nil {
-			return err
-		}
+		add("keel MCP, stdio (keel mcp)", call(ctx, keelStdio))
 	}
 
 	if !skipNode {
@@ -198,9 +194,7 @@ func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 			return err
 		}
 		defer nodeHTTP.Close()
-		if err := add("Node MCP, streamable HTTP", call(ctx, nodeHTTP)); err != nil {
-			return err
-		}
+		add("Node MCP, streamable HTTP", call(ctx, nodeHTTP))
 		cmd := exec.Command("node", "server.mjs", "stdio")
 		cmd.Dir = nodeDir
 		nodeStdio, err := connect(ctx, &sdk.CommandTransport{Command: cmd})
@@ -208,12 +202,22 @@ func run(n int, nodeDir string, skipNode, skipStdio bool) error {
 			return err
 		}
 		defer nodeStdio.Close()
-		if err := add("Node MCP, stdio", call(ctx, nodeStdio)); err != nil {
-			return err
-		}
+		add("Node MCP, stdio", call(ctx, nodeStdio))
 	}
 
-	fmt.Printf("wordcount %s, %d calls each, one client at a time, %s/%s, %d CPUs\n\n", input, n, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	d, err := timing.MeasureTurns(n, calls...)
+	if te := (*timing.TurnError)(nil); errors.As(err, &te) {
+		return fmt.Errorf("%s: %w", names[te.Index], te.Err)
+	}
+	if err != nil {
+		return err
+	}
+	var results []result
+	for i, name := range names {
+		results = append(results, result{name, timing.Pct(d[i], 0.5), timing.Pct(d[i], 0.99)})
+	}
+
+	fmt.Printf("wordcount %s, %d calls each, one client at a time, the paths in turns, %s/%s, %d CPUs\n\n", input, n, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	fmt.Printf("%-30s %10s %10s\n", "", "p50", "p99")
 	for _, r := range results {
 		fmt.Printf("%-30s %10s %10s\n", r.name, r.p50, r.p99)
