@@ -59,7 +59,7 @@ func (s *Server) addRuns() {
 		}
 		ctx, cancel := s.withRequest(ctx, req.Extra)
 		defer cancel()
-		call := s.call(req, RunStartTool, req.Params.Arguments)
+		call := s.callOf(req.Session, RunStartTool, req.Params.Arguments)
 		id, err := runs.StartRun(ctx, call, keel.StartRequest{Goal: in.Goal, Model: in.Model})
 		if err != nil {
 			var te *keel.ToolError
@@ -128,12 +128,12 @@ func SpanTree(spans []keel.Span) []*SpanNode {
 	return roots
 }
 
-// call is the Call of a tools/call request for tool with args.
-func (s *Server) call(req *sdk.CallToolRequest, tool string, args json.RawMessage) Call {
-	c := Call{Name: tool, Input: args, Client: ClientName(req.Session)}
-	if canElicit(req.Session) {
+// callOf is the Call of a tools/call of session ss for tool with args.
+func (s *Server) callOf(ss *sdk.ServerSession, tool string, args json.RawMessage) Call {
+	c := Call{Name: tool, Input: args, Client: ClientName(ss)}
+	if canElicit(ss) {
 		c.Approve = func(ctx context.Context, d keel.PolicyDecision) (bool, error) {
-			return s.approve(ctx, req.Session, tool, args, d)
+			return s.approve(ctx, ss, tool, args, d)
 		}
 	}
 	return c

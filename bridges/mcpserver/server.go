@@ -99,8 +99,15 @@ type Server struct {
 	streams    streams
 	streamWait atomic.Int64
 
+	// sessions holds the initialized HTTP sessions (*httpSession) by ID,
+	// for the direct path of tools/call (fastcall.go); watch joins the
+	// goroutines that forget them when they end.
+	sessions sync.Map
+	watch    sync.WaitGroup
+
 	mu     sync.Mutex
 	served map[string][]byte // tool name → its MCP form as served
+	closed bool              // Close began: no session is noted
 }
 
 // CodeForbidden is the JSON-RPC error code of an MCP request whose
@@ -178,9 +185,13 @@ func (s *Server) Close() {
 		s.stop()
 		s.cancel()
 		s.wg.Wait()
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
 		for ss := range s.sdk.Sessions() {
 			ss.Close()
 		}
+		s.watch.Wait()
 	})
 }
 
@@ -293,18 +304,7 @@ func (s *Server) handler(name string) sdk.ToolHandler {
 		}
 		ctx, cancel := s.withRequest(ctx, req.Extra)
 		defer cancel()
-		out, err := s.cfg.Tools.CallTool(ctx, s.call(req, name, args))
-		if err != nil {
-			var te *keel.ToolError
-			if errors.As(err, &te) {
-				return ErrorResult(te), nil
-			}
-			if errors.Is(err, keel.ErrNotFound) {
-				return ErrorResult(&keel.ToolError{Code: keel.ToolNotFound, Message: fmt.Sprintf("no tool named %q is installed", name)}), nil
-			}
-			return nil, err
-		}
-		return Result(out), nil
+		return s.callTool(ctx, name, args, req.Session)
 	}
 }
 
@@ -453,7 +453,8 @@ type HTTPConfig struct {
 	// outcome.
 	Caller func(*http.Request) (Caller, bool)
 	// SessionTimeout closes a session that has had no request for this
-	// long. Default 1 h.
+	// long (one whose last requests were tools/call answered directly,
+	// after 9/10 of it to all of it: see fastcall.go). Default 1 h.
 	SessionTimeout time.Duration
 	// MaxRequestBytes bounds a request's body; a larger one is refused
 	// (413). Default 4 MiB.
@@ -470,7 +471,10 @@ type HTTPConfig struct {
 // 2025-06-18 and later): POST for requests, GET for the stream of
 // notifications such as tools/list_changed, DELETE to end a session.
 // Each request is checked by cfg.Caller; the scope each method needs is
-// checked against what it returns (see package doc).
+// checked against what it returns (see package doc). A plain tools/call
+// of a served tool in a session is answered by the handler itself,
+// without the SDK's session machinery, with the same checks and the
+// same answer (fastcall.go); every other request goes to the SDK.
 func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = time.Hour
@@ -499,13 +503,25 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 	// away would leave its call waiting (such as for an elicitation's
 	// answer) until the session timed out.
 	tied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		session := r.Header.Get("Mcp-Session-Id")
+		if r.Method == http.MethodPost && session != "" {
+			if s.direct(w, r, session, cfg.MaxRequestBytes, cfg.SessionTimeout) {
+				return
+			}
+			if hs := s.session(r, session); hs != nil {
+				hs.sdkSeen.Store(time.Now().UnixNano())
+			}
+		}
+		if r.Method == http.MethodDelete && s.session(r, session) != nil {
+			s.sessions.Delete(session) // before the SDK ends it
+		}
 		if r.Method == http.MethodPost {
 			id := rand.Text()
 			r.Header.Set(requestHeader, id) // replaces any the client sent
 			s.requests.Store(id, r.Context())
 			defer s.requests.Delete(id)
 		}
-		if id := r.Header.Get("Mcp-Session-Id"); r.Method == http.MethodGet && id != "" {
+		if id := session; r.Method == http.MethodGet && id != "" {
 			// The SDK flushes a notification stream's headers while it
 			// holds the stream, before it lets a message through: once
 			// flushed, an elicitation sent reaches the client.
@@ -518,6 +534,11 @@ func (s *Server) HTTPHandler(cfg HTTPConfig) http.Handler {
 			w = sw
 		}
 		h.ServeHTTP(w, r)
+		if r.Method == http.MethodPost && session == "" {
+			if id := w.Header().Get("Mcp-Session-Id"); id != "" {
+				s.opened(r, id)
+			}
+		}
 	})
 	verify := func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		who, ok := cfg.Caller(r)
