@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +15,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud"
-	"github.com/keel-runtime/keel/cloud/internal/natstest"
+	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/keel-runtime/keel/cloud/jsstore"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
@@ -157,9 +159,13 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 	model := gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
 		return []scripted.Step{scripted.Repeat(scripted.AnswerFunc(script))}
 	}), hold: o.holdModel}
-	w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: ns, Name: name, MaxRuns: o.maxRuns, LeaseTTL: leaseTTL,
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
+	w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: ns, Name: name, MaxRuns: o.maxRuns, LeaseTTL: leaseTTL, Logger: log,
 		NewEngine: func(st engine.Store) (*engine.Engine, error) {
-			return engine.New(engine.Config{Store: st, Model: model, Tools: reg.RunTools(), DefaultMaxSteps: 10})
+			return engine.New(engine.Config{Store: st, Model: model, Tools: reg.RunTools(), DefaultMaxSteps: 10, Logger: log.With("worker", name)})
 		}})
 	if err != nil {
 		t.Fatal(err)

@@ -19,9 +19,14 @@
 //     list runs by status. The journal is the truth: a head a crash left
 //     behind is repaired from it when read.
 //   - key-value bucket NS_idem: idempotency key (its SHA-256) to run ID.
-//   - stream NS_SPANS, subject NS.spans.RUN.SPAN, keeping each span's
-//     last version: trace spans, published without waiting and made
-//     durable by Sync and before every journal append.
+//   - stream NS_SPANS, subject NS.spans.RUN: trace spans, buffered and
+//     published in batches (one message per run, the last version of a
+//     span winning) with the Store's next journal append, by Sync, or
+//     50 ms after the first one buffered. A span that is the only record
+//     of something (a failed model call's spending, a person's answer)
+//     is stored before the append it goes with, as engine.Tracer asks;
+//     the others go beside it, unwaited. A step is then two messages,
+//     one waited for.
 //
 // Durability: streams and buckets have Config.Replicas replicas (default
 // 3); a write returns once a quorum of them has it. With the servers'

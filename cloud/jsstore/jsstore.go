@@ -27,6 +27,10 @@ type Config struct {
 	// Open creates: 1 (one node's copy) or 3 (quorum of 3); default 3.
 	// Streams that exist are used as they are.
 	Replicas int
+	// OnLazyError receives the errors of span writes that no caller
+	// waits for (published after lazyDelay); nil drops them. Sync and
+	// the next journal append return them too.
+	OnLazyError func(error)
 }
 
 // Store is the engine's store (engine.Store) on JetStream. It is safe
@@ -43,8 +47,15 @@ type Store struct {
 	mu   sync.Mutex
 	runs map[keel.RunID]*runState
 
-	spanMu  sync.Mutex
-	pending []jetstream.PubAckFuture // span writes not yet acknowledged
+	onLazyError func(error)
+
+	spanMu   sync.Mutex
+	buffered []keel.Span   // span writes not yet published (see spans.go)
+	alone    bool          // one of them records something alone
+	lazy     *time.Timer   // publishes buffered ones after lazyDelay
+	closed   bool          // Close was called: no more timers
+	pending  []*spanWrite  // span batches published, maybe not yet acknowledged
+	quit     chan struct{} // closed by Close: stops waiting for acks
 }
 
 // runState is what the Store knows of one run: its journal as of stream
@@ -74,7 +85,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 		cfg.Replicas = 3
 	}
 	ns := cfg.Namespace
-	s := &Store{js: js, ns: ns, runs: map[keel.RunID]*runState{}}
+	s := &Store{js: js, ns: ns, runs: map[keel.RunID]*runState{}, onLazyError: cfg.OnLazyError, quit: make(chan struct{})}
 	var err error
 	if s.journal, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: ns + "_JOURNAL", Subjects: []string{ns + ".journal.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
@@ -85,8 +96,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 		return nil, fmt.Errorf("jsstore: journal stream: %w", err)
 	}
 	if s.spans, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: ns + "_SPANS", Subjects: []string{ns + ".spans.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
-		MaxMsgsPerSubject: 1,
+		Name: ns + "_SPANS", Subjects: []string{ns + ".spans.*"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
 	}); err != nil {
 		return nil, fmt.Errorf("jsstore: spans stream: %w", err)
 	}
@@ -237,7 +247,7 @@ func (s *Store) CreateRunWith(ctx context.Context, r keel.Run, evs []keel.Event,
 func (s *Store) create(ctx context.Context, r keel.Run, evs []keel.Event, upd *keel.RunUpdate) ([]keel.Event, error) {
 	r.LastSeq, r.Warnings = 0, nil
 	r.CreatedAt, r.UpdatedAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC()
-	if err := s.Sync(ctx); err != nil {
+	if err := s.publishSpans(true); err != nil {
 		return nil, fmt.Errorf("create run %s: %w", r.ID, err)
 	}
 	var undoKey func()
@@ -352,10 +362,12 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 		return nil, fmt.Errorf("append to %s: no events", id)
 	}
 	// A span that is the only record of something is durable no later
-	// than the journal's next write (engine.Tracer).
-	if err := s.Sync(ctx); err != nil {
+	// than the journal's next write (engine.Tracer); the others go
+	// beside it, unwaited (see spans.go).
+	if err := s.publishSpans(true); err != nil {
 		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
 	}
+	defer s.settle()
 	st := s.state(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -525,10 +537,19 @@ func mapErr(err error) error {
 	return err
 }
 
-// Close waits for the span writes under way (at most 5 s). The
-// connection is the caller's.
+// Close writes the buffered spans and waits for the span writes under
+// way (at most 5 s). The connection is the caller's.
 func (s *Store) Close() error {
+	s.spanMu.Lock()
+	s.closed = true
+	if s.lazy != nil {
+		s.lazy.Stop()
+		s.lazy = nil
+	}
+	s.spanMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.Sync(ctx)
+	err := s.Sync(ctx)
+	close(s.quit)
+	return err
 }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
-	"github.com/keel-runtime/keel/cloud/internal/natstest"
 	"github.com/keel-runtime/keel/cloud/jsstore"
+	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/keel-runtime/keel/internal/storetest"
 	"github.com/nats-io/nats.go/jetstream"
 )

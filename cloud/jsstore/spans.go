@@ -7,55 +7,130 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// lazyDelay is how long a span write may wait in memory for a journal
+// append to carry it to the spans stream before it goes alone.
+const lazyDelay = 50 * time.Millisecond
+
+// Span writes are buffered and published in batches, one message per run
+// (subject NS.spans.RUN, a JSON array of span versions; the last version
+// of an ID wins): with the next journal append of the Store, with Sync,
+// or lazyDelay after the first one buffered. A batch that holds a span
+// that is the only record of something (recordsAlone) is stored before
+// the journal append it goes with; any other goes beside it, unwaited.
+
 // StartSpan records a running span; starting a span the run already has
-// replaces it. It publishes without waiting: Sync, and every journal
-// append, waits for it.
+// replaces it. It buffers the write (see above) and returns at once.
 func (s *Store) StartSpan(ctx context.Context, sp keel.Span) error {
 	sp = keel.Span{ID: sp.ID, RunID: sp.RunID, ParentID: sp.ParentID, Kind: sp.Kind, Name: sp.Name, Step: sp.Step, Start: sp.Start.UTC(),
 		Status: keel.SpanRunning, Attrs: sp.Attrs}
-	return s.putSpan(sp)
+	s.bufferSpan(sp)
+	return nil
 }
 
 // FinishSpan records a span's outcome (sp whole, as the engine keeps
-// it), without waiting, like StartSpan.
+// it). It buffers the write, like StartSpan.
 func (s *Store) FinishSpan(ctx context.Context, sp keel.Span) error {
 	sp.Start = sp.Start.UTC()
-	return s.putSpan(sp)
+	s.bufferSpan(sp)
+	return nil
 }
 
-func (s *Store) putSpan(sp keel.Span) error {
-	data, err := json.Marshal(sp)
-	if err != nil {
-		return fmt.Errorf("span %s: %w", sp.ID, err)
-	}
+// recordsAlone reports whether a finished span is the only record of
+// something the journal does not hold (as the SQLite store decides):
+// what a failed model call spent, a person's answer ending a wait.
+func recordsAlone(sp keel.Span) bool {
+	return sp.Status != keel.SpanRunning && (sp.Kind == keel.SpanHuman || (sp.Kind == keel.SpanModelCall && sp.Status == keel.SpanError))
+}
+
+func (s *Store) bufferSpan(sp keel.Span) {
 	s.spanMu.Lock()
 	defer s.spanMu.Unlock()
-	f, err := s.js.PublishAsync(s.ns+".spans."+token(string(sp.RunID))+"."+token(sp.ID), data)
-	if err != nil {
-		return fmt.Errorf("span %s: %w", sp.ID, err)
+	if len(s.buffered) == 0 && s.lazy == nil && !s.closed {
+		s.lazy = time.AfterFunc(lazyDelay, func() {
+			s.spanMu.Lock()
+			s.lazy = nil
+			s.spanMu.Unlock()
+			if err := s.publishSpans(false); err != nil && s.onLazyError != nil {
+				s.onLazyError(err)
+			}
+		})
 	}
-	s.pending = append(s.pending, f)
+	s.buffered = append(s.buffered, sp)
+	s.alone = s.alone || recordsAlone(sp)
+}
+
+// publishSpans publishes the buffered span writes, one message per run,
+// without waiting for their acks (Sync does); with mustStore, it waits
+// for them if a span among them records something alone.
+func (s *Store) publishSpans(mustStore bool) error {
+	s.spanMu.Lock()
+	buf, alone := s.buffered, s.alone
+	s.buffered, s.alone = nil, false
+	if len(buf) == 0 {
+		s.spanMu.Unlock()
+		return nil
+	}
+	byRun := map[keel.RunID][]keel.Span{}
+	var order []keel.RunID
+	for _, sp := range buf {
+		if byRun[sp.RunID] == nil {
+			order = append(order, sp.RunID)
+		}
+		byRun[sp.RunID] = append(byRun[sp.RunID], sp)
+	}
+	var errs []error
+	var mine []*spanWrite
+	for _, id := range order {
+		data, err := json.Marshal(byRun[id])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f, err := s.js.PublishAsync(s.ns+".spans."+token(string(id)), data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("spans of %s: %w", id, err))
+			continue
+		}
+		w := s.track(f)
+		s.pending = append(s.pending, w)
+		mine = append(mine, w)
+	}
+	s.spanMu.Unlock()
+	if mustStore && alone {
+		for _, w := range mine {
+			<-w.done
+			if w.err != nil {
+				errs = append(errs, w.err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("write spans: %w", err)
+	}
 	return nil
 }
 
 // Sync returns once every span started or finished so far is stored (on
 // a quorum of replicas), or with the first error of one that was not.
 func (s *Store) Sync(ctx context.Context) error {
+	perr := s.publishSpans(false)
 	s.spanMu.Lock()
 	pending := s.pending
 	s.pending = nil
 	s.spanMu.Unlock()
-	var errs []error
-	for i, f := range pending {
+	errs := []error{perr}
+	for i, w := range pending {
 		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			errs = append(errs, err)
+		case <-w.done:
+			if w.err != nil {
+				errs = append(errs, w.err)
+			}
 		case <-ctx.Done():
 			s.spanMu.Lock()
 			s.pending = append(pending[i:], s.pending...)
@@ -69,7 +144,49 @@ func (s *Store) Sync(ctx context.Context) error {
 	return nil
 }
 
-// readSpans returns the last version of every span on subject filter.
+// settle drops the acknowledged futures from pending, so that a Store
+// that never calls Sync does not keep them all.
+func (s *Store) settle() {
+	s.spanMu.Lock()
+	defer s.spanMu.Unlock()
+	s.pending = slices.DeleteFunc(s.pending, func(w *spanWrite) bool {
+		select {
+		case <-w.done:
+			return w.err == nil // an error stays for Sync to return
+		default:
+			return false
+		}
+	})
+}
+
+// spanWrite is a published span batch: done is closed once the stream
+// acknowledged it (err nil) or refused it, so that any number of callers
+// can wait for it (a future's channels deliver their value once).
+type spanWrite struct {
+	done chan struct{}
+	err  error
+}
+
+// track waits for f in a goroutine of its own, which ends with the
+// acknowledgement, the refusal, or Close.
+func (s *Store) track(f jetstream.PubAckFuture) *spanWrite {
+	w := &spanWrite{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		select {
+		case <-f.Ok():
+		case w.err = <-f.Err():
+		case <-s.quit:
+			w.err = errClosed
+		}
+	}()
+	return w
+}
+
+var errClosed = errors.New("jsstore: closed")
+
+// readSpans returns the last version of every span of the runs on
+// subject filter.
 func (s *Store) readSpans(ctx context.Context, filter string) ([]keel.Span, error) {
 	if err := s.Sync(ctx); err != nil {
 		return nil, err
@@ -83,40 +200,31 @@ func (s *Store) readSpans(ctx context.Context, filter string) ([]keel.Span, erro
 		return nil, err
 	}
 	n := int(info.NumPending)
-	out := make([]keel.Span, 0, n)
-	for len(out) < n {
-		batch, err := c.FetchNoWait(min(n-len(out), 512))
+	byID := map[string]int{}
+	var out []keel.Span
+	for read := 0; read < n; {
+		batch, err := c.Fetch(min(n-read, 512))
 		if err != nil {
 			return nil, err
 		}
-		got := 0
 		for m := range batch.Messages() {
-			got++
-			var sp keel.Span
-			if err := json.Unmarshal(m.Data(), &sp); err != nil {
-				return nil, fmt.Errorf("span %s: %w", m.Subject(), err)
+			read++
+			var sps []keel.Span
+			if err := json.Unmarshal(m.Data(), &sps); err != nil {
+				return nil, fmt.Errorf("spans %s: %w", m.Subject(), err)
 			}
-			out = append(out, sp)
+			for _, sp := range sps {
+				k := string(sp.RunID) + "\x00" + sp.ID
+				if i, ok := byID[k]; ok {
+					out[i] = sp
+					continue
+				}
+				byID[k] = len(out)
+				out = append(out, sp)
+			}
 		}
 		if err := batch.Error(); err != nil {
 			return nil, err
-		}
-		if got == 0 {
-			// FetchNoWait found none yet: wait for the next ones.
-			batch, err := c.Fetch(min(n-len(out), 512))
-			if err != nil {
-				return nil, err
-			}
-			for m := range batch.Messages() {
-				var sp keel.Span
-				if err := json.Unmarshal(m.Data(), &sp); err != nil {
-					return nil, fmt.Errorf("span %s: %w", m.Subject(), err)
-				}
-				out = append(out, sp)
-			}
-			if err := batch.Error(); err != nil {
-				return nil, err
-			}
 		}
 	}
 	return out, nil
@@ -125,7 +233,7 @@ func (s *Store) readSpans(ctx context.Context, filter string) ([]keel.Span, erro
 // Spans returns the run's spans in start order, every span started or
 // finished before the call included.
 func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
-	out, err := s.readSpans(ctx, s.ns+".spans."+token(string(id))+".*")
+	out, err := s.readSpans(ctx, s.ns+".spans."+token(string(id)))
 	if err != nil {
 		return nil, fmt.Errorf("spans of %s: %w", id, err)
 	}
@@ -141,7 +249,7 @@ func (s *Store) Spans(ctx context.Context, id keel.RunID) ([]keel.Span, error) {
 // RunsWithOpenSpans returns the runs with a span still running, in ID
 // order. It reads every run's spans: Recover calls it once at start.
 func (s *Store) RunsWithOpenSpans(ctx context.Context) ([]keel.RunID, error) {
-	all, err := s.readSpans(ctx, s.ns+".spans.>")
+	all, err := s.readSpans(ctx, s.ns+".spans.*")
 	if err != nil {
 		return nil, fmt.Errorf("runs with open spans: %w", err)
 	}

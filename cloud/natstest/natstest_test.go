@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keel-runtime/keel/cloud/internal/natstest"
+	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
