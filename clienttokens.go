@@ -10,11 +10,14 @@ const (
 	ScopeRun     = "run"     // start, steer and stop runs; call tools and models
 	ScopeApprove = "approve" // answer approvals and decisions, declassify
 	ScopeTools   = "tools"   // install, remove, inspect tools; grant and revoke their grants
-	ScopeAdmin   = "admin"   // client tokens, console logins, model downloads
+	// ScopeKnowledge: add to, watch and forget from the knowledge store
+	// (searching and listing it is ScopeRead).
+	ScopeKnowledge = "knowledge"
+	ScopeAdmin     = "admin" // client tokens, console logins, model downloads
 )
 
 // Scopes lists every scope, in order of reach.
-var Scopes = []string{ScopeRead, ScopeRun, ScopeApprove, ScopeTools, ScopeAdmin}
+var Scopes = []string{ScopeRead, ScopeRun, ScopeApprove, ScopeTools, ScopeKnowledge, ScopeAdmin}
 
 // ClientToken is a per-client token the daemon accepts beside its own:
 // named, limited to scopes and, in browsers, to origin patterns, and

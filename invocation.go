@@ -21,6 +21,11 @@ type ToolInvocation struct {
 	// call reached (files opened, hosts contacted, the labels the host
 	// gives its output). Interceptors pass it on unchanged.
 	Touched *Touched
+	// SpanID is the ID of the call's span in the run's trace (set by
+	// the engine; empty for a direct call): a tool host may record spans
+	// of its own under it, such as the knowledge_search tool's retrieval
+	// span. Interceptors pass it on unchanged.
+	SpanID string
 	// Egress, when not nil, is asked before each network request the
 	// call makes (see EgressCheck); nil allows every request the tool's
 	// grants allow.

@@ -627,6 +627,10 @@ const (
 	SpanHuman     SpanKind = "human.wait"        // a run waiting for a person's approval
 	SpanRetry     SpanKind = "retry"             // the wait before a failed step is tried again
 	SpanSummarize SpanKind = "context.summarize" // older steps summarized to fit the context
+	// SpanRetrieval is a search of the knowledge store a tool call made
+	// (the knowledge_search tool), under that call's span: its Attrs
+	// hold the query, the scopes searched and the hits with their scores.
+	SpanRetrieval SpanKind = "retrieval"
 )
 
 // SpanStatus is the outcome of a span.

@@ -230,7 +230,8 @@ func summaryCut(msgs []models.Message, keep int, tokens func([]models.Message) i
 
 // newestCuts returns the cuts that take about over tokens off the tool
 // results of the newest step in msgs (those after its last model reply),
-// longest first, each keeping at least its start. ratio converts
+// longest first, each keeping at least its start, up to the end of a
+// line when the part kept holds one. ratio converts
 // estimated tokens to the model's.
 func newestCuts(msgs []models.Message, over int, ratio float64) []keel.ContextCut {
 	last := len(msgs)
@@ -253,7 +254,15 @@ func newestCuts(msgs []models.Message, over int, ratio float64) []keel.ContextCu
 		if take <= 0 {
 			continue
 		}
-		cuts = append(cuts, keel.ContextCut{CallID: m.ToolCallID, Keep: len(m.Content) - take})
+		// What is kept ends at a line's end when it holds one: a result
+		// of one item a line (knowledge_search's hits, each with its
+		// citation) loses its last items whole, never half of one.
+		keep := len(m.Content) - take
+		if i := strings.LastIndexByte(m.Content[:keep], '\n'); i > 0 {
+			keep = i + 1
+			take = len(m.Content) - keep
+		}
+		cuts = append(cuts, keel.ContextCut{CallID: m.ToolCallID, Keep: keep})
 		need -= take - cutNoteSize
 	}
 	return cuts

@@ -98,7 +98,7 @@ func (e *Engine) RunTool(ctx context.Context, id keel.RunID, name string, args j
 	if r.Status != keel.RunPaused && r.Status != keel.RunWaiting {
 		return keel.HumanToolData{}, fmt.Errorf("run %s is %s; wait until it pauses: %w", id, r.Status, keel.ErrConflict)
 	}
-	if !slices.ContainsFunc(toolsFor(r, e.cfg.Tools.Specs(ctx)), func(s keel.ToolSpec) bool { return s.Name == name }) {
+	if !slices.ContainsFunc(e.toolsFor(ctx, r, e.cfg.Tools.Specs(ctx)), func(s keel.ToolSpec) bool { return s.Name == name }) {
 		return keel.HumanToolData{}, fmt.Errorf("no tool %s among the tools run %s may use: %w", name, id, keel.ErrInvalid)
 	}
 	if len(args) == 0 {

@@ -105,6 +105,16 @@ type PrivateReader interface {
 	ReadsPrivate(name string) bool
 }
 
+// Offerer is implemented by Tools that offer a tool to some runs only:
+// the knowledge_search tool, to runs whose policy lets them read a
+// knowledge scope that holds something. The engine asks it for each tool
+// when it lists a run's tools (at its start, a resume, a fork, a plan's
+// steps); a tool not offered is left out, as one the run's policy does
+// not name. It must be safe for concurrent use.
+type Offerer interface {
+	Offers(ctx context.Context, run keel.Run, name string) bool
+}
+
 // Loading is implemented by Tools whose Specs may wait: it reports
 // whether Specs would wait now.
 type Loading interface {

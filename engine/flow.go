@@ -128,7 +128,7 @@ func (f *flowRun) begin(ctx context.Context) error {
 	if !f.st.started {
 		names := []string{}
 		if f.run.Kind == keel.KindPlan {
-			for _, s := range toolsFor(f.run, f.e.cfg.Tools.Specs(ctx)) {
+			for _, s := range f.e.toolsFor(ctx, f.run, f.e.cfg.Tools.Specs(ctx)) {
 				names = append(names, s.Name)
 			}
 		}

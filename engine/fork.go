@@ -124,7 +124,7 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (keel.Run, error) {
 	if _, err := e.appendEvent(ctx, run.ID, keel.EventRunForked, fork, nil); err != nil {
 		return keel.Run{}, err
 	}
-	specs := toolsFor(run, e.cfg.Tools.Specs(ctx))
+	specs := e.toolsFor(ctx, run, e.cfg.Tools.Specs(ctx))
 	names := make([]string, len(specs))
 	for i, s := range specs {
 		names[i] = s.Name

@@ -71,10 +71,10 @@ func (e *Engine) loop(ctx context.Context, run keel.Run, fresh *created) {
 	case fresh != nil && fresh.started:
 		specs = fresh.specs
 	case j.fresh:
-		specs = toolsFor(run, e.cfg.Tools.Specs(ctx))
+		specs = e.toolsFor(ctx, run, e.cfg.Tools.Specs(ctx))
 		_, err = e.appendEvent(ctx, run.ID, keel.EventRunStarted, startedData(run, specs), &keel.RunUpdate{Status: keel.RunRunning})
 	default:
-		specs = toolsFor(run, e.cfg.Tools.Specs(ctx))
+		specs = e.toolsFor(ctx, run, e.cfg.Tools.Specs(ctx))
 		_, err = e.appendEvent(ctx, run.ID, keel.EventRunResumed, keel.RunResumedData{FromSeq: j.lastSeq, Step: j.step},
 			&keel.RunUpdate{Status: keel.RunRunning})
 	}
@@ -390,7 +390,7 @@ func (e *Engine) callTool(ctx context.Context, run keel.Run, step int, call keel
 		start := e.cfg.Now()
 		touched, egress, private := &keel.Touched{}, &egressLog{}, e.readsPrivate(call.Name)
 		out, err := e.cfg.Tools.Call(sctx, keel.ToolInvocation{Run: run.ID, Step: step, CallID: call.ID, Name: call.Name, Args: call.Arguments,
-			Touched: touched, Egress: e.egressCheck(run, call, pd != nil && pd.Outcome == policy.Ask.String(), egress),
+			SpanID: sp.ID, Touched: touched, Egress: e.egressCheck(run, call, pd != nil && pd.Outcome == policy.Ask.String(), egress),
 			Policy: pd, LabelsOf: e.labelsOf(run, call, private)})
 		timedOut := errors.Is(context.Cause(sctx), errStepTimeout)
 		cancel()
@@ -461,14 +461,16 @@ func startedData(run keel.Run, specs []keel.ToolSpec) keel.RunStartedData {
 }
 
 // toolsFor returns the specs of the tools run may use: all of them, or
-// the subset its policy names (a sub-agent's).
-func toolsFor(run keel.Run, specs []keel.ToolSpec) []keel.ToolSpec {
-	if run.Policy.Tools == nil {
+// the subset its policy names (a sub-agent's), less those the Tools do
+// not offer it (Offerer).
+func (e *Engine) toolsFor(ctx context.Context, run keel.Run, specs []keel.ToolSpec) []keel.ToolSpec {
+	of, _ := e.cfg.Tools.(Offerer)
+	if run.Policy.Tools == nil && of == nil {
 		return specs
 	}
 	var out []keel.ToolSpec
 	for _, s := range specs {
-		if mayUse(run, s.Name) {
+		if mayUse(run, s.Name) && (of == nil || of.Offers(ctx, run, s.Name)) {
 			out = append(out, s)
 		}
 	}

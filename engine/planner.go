@@ -30,7 +30,7 @@ const composePrompt = "You write the final answer of a keel run from the results
 // a model.result and the plan as plan.proposed. A reply journaled before
 // the daemon stopped is used instead of asking again.
 func (f *flowRun) propose(ctx context.Context, why string) error {
-	specs := toolsFor(f.run, f.e.cfg.Tools.Specs(ctx))
+	specs := f.e.toolsFor(ctx, f.run, f.e.cfg.Tools.Specs(ctx))
 	revision := 0
 	if f.st.hasPlan {
 		revision = f.st.revision + 1

@@ -39,7 +39,7 @@ func (e *Engine) create(ctx context.Context, run *keel.Run, plan *keel.Plan) (*c
 			evs = append(evs, keel.Event{Type: ev.typ, Time: e.cfg.Now(), Data: raw})
 		}
 	case run.KindOrAgent() == keel.KindAgent && !e.toolsLoading():
-		fresh.started, fresh.specs = true, toolsFor(*run, e.cfg.Tools.Specs(ctx))
+		fresh.started, fresh.specs = true, e.toolsFor(ctx, *run, e.cfg.Tools.Specs(ctx))
 		raw, err := json.Marshal(startedData(*run, fresh.specs))
 		if err != nil {
 			return nil, fmt.Errorf("encode %s: %w", keel.EventRunStarted, err)

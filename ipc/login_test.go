@@ -410,7 +410,7 @@ func TestStatusEndpoint(t *testing.T) {
 		{"token", bearer, http.StatusOK,
 			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "token", Scopes: keel.Scopes}, ""},
 		{"session, own page", cookieHeader(ck, "Sec-Fetch-Site", "same-origin"), http.StatusOK,
-			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "session", Scopes: []string{"read", "run", "approve", "tools"}}, ""},
+			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Authenticated: true, Via: "session", Scopes: []string{"read", "run", "approve", "tools", "knowledge"}}, ""},
 		{"session from another port", cookieHeader(ck, "Sec-Fetch-Site", "same-site"), http.StatusUnauthorized,
 			protocol.Status{Daemon: "keel", Version: "1.2.3", Protocol: protocol.Version, Reason: protocol.ReasonLoginRequired}, ""},
 		{"allowed origin with token", http.Header{"Authorization": {"Bearer " + testToken}, "Origin": {allowed}}, http.StatusOK,

@@ -146,6 +146,12 @@ type Action struct {
 
 	// Scope is the knowledge scope read (KindKnowledge).
 	Scope string
+	// Own says the scope is the reader's own (KindKnowledge): a run's
+	// workspace scope or its run scope. When no layer has a verdict, a
+	// read of one's own scope is allowed and any other denied: every
+	// other scope ("user", another workspace's) needs a rule that allows
+	// it.
+	Own bool
 
 	// Labels are the labels the run's context holds (Context.Labels):
 	// what a model call would send, what a tool's egress could carry.
@@ -162,6 +168,7 @@ const (
 	causeCloudOff                  // cloud: false
 	causeNotCleared                // a label of the context is not cleared for the provider
 	causeEgressLabels              // egress after labelled data entered the context
+	causeNotOwnScope               // no verdict about a knowledge scope that is not the reader's own
 )
 
 // Decision is a policy's answer about one action, with what decided it.
@@ -226,7 +233,13 @@ func (d Decision) String() string {
 		} else {
 			b.WriteString(" (the default; egress_after_labels changes it)")
 		}
+	case causeNotOwnScope:
+		b.WriteString(`no knowledge rule matched; a run reads only its own scopes (its workspace's and its own) unless a rule allows another`)
 	default:
+		if d.kind == KindKnowledge {
+			b.WriteString("no knowledge rule matched; a run may read its own scopes")
+			break
+		}
 		fmt.Fprintf(&b, "no rule matched; %ss are allowed by default", d.kind)
 	}
 	return b.String()

@@ -442,7 +442,8 @@ func (p *Policy) LabelsOf(src Source) LabelSet {
 // a cloud model call the cloud and clear settings, for egress with
 // labelled data in the context egress_after_labels. Ties are explained
 // by the highest layer, then the earliest rule. When nothing has a
-// verdict, the action is allowed.
+// verdict, the action is allowed, but for a knowledge read of a scope
+// that is not the reader's own (Action.Own), which is denied.
 func (p *Policy) Decide(a *Action) Decision {
 	k := a.Kind
 	if k == 0 || k > numKinds {
@@ -507,6 +508,11 @@ func (p *Policy) Decide(a *Action) Decision {
 	}
 	if d.Outcome == 0 {
 		d.Outcome = Allow
+		if k == KindKnowledge && !a.Own {
+			// Knowledge is read only where a rule says so, but for the
+			// reader's own scopes.
+			d.Outcome, d.cause = Deny, causeNotOwnScope
+		}
 	}
 	return d
 }
