@@ -17,7 +17,7 @@ func TestDependencyDirection(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	// forbidden[pkg] lists module packages (prefixes) pkg must not depend on.
-	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "bridges", "console", "daemon", "cli", "cmd", "examples", "cloud"}
+	all := []string{"capabilities", "intercept", "policy", "schema", "store", "models", "wasmtools", "engine", "telemetry", "ipc", "bridges", "console", "recall", "daemon", "cli", "cmd", "examples", "cloud"}
 	except := func(allowed ...string) []string {
 		var f []string
 	next:
@@ -64,6 +64,12 @@ func TestDependencyDirection(t *testing.T) {
 		// with the schema leaf and runs its calls between the
 		// interceptors (the audit trail), as the tool runtime does.
 		"bridges": except("capabilities", "bridges", "intercept", "schema"),
+		// The knowledge store's use (package recall): a tool source like
+		// bridges/mcpclient (its calls between the interceptors), the
+		// policy's knowledge decisions, and the service of the
+		// knowledge.* methods in the protocol's wire types, never the
+		// server (checked below), the engine or the store.
+		"recall": except("capabilities", "intercept", "ipc", "knowledge", "models", "policy", "schema", "recall"),
 		// The web console talks to the daemon only through the protocol:
 		// its wire constants, never the server (checked below).
 		"console": except("ipc", "capabilities"),
@@ -111,7 +117,7 @@ func TestDependencyDirection(t *testing.T) {
 				continue
 			}
 			drel := strings.TrimPrefix(d, mod+"/")
-			if (rel == "ipc/client" || rel == "ipc/datadir" || rel == "console" || strings.HasPrefix(rel, "console/")) && drel == "ipc" {
+			if (rel == "ipc/client" || rel == "ipc/datadir" || rel == "recall" || rel == "console" || strings.HasPrefix(rel, "console/")) && drel == "ipc" {
 				t.Errorf("%s depends on the server package %s; the client speaks wire types only", pkg, d)
 			}
 			for _, f := range rule {

@@ -69,7 +69,7 @@ Start the runtime with 'keel daemon'; the other commands talk to it.`,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().String("data-dir", "", "keel data directory (default "+client.DefaultDataDir()+")")
-	root.AddCommand(runCmd(), runsCmd(), showCmd(), traceCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), declassifyCmd(), takeOverCmd(), handBackCmd(), forkCmd(), replayCmd(), toolsCmd(), attachCmd(), modelsCmd(), policyCmd(), doctorCmd(), openCmd(), tokenCmd(), withMCPServers(mcpCmd()), acpCmd(), versionCmd())
+	root.AddCommand(runCmd(), runsCmd(), showCmd(), traceCmd(), pauseCmd(), resumeCmd(), cancelCmd(), decideCmd(), approvalCmd(true), approvalCmd(false), sayCmd(), declassifyCmd(), takeOverCmd(), handBackCmd(), forkCmd(), replayCmd(), toolsCmd(), attachCmd(), modelsCmd(), policyCmd(), doctorCmd(), openCmd(), tokenCmd(), knowledgeCmd(), withMCPServers(mcpCmd()), acpCmd(), versionCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: ExitUsage, err: err} })
 	return root
 }

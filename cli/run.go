@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -24,6 +25,7 @@ func runCmd() *cobra.Command {
 	var tools []string
 	var ws workspaceFlags
 	var policyFile string
+	var remember rememberFlags
 	cmd := &cobra.Command{
 		Use:   "run GOAL",
 		Short: "Start a run and stream its events until it ends (Ctrl-C detaches: the run goes on)",
@@ -44,6 +46,12 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 			var err error
 			if p.Workspace, err = ws.dir(); err != nil {
 				return err
+			}
+			if remember.on && detach {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("--remember saves the run's outcome once it ends: not with --detach (keel attach the run, or remember it later with knowledge.remember)")}
+			}
+			if !remember.on && remember.scope != "" {
+				return &exitError{code: ExitUsage, err: fmt.Errorf("--scope says where --remember saves the outcome: give --remember too")}
 			}
 			if policyFile != "" {
 				if p.Policy.Rules, err = readRunRules(policyFile); err != nil {
@@ -77,11 +85,16 @@ the daemon. Follow it again with 'keel attach RUN', stop it with
 					return nil
 				}
 				fmt.Fprintf(out, "run %s (model %s)\n", run.ID, run.Model)
-				return follow(cmd, c, run.ID, 1)
+				err = follow(cmd, c, run.ID, 1)
+				if remember.on {
+					return remember.save(cmd, c, run.ID, err)
+				}
+				return err
 			})
 		},
 	}
 	ws.add(cmd)
+	remember.add(cmd)
 	cmd.Flags().StringVar(&policyFile, "policy", "", "a policy file of this run's own rules, its run layer (docs/policy.md): they can tighten what the other layers allow, never loosen it")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the run, print its id and return; it goes on in the daemon (keel attach RUN follows it)")
 	cmd.Flags().StringSliceVar(&tools, "tools", nil, "the only tools the run may call, comma-separated (--tools= for none; default: every installed tool)")
@@ -285,4 +298,32 @@ func (f *workspaceFlags) dir() (string, error) {
 		return "", &exitError{code: ExitUsage, err: fmt.Errorf("--workspace %s: %w", d, err)}
 	}
 	return abs, nil
+}
+
+// rememberFlags are keel run's --remember and --scope: save the run's
+// outcome into the knowledge store once it ends (knowledge.remember).
+type rememberFlags struct {
+	on    bool
+	scope string
+}
+
+func (f *rememberFlags) add(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.on, "remember", false, "once the run ends, save its outcome (goal and result) into the knowledge store, where later runs can search it")
+	cmd.Flags().StringVar(&f.scope, "scope", "", "with --remember: the knowledge scope to save into (default: the run's workspace scope, or user without a workspace)")
+}
+
+// save remembers run id, which follow ended with ended (nil: it
+// succeeded), unless the CLI detached from it; it returns ended, or the
+// error of remembering.
+func (f *rememberFlags) save(cmd *cobra.Command, c *client.Client, id keel.RunID, ended error) error {
+	var ee *exitError
+	if ended != nil && (!errors.As(ended, &ee) || ee.code == ExitDetached) {
+		return ended
+	}
+	doc, err := client.Do(cmd.Context(), c, client.KnowledgeRemember, protocol.KnowledgeRememberParams{RunID: id, Scope: f.scope})
+	if err != nil {
+		return fmt.Errorf("remember run %s: %w", id, err)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "remembered run %s's outcome in %s (%s)\n", id, doc.Scope, doc.ID)
+	return ended
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/keel-runtime/keel/models/modelsfile"
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/policy"
+	"github.com/keel-runtime/keel/recall"
 	"github.com/keel-runtime/keel/store"
 	"github.com/keel-runtime/keel/telemetry"
 	"github.com/keel-runtime/keel/wasmtools"
@@ -40,6 +41,8 @@ type layers struct {
 	// mcp are the tools MCP clients call (mcpRoute).
 	mcp     mcpTools
 	mcpRuns mcpRuns
+	// know is the knowledge store and what uses it.
+	know *knowledgeLayer
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -170,8 +173,17 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	}
 	l.closers = append(l.closers, mcp.Close)
 	l.mcpServers = mcp
-	runTools := mcpclient.RunTools{Local: reg.RunTools(), MCP: mcp}
-	eng, err := engine.New(engine.Config{Store: engineStore{tel.Journal(st), tel.Tracer(st)}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	// The knowledge store, in the same database file: its search is a
+	// built-in tool of the runs whose policy lets them read a scope.
+	tracer := tel.Tracer(st)
+	know, err := openKnowledge(ctx, cfg, st, tracer, audit, &engRef, log.With(logkey.Component, "knowledge"))
+	if err != nil {
+		return l, err
+	}
+	l.closers = append(l.closers, func() { know.close(log) })
+	l.know = know
+	runTools := recall.RunTools{Next: mcpclient.RunTools{Local: reg.RunTools(), MCP: mcp}, Knowledge: know.tool}
+	eng, err := engine.New(engine.Config{Store: engineStore{tel.Journal(st), tracer}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
 	if err != nil {
 		return l, err
 	}
@@ -204,6 +216,6 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, pol: mcpPolicy{polSvc}}
 	tools := mcpclient.ListedTools{Local: admin, MCP: mcp, DirectEgress: polSvc.DirectEgress}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: tools, Admin: admin, Audit: st,
-		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st}
+		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st, Knowledge: know.service}
 	return l, nil
 }

@@ -309,6 +309,15 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		return nil
 	})
 
+	// Watched directories stay indexed: caught up now, then as they
+	// change.
+	g.Go(func() error {
+		if err := l.know.watcher.Run(watchCtx); err != nil {
+			log.Warn("knowledge watch ended", logkey.Err, err)
+		}
+		return nil
+	})
+
 	if err := datadir.WriteInfo(cfg.DataDir, info); err != nil {
 		stop()
 		return errors.Join(err, g.Wait())

@@ -47,6 +47,7 @@ func init() {
 	pol := func(s Services) bool { return s.Policy != nil }
 	labels := func(s Services) bool { return s.Labels != nil }
 	tokens := func(s Services) bool { return s.Tokens != nil }
+	know := func(s Services) bool { return s.Knowledge != nil }
 	methods = map[string]method{
 		protocol.MethodInitialize:      {typed(handleInitialize), nil},
 		protocol.MethodConsoleLogin:    {typed(handleConsoleLogin), nil},
@@ -90,6 +91,17 @@ func init() {
 		protocol.MethodTokenCreate:   {typed(handleTokenCreate), tokens},
 		protocol.MethodTokenList:     {typed(handleTokenList), tokens},
 		protocol.MethodTokenRevoke:   {typed(handleTokenRevoke), tokens},
+
+		protocol.MethodKnowledgeAdd:      {typed(handleKnowledgeAdd), know},
+		protocol.MethodKnowledgeRemember: {typed(handleKnowledgeRemember), know},
+		protocol.MethodKnowledgeSearch:   {typed(handleKnowledgeSearch), know},
+		protocol.MethodKnowledgeList: {typed(func(ctx context.Context, c *conn, p protocol.KnowledgeListParams) (any, error) {
+			return c.s.svc.Knowledge.ListKnowledge(ctx, p)
+		}), know},
+		protocol.MethodKnowledgeForget:  {typed(handleKnowledgeForget), know},
+		protocol.MethodKnowledgeWatch:   {typed(handleKnowledgeWatch), know},
+		protocol.MethodKnowledgeUnwatch: {typed(handleKnowledgeUnwatch), know},
+		protocol.MethodKnowledgeLabels:  {typed(handleKnowledgeLabels), know},
 	}
 }
 

@@ -108,6 +108,16 @@ var methodScopes = map[string]string{
 	protocol.MethodToolsGrant:   keel.ScopeTools,
 	protocol.MethodToolsRevoke:  keel.ScopeTools,
 
+	protocol.MethodKnowledgeSearch: keel.ScopeRead,
+	protocol.MethodKnowledgeList:   keel.ScopeRead,
+
+	protocol.MethodKnowledgeAdd:      keel.ScopeKnowledge,
+	protocol.MethodKnowledgeRemember: keel.ScopeKnowledge,
+	protocol.MethodKnowledgeForget:   keel.ScopeKnowledge,
+	protocol.MethodKnowledgeWatch:    keel.ScopeKnowledge,
+	protocol.MethodKnowledgeUnwatch:  keel.ScopeKnowledge,
+	protocol.MethodKnowledgeLabels:   keel.ScopeKnowledge,
+
 	protocol.MethodModelsPull:   keel.ScopeAdmin,
 	protocol.MethodConsoleLogin: keel.ScopeAdmin,
 	protocol.MethodTokenCreate:  keel.ScopeAdmin,

@@ -38,6 +38,10 @@ type Services struct {
 	Env      Environment // env.describe
 	Policy   Policy      // policy.show, policy.explain
 	Labels   RunLabels   // run.declassify, and the labels of run.get
+	// Knowledge: knowledge.add, knowledge.remember, knowledge.search,
+	// knowledge.list, knowledge.forget, knowledge.watch,
+	// knowledge.unwatch, knowledge.labels.
+	Knowledge Knowledge
 	// Tokens: token.create, token.list, token.revoke, and the client
 	// tokens the server accepts. Without it only the daemon's own token
 	// and console sessions authenticate.
@@ -217,4 +221,30 @@ type ClientTokens interface {
 	DeleteClientToken(ctx context.Context, name string) error
 	// TouchClientToken records that a token was used at at.
 	TouchClientToken(ctx context.Context, name string, at time.Time) error
+}
+
+// Knowledge serves the knowledge store (docs/knowledge.md). The server
+// has checked what each method's params must hold (non-empty paths,
+// query, dir, run_id; one forget selector); scopes and labels are the
+// service's to check. by names who asks, for the provenance of what is
+// added: "client:NAME", or "client" for one that named none. Errors:
+// keel.ErrInvalid (a malformed scope or label, a relative path),
+// keel.ErrNotFound (nothing to forget, no such run or watch),
+// keel.ErrConflict (remembering a run that has not ended).
+type Knowledge interface {
+	// AddKnowledge indexes p.Paths into p.Scope, calling progress (from
+	// the calling goroutine, in order; it may block while the client's
+	// queue is full) as it goes.
+	AddKnowledge(ctx context.Context, p protocol.KnowledgeAddParams, by string, progress func(protocol.KnowledgeProgress)) (protocol.KnowledgeAddResult, error)
+	// RememberRun saves an ended run's outcome into a scope.
+	RememberRun(ctx context.Context, p protocol.KnowledgeRememberParams, by string) (protocol.KnowledgeDoc, error)
+	SearchKnowledge(ctx context.Context, p protocol.KnowledgeSearchParams) (protocol.KnowledgeSearchResult, error)
+	ListKnowledge(ctx context.Context, p protocol.KnowledgeListParams) (protocol.KnowledgeListResult, error)
+	ForgetKnowledge(ctx context.Context, p protocol.KnowledgeForgetParams) (protocol.KnowledgeForgetResult, error)
+	// WatchKnowledge indexes p.Dir now and keeps it indexed, also after
+	// a restart, until UnwatchKnowledge.
+	WatchKnowledge(ctx context.Context, p protocol.KnowledgeWatchParams, by string) (protocol.KnowledgeWatch, error)
+	UnwatchKnowledge(ctx context.Context, p protocol.KnowledgeUnwatchParams) error
+	// LabelScope sets a scope's labels.
+	LabelScope(ctx context.Context, p protocol.KnowledgeLabelsParams) (protocol.KnowledgeScope, error)
 }

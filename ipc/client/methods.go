@@ -56,6 +56,15 @@ const (
 	ModelsChat     Method[protocol.ModelsChatParams, protocol.ModelsChatResult]       = protocol.MethodModelsChat
 	PolicyShow     Method[protocol.PolicyShowParams, protocol.PolicyShowResult]       = protocol.MethodPolicyShow
 	PolicyExplain  Method[protocol.PolicyExplainParams, protocol.PolicyExplainResult] = protocol.MethodPolicyExplain
+
+	KnowledgeAdd      Method[protocol.KnowledgeAddParams, protocol.KnowledgeAddResult]       = protocol.MethodKnowledgeAdd
+	KnowledgeRemember Method[protocol.KnowledgeRememberParams, protocol.KnowledgeDoc]        = protocol.MethodKnowledgeRemember
+	KnowledgeSearch   Method[protocol.KnowledgeSearchParams, protocol.KnowledgeSearchResult] = protocol.MethodKnowledgeSearch
+	KnowledgeList     Method[protocol.KnowledgeListParams, protocol.KnowledgeListResult]     = protocol.MethodKnowledgeList
+	KnowledgeForget   Method[protocol.KnowledgeForgetParams, protocol.KnowledgeForgetResult] = protocol.MethodKnowledgeForget
+	KnowledgeWatch    Method[protocol.KnowledgeWatchParams, protocol.KnowledgeWatch]         = protocol.MethodKnowledgeWatch
+	KnowledgeUnwatch  Method[protocol.KnowledgeUnwatchParams, None]                          = protocol.MethodKnowledgeUnwatch
+	KnowledgeLabels   Method[protocol.KnowledgeLabelsParams, protocol.KnowledgeScope]        = protocol.MethodKnowledgeLabels
 )
 
 // Do calls m on c with params p and returns its decoded result. Errors

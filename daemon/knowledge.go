@@ -1,0 +1,69 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/intercept"
+	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/keel-runtime/keel/knowledge"
+	"github.com/keel-runtime/keel/policy"
+	"github.com/keel-runtime/keel/recall"
+	"github.com/keel-runtime/keel/store"
+)
+
+// knowledgeLayer is the knowledge store with what puts it to use
+// (package recall): the knowledge_search tool, the watch, the service of
+// the knowledge.* methods.
+type knowledgeLayer struct {
+	index   *knowledge.Index
+	tool    *recall.Tool
+	watcher *recall.Watcher
+	service *recall.Service
+}
+
+// openKnowledge opens the knowledge store in the daemon's database file
+// and makes its tool (its calls audited like any tool's, its retrieval
+// spans in tracer, its runs' policy eng's once made) and its watch
+// (knowledge-watch.json in the data directory).
+func openKnowledge(ctx context.Context, cfg Config, st *store.Store, tracer engine.Tracer, audit intercept.Tool, eng *atomic.Pointer[engine.Engine], log *slog.Logger) (*knowledgeLayer, error) {
+	ix, err := knowledge.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"), knowledge.Options{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("open the knowledge store: %w", err)
+	}
+	tool, err := recall.NewTool(recall.Config{Index: ix, Runs: st.GetRun, Tracer: tracer, Interceptors: intercept.Tools{audit}, Logger: log,
+		Policy: func(run keel.Run) (*policy.Policy, uint64) {
+			if e := eng.Load(); e != nil {
+				return e.PolicyOf(run)
+			}
+			return nil, 0
+		}})
+	if err != nil {
+		ix.Close()
+		return nil, err
+	}
+	w, err := recall.NewWatcher(recall.WatcherConfig{Index: ix, File: filepath.Join(cfg.DataDir, recall.WatchFile), Logger: log})
+	if err != nil {
+		ix.Close()
+		return nil, err
+	}
+	svc := &recall.Service{Index: ix, Watcher: w, Runs: st.GetRun, ContextLabels: func(ctx context.Context, id keel.RunID) ([]string, error) {
+		if e := eng.Load(); e != nil {
+			return e.ContextLabels(ctx, id)
+		}
+		return nil, fmt.Errorf("the engine is not ready: %w", keel.ErrUnavailable)
+	}}
+	return &knowledgeLayer{index: ix, tool: tool, watcher: w, service: svc}, nil
+}
+
+// close closes the store; the watch has ended (Serve runs it).
+func (k *knowledgeLayer) close(log *slog.Logger) {
+	if err := k.index.Close(); err != nil {
+		log.Warn("close the knowledge store", logkey.Err, err)
+	}
+}
