@@ -211,15 +211,17 @@ func TestRenderKeepsWholeHits(t *testing.T) {
 	addDir(t, ix, recall.ScopeUser, nil, files)
 	run := keel.Run{ID: "run_1"}
 	for _, tt := range []struct {
-		max      int
+		max       int
 		min, max2 int
 	}{
 		{1500, 1, 2},
 		{600, 1, 1},
 	} {
 		tool, err := recall.NewTool(recall.Config{Index: ix, MaxOutputBytes: tt.max,
-			Runs:   func(context.Context, keel.RunID) (keel.Run, error) { return run, nil },
-			Policy: func(keel.Run) (*policy.Policy, uint64) { return compile(t, `{"rules":[{"action":"knowledge","scope":"user","decision":"allow"}]}`), 1 }})
+			Runs: func(context.Context, keel.RunID) (keel.Run, error) { return run, nil },
+			Policy: func(keel.Run) (*policy.Policy, uint64) {
+				return compile(t, `{"rules":[{"action":"knowledge","scope":"user","decision":"allow"}]}`), 1
+			}})
 		if err != nil {
 			t.Fatal(err)
 		}
