@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -285,5 +287,77 @@ func TestKnowledgeProtocol(t *testing.T) {
 	res, err = client.Do(ctx, c, client.KnowledgeSearch, protocol.KnowledgeSearchParams{Query: "alpha"})
 	if err != nil || len(res.Hits) != 0 {
 		t.Errorf("search after forget = %+v, %v", res, err)
+	}
+}
+
+// searchFirst is a real local model whose first step of each run is a
+// knowledge_search call made for it (the tiny test models never choose
+// to call a tool): every later step, which reads the search's result, is
+// the real model's. seen collects what the real model was sent.
+type searchFirst struct {
+	models.Provider
+	query string
+	mu    sync.Mutex
+	seen  []models.ChatRequest
+}
+
+func (p *searchFirst) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
+	if !slices.ContainsFunc(req.Messages, func(m models.Message) bool { return m.Role == models.RoleTool }) {
+		return models.ChatResponse{Model: req.Model, Message: models.Message{Role: models.RoleAssistant,
+			ToolCalls: []keel.ToolCall{{ID: "call_search", Name: recall.ToolName, Arguments: json.RawMessage(`{"query":` + strconv.Quote(p.query) + `}`)}}}}, nil
+	}
+	p.mu.Lock()
+	p.seen = append(p.seen, req)
+	p.mu.Unlock()
+	return p.Provider.Chat(ctx, req, onDelta)
+}
+
+// TestKnowledgeWithRealOllama: a run asks about indexed notes with a
+// real local model: its first step searches them (made for it: see
+// searchFirst), the real model answers from the result, which it reads
+// with each hit's citation; the search is under a retrieval span naming
+// the notes' file.
+func TestKnowledgeWithRealOllama(t *testing.T) {
+	t.Parallel()
+	p := &searchFirst{Provider: realOllama(t), query: "little dog park"}
+	d := startDaemon(t, daemon.Config{Provider: p})
+	c := dial(t, d.dir)
+	ctx := context.Background()
+	ws := t.TempDir()
+	notes := notesDir(t, map[string]string{"story.md": "# The dog\n\nOnce upon a time the little dog found a big red ball in the park.\n"})
+	if _, err := client.Do(ctx, c, client.KnowledgeAdd, protocol.KnowledgeAddParams{Paths: []string{notes}, Scope: "workspace:" + ws}); err != nil {
+		t.Fatal(err)
+	}
+	// Short replies keep the test quick on a busy machine.
+	got := runToEnd(t, c, protocol.RunStartParams{Goal: "What did the little dog find in the park?", Model: envOr("KEEL_TEST_OLLAMA_TOOLS_MODEL", "keel-tiny-tools"),
+		Workspace: ws, MaxSteps: 2})
+	if got.Run.Status != keel.RunSucceeded || got.Run.Result == "" {
+		t.Fatalf("run = %s %q %q, want the real model's answer", got.Run.Status, got.Run.Result, got.Run.Error)
+	}
+	var call, retrieval, answer *keel.Span
+	for i, sp := range got.Spans {
+		switch sp.Kind {
+		case keel.SpanToolCall:
+			call = &got.Spans[i]
+		case keel.SpanRetrieval:
+			retrieval = &got.Spans[i]
+		case keel.SpanModelCall:
+			answer = &got.Spans[i]
+		}
+	}
+	if call == nil || retrieval == nil || retrieval.ParentID != call.ID || answer == nil || answer.CompletionTokens == 0 {
+		t.Fatalf("trace %s: want the search's retrieval span under its call, then the real model's answer", traceTree(t, got.Spans))
+	}
+	var at recall.RetrievalAttrs
+	if err := json.Unmarshal(retrieval.Attrs, &at); err != nil || at.Query != p.query || len(at.Hits) != 1 || at.Hits[0].Source != filepath.Join(notes, "story.md") {
+		t.Errorf("retrieval span attrs %s (%v)", retrieval.Attrs, err)
+	}
+	cite := `[1] ` + filepath.Join(notes, "story.md") + ":"
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.seen) != 1 || !slices.ContainsFunc(p.seen[0].Messages, func(m models.Message) bool {
+		return m.Role == models.RoleTool && strings.Contains(m.Content, cite) && strings.Contains(m.Content, "big red ball")
+	}) {
+		t.Errorf("the real model was not sent the hit cited %s: %+v", cite, p.seen)
 	}
 }

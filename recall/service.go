@@ -37,8 +37,11 @@ func scope(field, s string) (knowledge.Scope, error) {
 
 // storeErr maps the store's errors to the protocol's.
 func storeErr(err error) error {
-	if errors.Is(err, knowledge.ErrScope) && !errors.Is(err, keel.ErrInvalid) {
+	switch {
+	case errors.Is(err, knowledge.ErrScope) && !errors.Is(err, keel.ErrInvalid):
 		return fmt.Errorf("%w: %w", err, keel.ErrInvalid)
+	case errors.Is(err, knowledge.ErrCheckpointBusy):
+		return fmt.Errorf("%w; forget again once the daemon is less busy to truncate it: %w", err, keel.ErrUnavailable)
 	}
 	return err
 }

@@ -365,8 +365,13 @@ func (w *Watcher) apply(ctx context.Context, batch map[string]bool) {
 		fi, err := os.Lstat(p)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			gone, err := w.forgetGone(ctx, sc, p)
-			s.Forgotten, s.Err = append(s.Forgotten, gone...), errors.Join(s.Err, err)
+			// Removed, or renamed away (its new name is a path of its
+			// own): it and everything under it go, in one forget.
+			if _, err := w.cfg.Index.Forget(ctx, knowledge.ForgetSelector{Path: p}); err != nil && !errors.Is(err, keel.ErrNotFound) {
+				s.Err = errors.Join(s.Err, fmt.Errorf("forget %s: %w", p, err))
+			} else if err == nil {
+				s.Forgotten = append(s.Forgotten, p)
+			}
 			continue
 		case err != nil:
 			s.Err = errors.Join(s.Err, err)
