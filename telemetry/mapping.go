@@ -1,11 +1,12 @@
 package telemetry
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 
-	gojson "github.com/goccy/go-json"
 	"github.com/keel-runtime/keel"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -96,24 +97,19 @@ func spanIDIn(buf []byte, id string) trace.SpanID {
 	return sid
 }
 
-// spanAttrs is what the engine puts in keel.Span.Attrs, for every kind.
+// spanAttrs is what the export reads of keel.Span.Attrs, for every
+// kind.
 type spanAttrs struct {
-	commonAttrs
-	Policy spanPolicy
-}
-
-// commonAttrs are the attributes that have one form for every kind.
-type commonAttrs struct {
-	CallID    string   `json:"call_id"`
-	ErrorType string   `json:"error_type"`
-	Labels    []string `json:"labels"`
-	Egress    []struct {
-		Policy *decision `json:"policy"`
-	} `json:"egress"`
-	Route   string     `json:"route"`
-	Variant string     `json:"variant"`
-	Run     keel.RunID `json:"run"`
-	Attempt int        `json:"attempt"`
+	CallID    string   // call_id
+	ErrorType string   // error_type
+	Labels    []string // labels
+	// Egress is the number of the call's network requests the policy
+	// decided (egress), EgressRefused those whose decision was not allow.
+	Egress, EgressRefused int
+	Route, Variant        string     // route, variant
+	Run                   keel.RunID // run
+	Attempt               int        // attempt
+	Policy                spanPolicy // policy
 }
 
 // spanPolicy is a span's "policy": the decision that let a tool call
@@ -126,67 +122,325 @@ type spanPolicy struct {
 
 // decision is what the export reads of a keel.PolicyDecision.
 type decision struct {
-	Outcome     string `json:"outcome"`
-	Explanation string `json:"explanation"`
+	Outcome     string
+	Explanation string
 }
 
 // modelDecision is what the export reads of a keel.ModelDecision.
 type modelDecision struct {
-	Provider    string `json:"provider"`
-	Model       string `json:"model"`
-	Explanation string `json:"explanation"`
+	Provider    string
+	Model       string
+	Explanation string
 }
 
 // decodeAttrs reads the attributes of sp, best effort: a span is
-// exported with what could be read. They are decoded once, for the
-// export and the metrics, with goccy/go-json (already keel's, in
-// schema), about twice as fast as encoding/json here, in one pass into
-// the form of the span's kind: a model call's "policy" is a list of
-// decisions, a tool call's or a wait's one decision. Attributes not in
-// that form are decoded again, field by field, keeping what fits.
+// exported with what could be read. A field of another type than the
+// export reads is left out, and the others kept; "policy" is read by
+// its shape, a decision (an object) or a model call's decisions (a
+// list); attributes that are not JSON (cut short) give nothing.
+//
+// They are read once, for the export and the metrics, by a scanner of
+// keel's own that reads only the fields the export uses and skips the
+// rest: the attributes are copied into one string, and the strings read
+// are slices of it (a string with an escape sequence is decoded on its
+// own). goccy/go-json, decoding into structs, was most of the cost of
+// encoding a span.
 func decodeAttrs(sp *keel.Span) spanAttrs {
 	var a spanAttrs
 	if len(sp.Attrs) == 0 {
 		return a
 	}
-	if sp.Kind == keel.SpanModelCall {
-		var v struct {
-			commonAttrs
-			Policy []modelDecision `json:"policy"`
+	p := attrScanner{s: string(sp.Attrs)}
+	p.object(func(key string) {
+		switch key {
+		case "call_id":
+			a.CallID = p.str()
+		case "error_type":
+			a.ErrorType = p.str()
+		case "route":
+			a.Route = p.str()
+		case "variant":
+			a.Variant = p.str()
+		case "run":
+			a.Run = keel.RunID(p.str())
+		case "attempt":
+			a.Attempt = p.int()
+		case "labels":
+			a.Labels = nil // a key given twice: the last one counts
+			p.array(func() {
+				if s, ok := p.string(); ok {
+					a.Labels = append(a.Labels, s)
+				}
+			})
+		case "egress":
+			a.Egress, a.EgressRefused = 0, 0
+			p.array(func() {
+				a.Egress++
+				p.object(func(key string) {
+					if key != "policy" || p.peek() != '{' {
+						p.skip()
+						return
+					}
+					var d decision
+					p.decision(&d)
+					if d.Outcome != "allow" {
+						a.EgressRefused++
+					}
+				})
+			})
+		case "policy":
+			a.Policy = spanPolicy{}
+			switch p.peek() {
+			case '{':
+				d := &decision{}
+				p.decision(d)
+				a.Policy.Decision = d
+			case '[':
+				p.array(func() {
+					var d modelDecision
+					p.object(func(key string) {
+						switch key {
+						case "provider":
+							d.Provider = p.str()
+						case "model":
+							d.Model = p.str()
+						case "explanation":
+							d.Explanation = p.str()
+						default:
+							p.skip()
+						}
+					})
+					a.Policy.Decisions = append(a.Policy.Decisions, d)
+				})
+			default:
+				p.skip()
+			}
+		default:
+			p.skip()
 		}
-		if gojson.Unmarshal(sp.Attrs, &v) == nil {
-			a.commonAttrs, a.Policy.Decisions = v.commonAttrs, v.Policy
-			return a
-		}
-	} else {
-		var v struct {
-			commonAttrs
-			Policy *decision `json:"policy"`
-		}
-		if gojson.Unmarshal(sp.Attrs, &v) == nil {
-			a.commonAttrs, a.Policy.Decision = v.commonAttrs, v.Policy
-			return a
-		}
-	}
-	var v struct {
-		commonAttrs
-		Policy json.RawMessage `json:"policy"`
-	}
-	_ = gojson.Unmarshal(sp.Attrs, &v)
-	a.commonAttrs = v.commonAttrs
-	switch p := bytes.TrimSpace(v.Policy); {
-	case len(p) > 0 && p[0] == '{':
-		var d decision
-		if gojson.Unmarshal(p, &d) == nil {
-			a.Policy.Decision = &d
-		}
-	case len(p) > 0 && p[0] == '[':
-		var list []modelDecision
-		if gojson.Unmarshal(p, &list) == nil {
-			a.Policy.Decisions = list
-		}
+	})
+	if p.bad {
+		return spanAttrs{}
 	}
 	return a
+}
+
+// attrScanner reads JSON from s, from i on. A syntax error sets bad,
+// after which every method returns at once. A method that reads a value
+// of a type and finds another skips it.
+type attrScanner struct {
+	s     string
+	i     int
+	bad   bool
+	depth int
+}
+
+// maxAttrDepth bounds the nesting the scanner follows.
+const maxAttrDepth = 32
+
+// peek returns the next byte after white space, 0 at the end.
+func (p *attrScanner) peek() byte {
+	for p.i < len(p.s) {
+		switch c := p.s[p.i]; c {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return c
+		}
+	}
+	return 0
+}
+
+// next consumes c, the next byte after white space, if it is there.
+func (p *attrScanner) next(c byte) bool {
+	if !p.bad && p.peek() == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// object reads an object, calling field with each key, positioned at
+// its value, which field must read or skip. A value that is not an
+// object is skipped.
+func (p *attrScanner) object(field func(key string)) {
+	if p.bad {
+		return
+	}
+	if p.peek() != '{' {
+		p.skip()
+		return
+	}
+	if p.depth++; p.depth > maxAttrDepth {
+		p.bad = true
+		return
+	}
+	defer func() { p.depth-- }()
+	p.i++
+	if p.next('}') {
+		return
+	}
+	for !p.bad {
+		key, ok := p.string()
+		if !ok || !p.next(':') {
+			p.bad = true
+			return
+		}
+		field(key)
+		if p.next(',') {
+			continue
+		}
+		if !p.next('}') {
+			p.bad = true
+		}
+		return
+	}
+}
+
+// array reads an array, calling elem at each element, which elem must
+// read or skip. A value that is not an array is skipped.
+func (p *attrScanner) array(elem func()) {
+	if p.bad {
+		return
+	}
+	if p.peek() != '[' {
+		p.skip()
+		return
+	}
+	if p.depth++; p.depth > maxAttrDepth {
+		p.bad = true
+		return
+	}
+	defer func() { p.depth-- }()
+	p.i++
+	if p.next(']') {
+		return
+	}
+	for !p.bad {
+		elem()
+		if p.next(',') {
+			continue
+		}
+		if !p.next(']') {
+			p.bad = true
+		}
+		return
+	}
+}
+
+// decision reads a policy decision's outcome and explanation.
+func (p *attrScanner) decision(d *decision) {
+	p.object(func(key string) {
+		switch key {
+		case "outcome":
+			d.Outcome = p.str()
+		case "explanation":
+			d.Explanation = p.str()
+		default:
+			p.skip()
+		}
+	})
+}
+
+// str reads a string; another value is skipped and read as "".
+func (p *attrScanner) str() string {
+	if p.bad {
+		return ""
+	}
+	if p.peek() != '"' {
+		p.skip()
+		return ""
+	}
+	s, _ := p.string()
+	return s
+}
+
+// string reads a string: ok is false, and the value is skipped, when it
+// is not one.
+func (p *attrScanner) string() (s string, ok bool) {
+	if p.bad {
+		return "", false
+	}
+	if p.peek() != '"' {
+		p.skip()
+		return "", false
+	}
+	start, escaped, ascii := p.i, false, true
+	for p.i++; p.i < len(p.s); p.i++ {
+		switch c := p.s[p.i]; {
+		case c == '\\':
+			escaped = true
+			p.i++
+		case c >= utf8.RuneSelf:
+			ascii = false
+		case c == '"':
+			p.i++
+			if s = p.s[start+1 : p.i-1]; !escaped && (ascii || utf8.ValidString(s)) {
+				return s, true
+			}
+			// Escapes, or bytes that are not UTF-8 (which protobuf's
+			// strings must be): decoded as encoding/json does.
+			return p.decoded(p.s[start:p.i])
+		}
+	}
+	p.bad = true
+	return "", false
+}
+
+// decoded returns JSON string q decoded, as encoding/json does; not
+// inline in string, whose result would then be moved to the heap at
+// every call.
+func (p *attrScanner) decoded(q string) (string, bool) {
+	var s string
+	if json.Unmarshal([]byte(q), &s) != nil {
+		p.bad = true
+		return "", false
+	}
+	return s, true
+}
+
+// int reads an integer; another value is skipped and read as 0.
+func (p *attrScanner) int() int {
+	if p.bad {
+		return 0
+	}
+	start := p.i
+	p.skip()
+	n, err := strconv.Atoi(strings.TrimSpace(p.s[start:p.i]))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// skip skips a value of any type.
+func (p *attrScanner) skip() {
+	if p.bad {
+		return
+	}
+	switch p.peek() {
+	case '{':
+		p.object(func(string) { p.skip() })
+	case '[':
+		p.array(p.skip)
+	case '"':
+		p.string()
+	case 0:
+		p.bad = true
+	default:
+		// A number, true, false or null: up to the next delimiter.
+		start := p.i
+		for p.i < len(p.s) {
+			c := p.s[p.i]
+			if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+				break
+			}
+			p.i++
+		}
+		if p.i == start {
+			p.bad = true
+		}
+	}
 }
 
 // runInfo is what the mapping knows of a span's run.

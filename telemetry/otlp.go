@@ -453,15 +453,9 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 			b = appendStr(b, keyPolicyOutcome, pd.Outcome)
 			b = appendStr(b, keyPolicyExplain, pd.Explanation)
 		}
-		if len(a.Egress) > 0 {
-			refused := 0
-			for _, eg := range a.Egress {
-				if eg.Policy != nil && eg.Policy.Outcome != "allow" {
-					refused++
-				}
-			}
-			b = appendInt(b, keyEgressCount, len(a.Egress))
-			b = appendInt(b, keyEgressRefused, refused)
+		if a.Egress > 0 {
+			b = appendInt(b, keyEgressCount, a.Egress)
+			b = appendInt(b, keyEgressRefused, a.EgressRefused)
 		}
 	}
 	code, msg := tracepb.Status_STATUS_CODE_UNSET, ""

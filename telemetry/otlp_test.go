@@ -11,7 +11,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -246,4 +249,75 @@ func TestDecodeAttrsOddShapes(t *testing.T) {
 				tc.kind, tc.attrs, a.CallID, a.Route, outcome, len(a.Policy.Decisions), tc.call, tc.route, tc.decision, tc.decisions)
 		}
 	}
+}
+
+// FuzzDecodeAttrs: decodeAttrs reads what encoding/json reads of the
+// same JSON (refAttrs), field by field, and never panics on anything.
+func FuzzDecodeAttrs(f *testing.F) {
+	for _, sp := range agentRun("run_fuzz") {
+		f.Add(string(sp.Attrs))
+	}
+	for _, s := range []string{
+		`{"call_id":"c\"1\u003e","labels":["pii","private"],"egress":[{"policy":{"outcome":"allow"}},{"policy":{"outcome":"deny"}},{},{"policy":null},{"policy":{}}],"error_type":"timeout"}`,
+		`{"run":"run_x","attempt":3,"route":"r","variant":"b","policy":[{"provider":"p","model":"m","explanation":"e","extra":[1,{"a":null}]},7]}`,
+		`{"labels":"pii","attempt":"3","policy":"allow","call_id":5,"egress":{}}`,
+		`{"call_id":"a","call_id":"b","labels":["x"],"labels":["y"]}`,
+		` { "call_id" : "c" , "attempt" : -2 , "x" : [ true , false , null , 1.5e3 ] } `,
+		`{"attempt":1.5}`, `[]`, `null`, `"x"`, `{}`, `{"call_id":`, `{"a":tru}`, `{"a":"\ud83d\ude00"}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got := decodeAttrs(&keel.Span{Attrs: json.RawMessage(in)})
+		if !json.Valid([]byte(in)) || strings.Count(in, "[")+strings.Count(in, "{") > maxAttrDepth {
+			return
+		}
+		if want := refAttrs(t, in); !reflect.DeepEqual(got, want) {
+			t.Errorf("decodeAttrs(%s) = %+v, want %+v", in, got, want)
+		}
+	})
+}
+
+// refAttrs is what decodeAttrs reads of valid JSON in, read with
+// encoding/json.
+func refAttrs(t *testing.T, in string) spanAttrs {
+	var a spanAttrs
+	d := json.NewDecoder(strings.NewReader(in))
+	d.UseNumber()
+	var m map[string]any
+	if err := d.Decode(&m); err != nil {
+		return a // not an object
+	}
+	str := func(v any) string { s, _ := v.(string); return s }
+	a.CallID, a.ErrorType, a.Route, a.Variant, a.Run = str(m["call_id"]), str(m["error_type"]), str(m["route"]), str(m["variant"]), keel.RunID(str(m["run"]))
+	if n, ok := m["attempt"].(json.Number); ok {
+		a.Attempt, _ = strconv.Atoi(n.String())
+	}
+	if l, ok := m["labels"].([]any); ok {
+		for _, v := range l {
+			if s, ok := v.(string); ok {
+				a.Labels = append(a.Labels, s)
+			}
+		}
+	}
+	if eg, ok := m["egress"].([]any); ok {
+		for _, v := range eg {
+			a.Egress++
+			if o, ok := v.(map[string]any); ok {
+				if pd, ok := o["policy"].(map[string]any); ok && str(pd["outcome"]) != "allow" {
+					a.EgressRefused++
+				}
+			}
+		}
+	}
+	switch p := m["policy"].(type) {
+	case map[string]any:
+		a.Policy.Decision = &decision{Outcome: str(p["outcome"]), Explanation: str(p["explanation"])}
+	case []any:
+		for _, v := range p {
+			o, _ := v.(map[string]any)
+			a.Policy.Decisions = append(a.Policy.Decisions, modelDecision{Provider: str(o["provider"]), Model: str(o["model"]), Explanation: str(o["explanation"])})
+		}
+	}
+	return a
 }
