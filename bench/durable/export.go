@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/keel-runtime/keel/telemetry"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
 )
 
 // The -export mode: a run's step time with OTLP export off, on with the
@@ -105,10 +109,14 @@ func (r *otlpReceiver) Export(_ context.Context, req *collectortrace.ExportTrace
 type exportResult struct {
 	sync      string
 	collector string
-	step      [numModes]time.Duration // medians per step, by exportModes
-	ratio     [numModes]float64       // medians of the reps' mode/off
-	cpu       [numModes]time.Duration
-	cpuRatio  [numModes]float64
+	// collectorCPU is the collector's CPU time (a process named by
+	// KEEL_TEST_JAEGER_PID) over the whole measurement, all modes; 0
+	// when unknown.
+	collectorCPU time.Duration
+	step         [numModes]time.Duration // medians per step, by exportModes
+	ratio        [numModes]float64       // medians of the reps' mode/off
+	cpu          [numModes]time.Duration
+	cpuRatio     [numModes]float64
 	// exportRatio and cpuExport are the medians of the reps' up/metrics
 	// and down/metrics: what export adds to the daemon's default.
 	exportRatio, cpuExport [2]float64
@@ -244,6 +252,7 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 	// seeded source: a rotation keeps neighbours together, and whatever
 	// one mode leaves behind (GC debt, a batch) would always fall on
 	// the same next one.
+	collector0 := processCPU(os.Getenv("KEEL_TEST_JAEGER_PID"))
 	rng := rand.New(rand.NewPCG(17, uint64(reps)))
 	var walls, cpus [numModes][]time.Duration
 	var ratios, cpuRatios [numModes][]float64
@@ -287,6 +296,9 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 	defer cancel()
 	err = errors.Join(up.Close(cctx), down.Close(cctx))
 	res.up, res.down = up.Stats(), down.Stats()
+	if c := processCPU(os.Getenv("KEEL_TEST_JAEGER_PID")); c > 0 && collector0 > 0 {
+		res.collectorCPU = c - collector0
+	}
 	if res.up.Exported == 0 || res.up.Failed+res.up.Dropped > 0 {
 		return res, fmt.Errorf("collector up: %+v, want every span exported (%v)", res.up, err)
 	}
@@ -316,8 +328,66 @@ func runExport(ctx context.Context, cfg config, dir string) error {
 				r.sync, dur(r.cpu[0]), dur(r.cpu[1]), dur(r.cpu[2]), dur(r.cpu[3]), (r.cpuRatio[1]-1)*100, (r.cpuRatio[2]-1)*100, (r.cpuRatio[3]-1)*100, (r.cpuRatio[4]-1)*100,
 				(r.cpuExport[0]-1)*100, (r.cpuExport[1]-1)*100)
 		}
+		if r.collectorCPU > 0 && r.up.Exported > 0 {
+			fmt.Printf("synchronous=%-6s the collector's own CPU (same machine): %s a span exported, %s a step of up\n",
+				r.sync, dur(r.collectorCPU/time.Duration(r.up.Exported)), dur(r.collectorCPU*time.Duration(3)/time.Duration(r.up.Exported)))
+		}
 		fmt.Printf("synchronous=%-6s spans: up %d exported, %d dropped, %d failed; down %d exported, %d dropped, %d failed\n",
 			r.sync, r.up.Exported, r.up.Dropped, r.up.Failed, r.down.Exported, r.down.Dropped, r.down.Failed)
 	}
 	return nil
 }
+
+// processCPU is the CPU time (user and system) process pid has used, from
+// /proc (Linux); 0 when pid is "" or it cannot be read.
+func processCPU(pid string) time.Duration {
+	if pid == "" {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The fields after the command (which may hold spaces), from the
+	// state on: utime and stime are the 12th and 13th, in clock ticks
+	// (100 a second on Linux).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+// serveSink is -otlp-sink: an OTLP/gRPC trace receiver on addr that
+// reads each request's bytes and answers at once, without decoding
+// them (rawCodec), until the process is stopped.
+func serveSink(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println(ln.Addr().String())
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
+	collectortrace.RegisterTraceServiceServer(srv, sinkServer{})
+	return srv.Serve(ln)
+}
+
+type sinkServer struct {
+	collectortrace.UnimplementedTraceServiceServer
+}
+
+func (sinkServer) Export(context.Context, *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+// rawCodec leaves requests undecoded and answers with an empty message.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(any) (mem.BufferSlice, error) { return mem.BufferSlice{}, nil }
+func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Name() string                         { return "proto" }

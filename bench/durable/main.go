@@ -90,9 +90,17 @@ func main() {
 	flag.StringVar(&cfg.policyIn, "policy-only", "", "with -policy: time only runs with the policy \"on\" or \"off\", so that each side can be profiled (-cpuprofile) in its own process")
 	flag.BoolVar(&cfg.export, "export", false, "measure only a run's step time with OTLP export off vs on, collector up and down (issue 17); KEEL_TEST_OTLP_GRPC names the collector, else an in-process receiver")
 	flag.IntVar(&cfg.exportBlock, "export-block", 4, "with -export: runs of one mode timed back to back, with the flush of their spans")
+	sink := flag.String("otlp-sink", "", "serve only an OTLP/gRPC receiver that takes export requests without decoding them, on this address (e.g. 127.0.0.1:0), and print its address: a collector in a process of its own that costs next to nothing, to tell the export's own cost from a collector's (KEEL_TEST_OTLP_GRPC=ADDR KEEL_TEST_JAEGER_PID=PID go run ./bench/durable -export)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole program to this file at its end (go tool pprof -sample_index=alloc_space; -tagfocus does not apply: allocations carry no labels)")
 	flag.Parse()
+	if *sink != "" {
+		if err := serveSink(*sink); err != nil {
+			fmt.Fprintln(os.Stderr, "durable: -otlp-sink:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *memProfile != "" {
 		defer writeMemProfile(*memProfile)
 	}
