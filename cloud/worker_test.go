@@ -15,8 +15,8 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud"
-	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/keel-runtime/keel/cloud/jsstore"
+	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/internal/wasmtest"
