@@ -105,9 +105,11 @@ func Submit(ctx context.Context, js jetstream.JetStream, ns string, req keel.Sta
 	return nil
 }
 
-// Setup creates (or updates) the namespace's work queue, its consumer
-// and its lease bucket. Start calls it; a client that submits before
-// any worker started calls it too.
+// Setup creates the namespace's work queue, its consumer and its lease
+// bucket, those that do not exist (one that exists is used as it is:
+// the first to create them sets the lease TTL and the replicas). Start
+// calls it; a client that submits before any worker started calls it
+// too.
 func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int, leaseTTL time.Duration) error {
 	if ns == "" {
 		ns = "keel"
@@ -119,7 +121,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int,
 		leaseTTL = 30 * time.Second
 	}
 	q := names(ns)
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
+	s, err := jsstore.EnsureStream(ctx, js, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: replicas, Duplicates: 2 * time.Minute})
 	if err != nil {
 		return fmt.Errorf("cloud: work queue: %w", err)
@@ -128,7 +130,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int,
 		AckWait: leaseTTL, MaxDeliver: -1, MaxAckPending: -1}); err != nil {
 		return fmt.Errorf("cloud: work consumer: %w", err)
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: q.leases, TTL: leaseTTL, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
+	if _, err := jsstore.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: q.leases, TTL: leaseTTL, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
 		return fmt.Errorf("cloud: lease bucket: %w", err)
 	}
 	return nil
@@ -285,7 +287,15 @@ func (w *Worker) handle(m jetstream.Msg) {
 			}
 		}
 	}()
-	done := func(ack bool) {
+	// done ends the item: acked, given back (retry after delay), or
+	// terminated (it can never run).
+	type ending int
+	const (
+		ack ending = iota
+		retry
+		drop
+	)
+	done := func(how ending) {
 		select {
 		case <-lost:
 		default:
@@ -295,31 +305,44 @@ func (w *Worker) handle(m jetstream.Msg) {
 		if ctx.Err() != nil {
 			return // killed or closing: the lease lapses, the item comes back
 		}
-		if ack {
+		switch how {
+		case ack:
 			m.Ack()
-		} else {
-			m.Nak()
+		case retry:
+			m.NakWithDelay(w.cfg.LeaseTTL)
+		case drop:
+			m.Term()
 		}
 		w.leases.Delete(context.WithoutCancel(ctx), key, jetstream.LastRevision(current))
 	}
 	id, err := w.startOrAdopt(ctx, item.Request)
+	if errors.Is(err, keel.ErrInvalid) {
+		log.Error("a run that cannot start: its work item is dropped", logkey.Err, err)
+		done(drop)
+		return
+	}
 	if err != nil {
 		log.Error("start or adopt a run", logkey.Err, err)
-		done(false)
+		done(retry)
 		return
 	}
 	if err := w.eng.Wait(ctx, id); err != nil {
-		done(false)
+		done(retry)
 		return
 	}
 	r, err := w.st.GetRun(ctx, id)
 	if err != nil {
-		done(false)
+		done(retry)
 		return
 	}
 	// An ended run, or one that waits for a person, is done with; an
 	// interrupted one (this engine is closing) goes back to the queue.
-	done(r.Status != keel.RunInterrupted && r.Status != keel.RunQueued && r.Status != keel.RunRunning)
+	switch r.Status {
+	case keel.RunInterrupted, keel.RunQueued, keel.RunRunning:
+		done(retry)
+	default:
+		done(ack)
+	}
 }
 
 // startOrAdopt starts the run req asks for, or adopts it if a worker

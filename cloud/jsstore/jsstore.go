@@ -87,7 +87,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	ns := cfg.Namespace
 	s := &Store{js: js, ns: ns, runs: map[keel.RunID]*runState{}, onLazyError: cfg.OnLazyError, quit: make(chan struct{})}
 	var err error
-	if s.journal, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if s.journal, err = EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name: ns + "_JOURNAL", Subjects: []string{ns + ".journal.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
 		// Reads go to the stream's leader (no direct get from a replica
 		// that may lag): a run read after its last append sees it.
@@ -95,18 +95,44 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	}); err != nil {
 		return nil, fmt.Errorf("jsstore: journal stream: %w", err)
 	}
-	if s.spans, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if s.spans, err = EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name: ns + "_SPANS", Subjects: []string{ns + ".spans.*"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
 	}); err != nil {
 		return nil, fmt.Errorf("jsstore: spans stream: %w", err)
 	}
-	if s.heads, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ns + "_runs", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
+	if s.heads, err = EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: ns + "_runs", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
 		return nil, fmt.Errorf("jsstore: heads bucket: %w", err)
 	}
-	if s.idem, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ns + "_idem", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
+	if s.idem, err = EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: ns + "_idem", Storage: jetstream.FileStorage, Replicas: cfg.Replicas}); err != nil {
 		return nil, fmt.Errorf("jsstore: idempotency bucket: %w", err)
 	}
 	return s, nil
+}
+
+// EnsureStream returns the stream cfg names, creating it with cfg if it
+// does not exist; one that exists is used as it is (its replicas, say,
+// are not changed).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = js.Stream(ctx, cfg.Name) // created meanwhile
+		}
+	}
+	return s, err
+}
+
+// EnsureKeyValue is EnsureStream for a key-value bucket.
+func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	return kv, err
 }
 
 // token makes s one subject token and key-value key: s itself when it

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/keel-runtime/keel/cli"
+	"github.com/keel-runtime/keel/cloud/cloudcmd"
 	"github.com/keel-runtime/keel/daemon"
 )
 
@@ -18,7 +19,7 @@ func main() {
 		stop()
 		os.Exit(code)
 	}
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, daemon.Command())
+	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, daemon.Command(), cloudcmd.Command())
 	stop()
 	os.Exit(code)
 }
