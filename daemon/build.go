@@ -176,7 +176,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	// The knowledge store, in the same database file: its search is a
 	// built-in tool of the runs whose policy lets them read a scope.
 	tracer := tel.Tracer(st)
-	know, err := openKnowledge(ctx, cfg, st, tracer, audit, &engRef, log.With(logkey.Component, "knowledge"))
+	know, err := openKnowledge(ctx, cfg, st, provider, tracer, audit, &engRef, log.With(logkey.Component, "knowledge"))
 	if err != nil {
 		return l, err
 	}

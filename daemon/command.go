@@ -63,6 +63,7 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.StringSliceVar(&cfg.AllowedOrigins, "allow-origin", nil, "browser origin allowed to connect with a token: exact (http://localhost:5173) or a pattern (http://localhost:*, https://*.example.com, vscode-webview://*); repeatable")
 	f.StringVar(&cfg.OllamaHost, "ollama-host", os.Getenv("OLLAMA_HOST"), "Ollama server (default $OLLAMA_HOST or http://127.0.0.1:11434)")
 	f.StringVar(&cfg.DefaultModel, "model", "", "default model for runs (default: the first local model with tool calling)")
+	f.StringVar(&cfg.EmbedModel, "embed-model", "", "local model that embeds the knowledge store for hybrid search, such as nomic-embed-text (default: none, full-text search only)")
 	f.StringVar(&cfg.Workspace, "workspace", "", "directory the example read-file tool may read, at /workspace (default DATA_DIR/workspace)")
 	f.BoolVar(&cfg.ToolsAllowPrivateNetwork, "tools-allow-private-network", false, "let tools with network grants reach loopback and private addresses")
 	f.Int64Var(&cfg.ToolsWriteQuotaBytes, "tools-write-quota", 0, "bytes one tool call may write through each read-write grant (default 1 GiB; negative: no quota)")

@@ -88,6 +88,12 @@ type Config struct {
 	// CacheDir holds compiled tools (wazero's compilation cache), so a
 	// restart does not recompile; default DataDir/cache/wazero.
 	CacheDir string
+	// EmbedModel, when set, is the local model (Ollama's, or Provider's
+	// if it serves embeddings) that embeds the knowledge store's chunks
+	// and queries, for hybrid search (BM25 and vectors, fused); its
+	// digest is recorded with every vector, so a changed model re-embeds.
+	// Default "": BM25 only.
+	EmbedModel string
 	// Provider replaces the Ollama provider (tests use a scripted one).
 	Provider models.Provider
 	// Logger; default text to stderr at info level.

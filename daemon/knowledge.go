@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 
 	"github.com/keel-runtime/keel"
@@ -12,6 +13,7 @@ import (
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/knowledge"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/policy"
 	"github.com/keel-runtime/keel/recall"
 	"github.com/keel-runtime/keel/store"
@@ -31,8 +33,16 @@ type knowledgeLayer struct {
 // and makes its tool (its calls audited like any tool's, its retrieval
 // spans in tracer, its runs' policy eng's once made) and its watch
 // (knowledge-watch.json in the data directory).
-func openKnowledge(ctx context.Context, cfg Config, st *store.Store, tracer engine.Tracer, audit intercept.Tool, eng *atomic.Pointer[engine.Engine], log *slog.Logger) (*knowledgeLayer, error) {
-	ix, err := knowledge.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"), knowledge.Options{Logger: log})
+func openKnowledge(ctx context.Context, cfg Config, st *store.Store, local models.Provider, tracer engine.Tracer, audit intercept.Tool, eng *atomic.Pointer[engine.Engine], log *slog.Logger) (*knowledgeLayer, error) {
+	o := knowledge.Options{Logger: log}
+	if cfg.EmbedModel != "" {
+		em, ok := local.(models.Embedder)
+		if !ok {
+			return nil, fmt.Errorf("--embed-model %s: the local provider %s serves no embeddings", cfg.EmbedModel, local.Name())
+		}
+		o.Embedder, o.EmbedModel, o.ModelDigest = em, cfg.EmbedModel, digestOf(local)
+	}
+	ix, err := knowledge.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"), o)
 	if err != nil {
 		return nil, fmt.Errorf("open the knowledge store: %w", err)
 	}
@@ -65,5 +75,22 @@ func openKnowledge(ctx context.Context, cfg Config, st *store.Store, tracer engi
 func (k *knowledgeLayer) close(log *slog.Logger) {
 	if err := k.index.Close(); err != nil {
 		log.Warn("close the knowledge store", logkey.Err, err)
+	}
+}
+
+// digestOf returns the digest of a model of p as its model list reports
+// it ("" when it does not list the model).
+func digestOf(p models.Provider) func(ctx context.Context, model string) (string, error) {
+	return func(ctx context.Context, model string) (string, error) {
+		list, err := p.Models(ctx)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range list {
+			if m.Name == model || strings.TrimSuffix(m.Name, ":latest") == model {
+				return m.Digest, nil
+			}
+		}
+		return "", nil
 	}
 }

@@ -301,6 +301,11 @@ type searchFirst struct {
 	seen  []models.ChatRequest
 }
 
+// Embed is the real model's: the store embeds with it.
+func (p *searchFirst) Embed(ctx context.Context, req models.EmbedRequest) (models.EmbedResponse, error) {
+	return p.Provider.(models.Embedder).Embed(ctx, req)
+}
+
 func (p *searchFirst) Chat(ctx context.Context, req models.ChatRequest, onDelta func(models.Delta)) (models.ChatResponse, error) {
 	if !slices.ContainsFunc(req.Messages, func(m models.Message) bool { return m.Role == models.RoleTool }) {
 		return models.ChatResponse{Model: req.Model, Message: models.Message{Role: models.RoleAssistant,
@@ -316,11 +321,12 @@ func (p *searchFirst) Chat(ctx context.Context, req models.ChatRequest, onDelta 
 // real local model: its first step searches them (made for it: see
 // searchFirst), the real model answers from the result, which it reads
 // with each hit's citation; the search is under a retrieval span naming
-// the notes' file.
+// the notes' file, found by full text and by the vectors the real model
+// embedded (--embed-model: hybrid search).
 func TestKnowledgeWithRealOllama(t *testing.T) {
 	t.Parallel()
 	p := &searchFirst{Provider: realOllama(t), query: "little dog park"}
-	d := startDaemon(t, daemon.Config{Provider: p})
+	d := startDaemon(t, daemon.Config{Provider: p, EmbedModel: envOr("KEEL_TEST_OLLAMA_MODEL", "keel-tiny")})
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	ws := t.TempDir()
@@ -349,7 +355,8 @@ func TestKnowledgeWithRealOllama(t *testing.T) {
 		t.Fatalf("trace %s: want the search's retrieval span under its call, then the real model's answer", traceTree(t, got.Spans))
 	}
 	var at recall.RetrievalAttrs
-	if err := json.Unmarshal(retrieval.Attrs, &at); err != nil || at.Query != p.query || len(at.Hits) != 1 || at.Hits[0].Source != filepath.Join(notes, "story.md") {
+	if err := json.Unmarshal(retrieval.Attrs, &at); err != nil || at.Query != p.query || len(at.Hits) != 1 || at.Hits[0].Source != filepath.Join(notes, "story.md") ||
+		at.Hits[0].BM25Rank != 1 || at.Hits[0].VectorRank != 1 {
 		t.Errorf("retrieval span attrs %s (%v)", retrieval.Attrs, err)
 	}
 	cite := `[1] ` + filepath.Join(notes, "story.md") + ":"
