@@ -245,6 +245,15 @@ func TestKnowledgeProtocol(t *testing.T) {
 	c := dial(t, d.dir)
 	ctx := context.Background()
 	notes := notesDir(t, map[string]string{"a.md": "# A\n\nalpha bravo\n", "b.md": "# B\n\ncharlie\n"})
+	// An add streams its progress, all of it before its result.
+	var last protocol.KnowledgeProgress
+	n := 0
+	added, err := client.DoStream(ctx, c, client.KnowledgeAdd, protocol.KnowledgeAddParams{Paths: []string{notes}, Scope: "user"}, func(p protocol.KnowledgeProgress) {
+		n, last = n+1, p
+	})
+	if err != nil || added.Added != 2 || n == 0 || last.Files != 2 || last.FilesDone != 2 || string(last.ID) == "" {
+		t.Errorf("knowledge.add = %+v, %v; %d progress notifications, the last %+v: want 2 files added and their progress", added, err, n, last)
+	}
 	w, err := client.Do(ctx, c, client.KnowledgeWatch, protocol.KnowledgeWatchParams{Dir: notes, Scope: "user"})
 	if err != nil || w.Dir != notes {
 		t.Fatalf("knowledge.watch = %+v, %v", w, err)

@@ -206,7 +206,7 @@ type pendingCall struct {
 	resp chan *protocol.Response // capacity 1
 	// progress, for a call that takes progress, receives the params of
 	// the notifications carrying the call's id (models.pull.progress,
-	// models.chat.delta).
+	// models.chat.delta, knowledge.add.progress).
 	progress chan json.RawMessage
 	gone     chan struct{} // closed when the caller stops waiting
 }
@@ -341,7 +341,7 @@ func (c *Client) readLoop() {
 				}
 				continue
 			}
-			if m.Method == protocol.NotifyModelsPullProgress || m.Method == protocol.NotifyModelsChatDelta {
+			if m.Method == protocol.NotifyModelsPullProgress || m.Method == protocol.NotifyModelsChatDelta || m.Method == protocol.NotifyKnowledgeAddProgress {
 				if !c.routeProgress(m.Params) {
 					cause = fmt.Errorf("keel: %w", ErrClosed)
 					c.ws.CloseNow()
@@ -379,7 +379,8 @@ func (c *Client) readLoop() {
 }
 
 // routeProgress passes a per-call notification (models.pull.progress,
-// models.chat.delta) to the call whose id it carries, waiting while that call's buffer is full. A
+// models.chat.delta, knowledge.add.progress) to the call whose id it
+// carries, waiting while that call's buffer is full. A
 // notification for no call of ours is dropped. It reports false when the
 // client is closing.
 func (c *Client) routeProgress(params json.RawMessage) bool {
