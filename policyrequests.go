@@ -7,8 +7,9 @@ import "encoding/json"
 
 // Kinds of action policy.explain decides.
 const (
-	PolicyKindTool  = "tool"
-	PolicyKindModel = "model"
+	PolicyKindTool      = "tool"
+	PolicyKindModel     = "model"
+	PolicyKindKnowledge = "knowledge"
 )
 
 // PolicyOrigin is where a rule or setting is: its layer (managed,
@@ -75,13 +76,17 @@ type PolicyShowParams struct {
 // that run (see docs/protocol.md); Workspace, optional, as for a run
 // naming that workspace (default: the run's, if RunID names one).
 type PolicyExplainParams struct {
-	Kind      string          `json:"kind"`
-	Tool      string          `json:"tool,omitempty"`
-	Args      json.RawMessage `json:"args,omitempty"`
-	Provider  string          `json:"provider,omitempty"`
-	Model     string          `json:"model,omitempty"`
-	RunID     string          `json:"run_id,omitempty"`
-	Workspace string          `json:"workspace,omitempty"`
+	Kind     string          `json:"kind"`
+	Tool     string          `json:"tool,omitempty"`
+	Args     json.RawMessage `json:"args,omitempty"`
+	Provider string          `json:"provider,omitempty"`
+	Model    string          `json:"model,omitempty"`
+	// Scope is the knowledge scope read (kind knowledge): the run's own
+	// (its workspace's, with Workspace or the run's; its run scope, with
+	// RunID) is readable with no rule.
+	Scope     string `json:"scope,omitempty"`
+	RunID     string `json:"run_id,omitempty"`
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // PolicyExplainResult is the policy's decision about an action and why.

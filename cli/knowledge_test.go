@@ -61,6 +61,14 @@ func TestKnowledgeCommands(t *testing.T) {
 	if out := keel(1, "knowledge", "add", notes, "--scope", "team"); !strings.Contains(out, "want user, workspace:") {
 		t.Errorf("add to a malformed scope:\n%s", out)
 	}
+	// Which runs may read which scope: the policy's say.
+	ws := t.TempDir()
+	if out := keel(0, "policy", "explain", "knowledge", "user", "--workspace", ws); !strings.HasPrefix(out, "deny: no knowledge rule matched; a run reads only its own scopes") {
+		t.Errorf("policy explain knowledge user:\n%s", out)
+	}
+	if out := keel(0, "policy", "explain", "knowledge", "workspace:"+ws, "--workspace", ws); !strings.HasPrefix(out, "allow: no knowledge rule matched; a run may read its own scopes") {
+		t.Errorf("policy explain knowledge of the workspace's own scope:\n%s", out)
+	}
 	if out := keel(0, "knowledge", "forget", "--scope", "user"); !strings.Contains(out, "forgot 2 documents") {
 		t.Errorf("forget --scope:\n%s", out)
 	}

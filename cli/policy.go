@@ -14,7 +14,7 @@ import (
 func policyCmd() *cobra.Command {
 	cmd := group(&cobra.Command{Use: "policy", Short: "The policy in force: show it, explain a decision (docs/policy.md)"})
 	explain := group(&cobra.Command{Use: "explain", Short: "Explain what the policy decides about a tool call or a model call, and why"})
-	explain.AddCommand(explainToolCmd(), explainModelCmd())
+	explain.AddCommand(explainToolCmd(), explainModelCmd(), explainKnowledgeCmd())
 	cmd.AddCommand(policyShowCmd(), explain)
 	return cmd
 }
@@ -120,6 +120,23 @@ func explainModelCmd() *cobra.Command {
 	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with its own rules and the labels its context holds (keel show RUN lists them)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
 	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace (default: the run's, with --run)")
+	return cmd
+}
+
+func explainKnowledgeCmd() *cobra.Command {
+	var run string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "knowledge SCOPE",
+		Short: "Explain whether a run may read knowledge scope SCOPE (user, workspace:DIR, run:ID) with knowledge_search",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return explainCall(cmd, protocol.PolicyExplainParams{Kind: protocol.PolicyKindKnowledge, Scope: args[0], RunID: run}, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&run, "run", "", "decide as for this run: with its own rules and scopes")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy.explain result as JSON")
+	cmd.Flags().String("workspace", "", "decide as for a run naming this workspace, whose scope is its own (default: the run's, with --run)")
 	return cmd
 }
 

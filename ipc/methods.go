@@ -636,8 +636,12 @@ func handlePolicyExplain(ctx context.Context, c *conn, p protocol.PolicyExplainP
 		if p.Provider == "" || p.Model == "" {
 			return nil, paramError("model", "provider and model must not be empty")
 		}
+	case protocol.PolicyKindKnowledge:
+		if p.Scope == "" {
+			return nil, paramError("scope", "must not be empty")
+		}
 	default:
-		return nil, paramError("kind", `must be "tool" or "model"`)
+		return nil, paramError("kind", `must be "tool", "model" or "knowledge"`)
 	}
 	return c.s.svc.Policy.ExplainPolicy(ctx, p)
 }

@@ -126,6 +126,10 @@ func (s *Service) ExplainPolicy(ctx context.Context, q keel.PolicyExplainParams)
 		}
 	case keel.PolicyKindModel:
 		a.Kind, a.Cloud = KindModel, s.IsCloud(q.Provider)
+	case keel.PolicyKindKnowledge:
+		// A run's own scopes: its workspace's and its run scope.
+		a.Kind, a.Scope = KindKnowledge, q.Scope
+		a.Own = q.Workspace != "" && q.Scope == "workspace:"+filepath.Clean(q.Workspace) || run != nil && q.Scope == "run:"+string(run.ID)
 	default:
 		return keel.PolicyExplainResult{}, fmt.Errorf("kind %q: %w", q.Kind, keel.ErrInvalid)
 	}

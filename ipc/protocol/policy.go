@@ -10,8 +10,9 @@ const (
 
 // Kinds of action policy.explain decides.
 const (
-	PolicyKindTool  = keel.PolicyKindTool
-	PolicyKindModel = keel.PolicyKindModel
+	PolicyKindTool      = keel.PolicyKindTool
+	PolicyKindModel     = keel.PolicyKindModel
+	PolicyKindKnowledge = keel.PolicyKindKnowledge
 )
 
 // The policy group's wire types are the root package's (keel), which
