@@ -38,7 +38,9 @@
 // A Watcher keeps directories indexed: one fsnotify watcher over each
 // directory and its subdirectories (new ones included), whose events
 // (create, write, rename, remove) are batched for Config.Debounce and
-// applied as adds and forgets. The directories watched are kept in a
+// applied as adds and forgets; a batch that is one rename (one path gone,
+// one new) moves the documents instead (knowledge.Index.Rename), so
+// nothing is chunked or embedded again. The directories watched are kept in a
 // file in the data directory, so a restarted daemon watches them again
 // and catches up with what changed meanwhile (an add of an unchanged
 // file costs a hash).

@@ -350,6 +350,16 @@ func (w *Watcher) apply(ctx context.Context, batch map[string]bool) {
 	}
 	slices.Sort(paths)
 	var s Sync
+	if from, to, ok := w.renamed(ctx, paths); ok {
+		// Moved in the store, so an add of its new name finds its
+		// content unchanged: nothing is chunked or embedded again.
+		if err := w.cfg.Index.Rename(ctx, from, to); err != nil {
+			s.Err = errors.Join(s.Err, fmt.Errorf("rename %s to %s: %w", from, to, err))
+		} else {
+			s.Forgotten = append(s.Forgotten, from)
+			paths = slices.DeleteFunc(paths, func(p string) bool { return p == from })
+		}
+	}
 	for _, p := range paths {
 		w.mu.Lock()
 		e := w.rootOf(p)
@@ -392,6 +402,60 @@ func (w *Watcher) apply(ctx context.Context, batch map[string]bool) {
 	}
 	slices.Sort(s.Forgotten)
 	w.synced(s)
+}
+
+// renamed recognizes a rename in a batch of changed paths: exactly one
+// path gone that the store holds documents at (or under), and exactly
+// one path new to the store, in the same watched directory, both files
+// or both directories (as far as the store tells). fsnotify reports a
+// rename as the old name gone and the new one created, unpaired.
+func (w *Watcher) renamed(ctx context.Context, paths []string) (from, to string, ok bool) {
+	type cand struct {
+		path string
+		root string
+	}
+	var gone, fresh []cand
+	for _, p := range paths {
+		w.mu.Lock()
+		e := w.rootOf(p)
+		root := ""
+		if e != nil {
+			root = e.Dir
+		}
+		w.mu.Unlock()
+		if e == nil || skipped(root, p) {
+			continue
+		}
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			gone = append(gone, cand{p, root})
+		} else if err == nil {
+			fresh = append(fresh, cand{p, root})
+		}
+	}
+	if len(gone) != 1 || len(fresh) != 1 || gone[0].root != fresh[0].root {
+		return "", "", false
+	}
+	w.mu.Lock()
+	sc := knowledge.Scope(w.rootOf(gone[0].root).Scope)
+	w.mu.Unlock()
+	docs, err := w.cfg.Index.List(ctx, sc)
+	if err != nil {
+		return "", "", false
+	}
+	at := func(p string) (file, under bool) {
+		for _, d := range docs {
+			file = file || d.Source == p
+			under = under || strings.HasPrefix(d.Source, p+string(filepath.Separator))
+		}
+		return file, under
+	}
+	oldFile, oldDir := at(gone[0].path)
+	newFile, newDir := at(fresh[0].path)
+	fi, err := os.Lstat(fresh[0].path)
+	if err != nil || newFile || newDir || (oldFile && fi.IsDir()) || (oldDir && !fi.IsDir()) || !oldFile && !oldDir {
+		return "", "", false
+	}
+	return gone[0].path, fresh[0].path, true
 }
 
 func (w *Watcher) synced(s Sync) {

@@ -17,7 +17,7 @@ import (
 func watching(t *testing.T, ix *knowledge.Index, state string) (w *recall.Watcher, syncs <-chan recall.Sync, stop func()) {
 	t.Helper()
 	ch := make(chan recall.Sync, 64)
-	w, err := recall.NewWatcher(recall.WatcherConfig{Index: ix, File: filepath.Join(state, recall.WatchFile), Debounce: 20 * time.Millisecond,
+	w, err := recall.NewWatcher(recall.WatcherConfig{Index: ix, File: filepath.Join(state, recall.WatchFile), Debounce: 100 * time.Millisecond,
 		OnSync: func(s recall.Sync) { ch <- s }})
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +97,7 @@ func TestWatch(t *testing.T) {
 		return has(sources(t, ix, sc, "foxtrot"), "second.md") && !has(sources(t, ix, sc, "charlie"), "second.md")
 	})
 
+	before := docID(t, ix, sc, filepath.Join(dir, "second.md"))
 	if err := os.Rename(filepath.Join(dir, "second.md"), filepath.Join(dir, "renamed.md")); err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +105,10 @@ func TestWatch(t *testing.T) {
 		got := sources(t, ix, sc, "foxtrot")
 		return has(got, "renamed.md") && !has(got, "second.md")
 	})
+	// Moved, not indexed again: the same document.
+	if after := docID(t, ix, sc, filepath.Join(dir, "renamed.md")); after != before {
+		t.Errorf("the renamed file is document %s, was %s: want it moved, not indexed again", after, before)
+	}
 
 	if err := os.Remove(filepath.Join(dir, "renamed.md")); err != nil {
 		t.Fatal(err)
@@ -147,4 +152,20 @@ func TestWatch(t *testing.T) {
 	if err != nil || strings.Contains(string(b), dir) {
 		t.Errorf("watch file after Unwatch: %s %v", b, err)
 	}
+}
+
+// docID returns the ID of the document at source in sc.
+func docID(t *testing.T, ix *knowledge.Index, sc knowledge.Scope, source string) string {
+	t.Helper()
+	docs, err := ix.List(context.Background(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		if d.Source == source {
+			return d.ID
+		}
+	}
+	t.Fatalf("no document at %s", source)
+	return ""
 }
