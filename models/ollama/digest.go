@@ -71,3 +71,12 @@ func (p *Provider) noteDigest(name, digest string, now time.Time) {
 // modelKey is how the digest cache names a model: without the implicit
 // ":latest" tag, which Ollama lists and callers may omit.
 func modelKey(name string) string { return strings.TrimSuffix(name, ":latest") }
+
+// Digest returns the digest of model name (see digest): the hex sha256
+// of its manifest as /api/tags lists it, "" when Ollama does not list
+// it or cannot be asked. It is the source of knowledge.Options.ModelDigest,
+// so that vectors of a changed model are re-embedded. The error is
+// always nil; the signature is that of the option.
+func (p *Provider) Digest(ctx context.Context, name string) (string, error) {
+	return p.digest(ctx, name), nil
+}
