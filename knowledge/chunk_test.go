@@ -182,6 +182,9 @@ func TestMatchExpr(t *testing.T) {
 		if got := matchExpr(in); got != want {
 			t.Errorf("matchExpr(%q) = %s, want %s", in, got, want)
 		}
+		if got, want := matchAll(in), strings.ReplaceAll(want, " OR ", " AND "); got != want {
+			t.Errorf("matchAll(%q) = %s, want %s", in, got, want)
+		}
 	}
 }
 

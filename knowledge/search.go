@@ -105,23 +105,42 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 		return nil, fmt.Errorf("knowledge: search: mode %q: %w", q.Mode, keel.ErrInvalid)
 	}
 	f := newFilter(q)
-	var bm, vec []Hit
+	// The vector side (the query's embedding by the model, then the scan)
+	// runs beside the BM25 side; it is always waited for.
+	type vecResult struct {
+		hits []Hit
+		err  error
+	}
+	var vch chan vecResult
+	if mode != ModeBM25 {
+		vch = make(chan vecResult, 1)
+		go func() {
+			hs, err := ix.searchVector(ctx, q.Text, q.Scopes, f, limit*4)
+			vch <- vecResult{hs, err}
+		}()
+	}
+	var bm []Hit
 	var err error
 	if mode != ModeVector {
-		if bm, err = ix.searchBM25(ctx, q.Text, f, limit*4); err != nil {
+		bm, err = ix.searchBM25(ctx, q.Text, f, limit*4, limit)
+	}
+	if mode == ModeBM25 {
+		if err != nil {
 			return nil, err
 		}
-		if mode == ModeBM25 {
-			return ix.finish(ctx, dedupe(bm), limit)
-		}
+		return ix.finish(ctx, dedupe(bm), limit)
 	}
-	if vec, err = ix.searchVector(ctx, q.Text, q.Scopes, f, limit*4); err != nil {
+	v := <-vch
+	if err != nil {
 		return nil, err
 	}
-	if mode == ModeVector {
-		return ix.finish(ctx, dedupe(vec), limit)
+	if v.err != nil {
+		return nil, v.err
 	}
-	return ix.finish(ctx, fuse(bm, vec), limit)
+	if mode == ModeVector {
+		return ix.finish(ctx, dedupe(v.hits), limit)
+	}
+	return ix.finish(ctx, fuse(bm, v.hits), limit)
 }
 
 // fuse merges two rankings by reciprocal rank fusion.
@@ -242,7 +261,12 @@ func scanHit(r scanner, extra ...any) (Hit, error) {
 // matchExpr turns free text into an FTS5 query: its words (letters,
 // digits, '_'), each quoted, any of them; English stop words are left out
 // unless nothing else is left. "" when there is no word.
-func matchExpr(text string) string {
+func matchExpr(text string) string { return matchTerms(text, " OR ") }
+
+// matchAll is matchExpr with every word required.
+func matchAll(text string) string { return matchTerms(text, " AND ") }
+
+func matchTerms(text, op string) string {
 	words := strings.FieldsFunc(strings.ToLower(text), func(r rune) bool {
 		return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '_'
 	})
@@ -262,7 +286,7 @@ func matchExpr(text string) string {
 			}
 		}
 	}
-	return strings.Join(keep, " OR ")
+	return strings.Join(keep, op)
 }
 
 var stopWords = map[string]bool{}
@@ -274,19 +298,53 @@ func init() {
 	}
 }
 
-// searchBM25 returns the best n matches of text by BM25 that pass f.
-// FTS5 ranks the whole index and SQLite filters; when the filter leaves
-// fewer than n of a full page, the page grows.
-func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n int) ([]Hit, error) {
-	m := matchExpr(text)
-	if m == "" {
+// searchBM25 returns the best n matches of text by BM25 that pass f:
+// those with every word first, ranked by BM25; when they are fewer than
+// want, those with any word follow. (Every word is much the cheaper
+// query: FTS5 scores every row that matches, and a common word matches
+// much of a large index.)
+func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want int) ([]Hit, error) {
+	all, anyWord := matchAll(text), matchExpr(text)
+	if anyWord == "" {
 		return nil, nil
 	}
+	hs, err := ix.bm25Page(ctx, all, f, n)
+	if err != nil {
+		return nil, err
+	}
+	if len(hs) < want && all != anyWord {
+		more, err := ix.bm25Page(ctx, anyWord, f, n)
+		if err != nil {
+			return nil, err
+		}
+		seen := make(map[string]bool, len(hs))
+		for _, h := range hs {
+			seen[h.ChunkID] = true
+		}
+		for _, h := range more {
+			if len(hs) == n {
+				break
+			}
+			if !seen[h.ChunkID] {
+				hs = append(hs, h)
+			}
+		}
+	}
+	for i := range hs {
+		hs[i].BM25Rank = i + 1
+	}
+	return hs, nil
+}
+
+// bm25Page returns the best n matches of the FTS5 expression m that pass
+// f. FTS5 ranks the whole index and SQLite filters; when the filter
+// leaves fewer than n of a full page, the page grows.
+func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit, error) {
 	page := n
 	for {
 		q := `SELECT ` + hitColumns + `, -f.rank FROM
 			(SELECT rowid AS id, rank FROM kn_fts WHERE kn_fts MATCH ? ORDER BY rank LIMIT ?) f
-			JOIN kn_chunks c ON c.id = f.id JOIN kn_docs d ON d.id = c.doc_id
+			CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id
 			WHERE ` + f.where + ` ORDER BY f.rank LIMIT ?`
 		args := append(append([]any{m, page}, f.args...), n)
 		rows, err := ix.r.QueryContext(ctx, q, args...)
@@ -309,9 +367,6 @@ func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n int) (
 			return nil, fmt.Errorf("knowledge: search: %w", err)
 		}
 		if len(hs) >= n || page >= 1<<30 {
-			for i := range hs {
-				hs[i].BM25Rank = i + 1
-			}
 			return hs, nil
 		}
 		// Were there more matches than the page held?
@@ -320,9 +375,6 @@ func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n int) (
 			return nil, fmt.Errorf("knowledge: search: %w", err)
 		}
 		if more <= page {
-			for i := range hs {
-				hs[i].BM25Rank = i + 1
-			}
 			return hs, nil
 		}
 		page *= 16

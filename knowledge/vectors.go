@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -165,24 +166,68 @@ func (h *topK) Pop() any {
 	return x
 }
 
-// nearest returns the k vectors of v most similar to q (normalized).
+// nearest adds the k vectors of v most similar to q (normalized) to h.
+// A large set is scanned in parts on several goroutines.
 func (v *vecSet) nearest(q []float32, k int, h *topK) {
-	if len(q) != v.dim {
+	if len(q) != v.dim || len(v.ids) == 0 {
 		return
 	}
-	for i, id := range v.ids {
-		row := v.vecs[i*v.dim : (i+1)*v.dim]
-		var s float32
-		for j, x := range row {
-			s += x * q[j]
-		}
-		if h.Len() < k {
-			heap.Push(h, scored{id, s})
-		} else if s > (*h)[0].sim {
-			(*h)[0] = scored{id, s}
-			heap.Fix(h, 0)
+	parts := min(runtime.GOMAXPROCS(0), 4, len(v.vecs)/parallelScan+1)
+	if parts <= 1 {
+		v.scan(q, k, h, 0, len(v.ids))
+		return
+	}
+	hs := make([]topK, parts)
+	var wg sync.WaitGroup
+	per := (len(v.ids) + parts - 1) / parts
+	for p := range parts {
+		wg.Go(func() { v.scan(q, k, &hs[p], p*per, min((p+1)*per, len(v.ids))) })
+	}
+	wg.Wait()
+	for _, ph := range hs {
+		for _, s := range ph {
+			push(h, s, k)
 		}
 	}
+}
+
+// parallelScan is how many floats a scan goroutine is given at least.
+const parallelScan = 1 << 20
+
+// scan adds the best k of vectors [from, to) to h.
+func (v *vecSet) scan(q []float32, k int, h *topK, from, to int) {
+	for i := from; i < to; i++ {
+		push(h, scored{v.ids[i], dot(v.vecs[i*v.dim:(i+1)*v.dim], q)}, k)
+	}
+}
+
+// push keeps s in h if it is among the best k.
+func push(h *topK, s scored, k int) {
+	if h.Len() < k {
+		heap.Push(h, s)
+	} else if s.sim > (*h)[0].sim {
+		(*h)[0] = s
+		heap.Fix(h, 0)
+	}
+}
+
+// dot is the dot product of a and b (len(b) >= len(a)), four lanes at a
+// time: the compiler does not vectorize, independent sums let the CPU
+// overlap the multiplies.
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return s0 + s1 + s2 + s3
 }
 
 // embedInput is what is embedded for a chunk: its heading and text, cut
@@ -241,7 +286,7 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 		sims[b.id] = b.sim
 	}
 	args = append(args, f.args...)
-	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM kn_chunks c JOIN kn_docs d ON d.id = c.doc_id
+	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM kn_chunks c CROSS JOIN kn_docs d ON d.id = c.doc_id
 		WHERE c.id IN (`+strings.Join(ph, ",")+`) AND `+f.where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("knowledge: search: %w", err)
