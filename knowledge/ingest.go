@@ -64,7 +64,7 @@ type Skip struct {
 // this long, so the store's journal commits never wait long behind it.
 const (
 	batchChunks = 512
-	batchTime   = 50 * time.Millisecond
+	batchTime   = 100 * time.Millisecond
 )
 
 // fileJob is a file found by the walk.

@@ -171,7 +171,6 @@ var schema = []string{
 		hash TEXT NOT NULL,
 		text TEXT NOT NULL)`,
 	`CREATE INDEX IF NOT EXISTS kn_chunks_doc ON kn_chunks(doc_id)`,
-	`CREATE INDEX IF NOT EXISTS kn_chunks_hash ON kn_chunks(hash)`,
 	// An external-content index over kn_chunks: the text is stored once,
 	// in kn_chunks; the triggers keep the index in step in the same
 	// transaction, so the two never disagree.

@@ -3,6 +3,7 @@ package knowledge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -380,5 +381,32 @@ func writeFile(t *testing.T, path, content string) {
 	}
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSearchFilterPastFirstPage: a filter that leaves none of FTS5's
+// first page of matches still finds the match further down.
+func TestSearchFilterPastFirstPage(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, _ := open(t, knowledge.Options{})
+	for i := range 60 {
+		if _, err := ix.AddText(ctx, fmt.Sprintf("keel:a/%d", i), "text", fmt.Sprintf("walrus walrus walrus %d", i), knowledge.AddOptions{Scope: "workspace:a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := "a walrus once, " + strings.Repeat("and many other words besides ", 40)
+	if _, err := ix.AddText(ctx, "keel:b/1", "text", long, knowledge.AddOptions{Scope: "workspace:b"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []knowledge.Mode{knowledge.ModeBM25, knowledge.ModeAuto} {
+		hits, err := ix.Search(ctx, knowledge.Query{Text: "walrus", Scopes: []knowledge.Scope{"workspace:b"}, Limit: 1, Mode: mode})
+		if err != nil || len(hits) != 1 || hits[0].Source != "keel:b/1" {
+			t.Errorf("Search(walrus, scope b, %q) = %+v, %v, want keel:b/1", mode, hits, err)
+		}
+		hits, err = ix.Search(ctx, knowledge.Query{Text: "walrus", Scopes: []knowledge.Scope{"workspace:a", "workspace:b"}, Limit: 100, Mode: mode})
+		if err != nil || len(hits) != 61 || hits[60].Source != "keel:b/1" {
+			t.Errorf("Search(walrus, both scopes) = %d hits, %v, want 61, keel:b/1 last", len(hits), err)
+		}
 	}
 }

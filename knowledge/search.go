@@ -2,6 +2,7 @@ package knowledge
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
@@ -122,7 +123,11 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 	var bm []Hit
 	var err error
 	if mode != ModeVector {
-		bm, err = ix.searchBM25(ctx, q.Text, f, limit*4, limit)
+		n := limit * 4 // candidates for the fusion
+		if mode == ModeBM25 {
+			n = limit + 2 // room for duplicates
+		}
+		bm, err = ix.searchBM25(ctx, q.Text, f, n, limit)
 	}
 	if mode == ModeBM25 {
 		if err != nil {
@@ -337,44 +342,46 @@ func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want 
 }
 
 // bm25Page returns the best n matches of the FTS5 expression m that pass
-// f. FTS5 ranks the whole index and SQLite filters; when the filter
-// leaves fewer than n of a full page, the page grows.
+// f. FTS5 ranks a page of the whole index and the filter is evaluated on
+// each of its rows (one query: the page's size tells whether FTS5 had
+// more); when the filter leaves fewer than n of a full page, the page
+// grows.
 func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit, error) {
 	page := n
 	for {
-		q := `SELECT ` + hitColumns + `, -f.rank FROM
+		q := `SELECT c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line,
+				CASE WHEN ` + f.where + ` THEN c.text END, -f.rank, ` + f.where + ` FROM
 			(SELECT rowid AS id, rank FROM kn_fts WHERE kn_fts MATCH ? ORDER BY rank LIMIT ?) f
 			CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id
-			WHERE ` + f.where + ` ORDER BY f.rank LIMIT ?`
-		args := append(append([]any{m, page}, f.args...), n)
+			ORDER BY f.rank`
+		args := append(append(append([]any{}, f.args...), f.args...), m, page)
 		rows, err := ix.r.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("knowledge: search: %w", err)
 		}
 		var hs []Hit
+		seen := 0
 		for rows.Next() {
-			var score float64
-			h, err := scanHit(rows, &score)
-			if err != nil {
+			var h Hit
+			var cid, did int64
+			var scope string
+			var text sql.NullString
+			var ok bool
+			if err := rows.Scan(&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &text, &h.Score, &ok); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("knowledge: search: %w", err)
 			}
-			h.Score = score
-			hs = append(hs, h)
+			seen++
+			if ok && len(hs) < n {
+				h.ChunkID, h.DocID, h.Scope, h.Text = chunkID(cid), docID(did), Scope(scope), text.String
+				hs = append(hs, h)
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("knowledge: search: %w", err)
 		}
-		if len(hs) >= n || page >= 1<<30 {
-			return hs, nil
-		}
-		// Were there more matches than the page held?
-		var more int
-		if err := ix.r.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT rowid FROM kn_fts WHERE kn_fts MATCH ? LIMIT ?)`, m, page+1).Scan(&more); err != nil {
-			return nil, fmt.Errorf("knowledge: search: %w", err)
-		}
-		if more <= page {
+		if len(hs) >= n || seen < page || page >= 1<<30 {
 			return hs, nil
 		}
 		page *= 16
