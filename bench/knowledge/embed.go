@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/keel-runtime/keel/knowledge"
+	"github.com/keel-runtime/keel/models"
+	"github.com/keel-runtime/keel/models/ollama"
+)
+
+type embedFigures struct {
+	files, chunks int
+	total         time.Duration // BM25 ingest + embedding of the subset
+	rate          float64       // chunks embedded per second
+	whole         time.Duration // the whole tree, extrapolated
+	dim           int
+	queryEmbed    []time.Duration
+	scan          []time.Duration // vector mode: query embedding + scan + rows
+}
+
+// embedRun ingests the first files of the tree (up to limit chunks) with
+// embeddings from the real Ollama, fills the whole corpus's index with
+// vectors, and times hybrid queries over it.
+func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Scope, model string, threads, limit, total int, keel *engine) (*embedFigures, error) {
+	p, err := ollama.New(ollama.Config{NumThread: threads})
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	digest, _ := p.Digest(ctx, model)
+	if digest == "" {
+		return nil, fmt.Errorf("ollama has no model %s", model)
+	}
+	f := &embedFigures{}
+
+	// The first files, in the order of the tree, up to limit chunks.
+	db, err := sql.Open("sqlite", "file:"+keelDB)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT source, chunks FROM kn_docs ORDER BY source`)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	var files []string
+	for rows.Next() && f.chunks < limit {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			rows.Close()
+			db.Close()
+			return nil, err
+		}
+		files = append(files, s)
+		f.chunks += n
+	}
+	rows.Close()
+	db.Close()
+	f.files = len(files)
+
+	fmt.Fprintf(os.Stderr, "embedding: %d chunks of %d files with %s\n", f.chunks, f.files, model)
+	embDB := filepath.Join(dir, "embed.db")
+	o := knowledge.Options{Embedder: p, EmbedModel: model, ModelDigest: p.Digest}
+	plain, err := knowledge.Open(ctx, embDB, knowledge.Options{})
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if _, err := plain.Add(ctx, files, knowledge.AddOptions{Scope: scope}); err != nil {
+		return nil, err
+	}
+	bm := time.Since(start)
+	plain.Close()
+	ix, err := knowledge.Open(ctx, embDB, o)
+	if err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	n, err := ix.Reembed(ctx, scope, nil)
+	emb := time.Since(start)
+	ix.Close()
+	if err != nil {
+		return nil, err
+	}
+	f.chunks = n
+	f.total = bm + emb
+	f.rate = float64(n) / emb.Seconds()
+	f.whole = keel.ingest + time.Duration(float64(total)/f.rate*float64(time.Second))
+
+	// Every chunk of the whole corpus gets a vector: the real ones, cycled.
+	if f.dim, err = fillVectors(ctx, embDB, keelDB); err != nil {
+		return nil, err
+	}
+
+	ix, err = knowledge.Open(ctx, keelDB, o)
+	if err != nil {
+		return nil, err
+	}
+	defer ix.Close()
+	scopes := []knowledge.Scope{scope}
+	times, err := interleave(len(keel.bm25), func(q string) error {
+		_, err := ix.Search(ctx, knowledge.Query{Text: q, Scopes: scopes, Mode: knowledge.ModeHybrid, Limit: 8})
+		return err
+	}, func(q string) error {
+		_, err := ix.Search(ctx, knowledge.Query{Text: q, Scopes: scopes, Mode: knowledge.ModeVector, Limit: 8})
+		return err
+	}, func(q string) error {
+		_, err := p.Embed(ctx, models.EmbedRequest{Model: model, Input: []string{q}})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	keel.hybrid, f.scan, f.queryEmbed = times[0], times[1], times[2]
+	return f, nil
+}
+
+// fillVectors gives every chunk of dst a vector from src's, cycled, with
+// src's model and digest; it returns their dimension.
+func fillVectors(ctx context.Context, src, dst string) (int, error) {
+	s, err := sql.Open("sqlite", "file:"+src)
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	rows, err := s.QueryContext(ctx, `SELECT model, digest, vec FROM kn_vectors ORDER BY chunk_id`)
+	if err != nil {
+		return 0, err
+	}
+	var model, digest string
+	var vecs [][]byte
+	for rows.Next() {
+		var v []byte
+		if err := rows.Scan(&model, &digest, &v); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		vecs = append(vecs, v)
+	}
+	rows.Close()
+	if len(vecs) == 0 {
+		return 0, fmt.Errorf("no vectors embedded")
+	}
+	d, err := sql.Open("sqlite", "file:"+dst+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	d.SetMaxOpenConns(1)
+	tx, err := d.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	ids, err := tx.QueryContext(ctx, `SELECT id FROM kn_chunks ORDER BY id`)
+	if err != nil {
+		return 0, err
+	}
+	var all []int64
+	for ids.Next() {
+		var id int64
+		if err := ids.Scan(&id); err != nil {
+			ids.Close()
+			return 0, err
+		}
+		all = append(all, id)
+	}
+	ids.Close()
+	st, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO kn_vectors(chunk_id, model, digest, vec) VALUES (?, ?, ?, ?)`)
+	if err != nil {
+		return 0, err
+	}
+	for i, id := range all {
+		if _, err := st.ExecContext(ctx, id, model, digest, vecs[i%len(vecs)]); err != nil {
+			return 0, err
+		}
+	}
+	return len(vecs[0]) / 4, tx.Commit()
+}
