@@ -13,7 +13,10 @@
 //
 // The seam is the engine's Tracer: Exporter.Tracer wraps the store's,
 // forwards every call unchanged and hands each finished span to a
-// bounded queue that one goroutine drains. A collector that is down or
+// bounded queue that one goroutine drains. Exporter.Journal wraps the
+// engine's journal the same way, handing over each run's record as it
+// is created and as it ends, so that the goroutine knows a run's model,
+// kind, labels and outcome without reading it back from the database. A collector that is down or
 // slow fills the queue; spans that do not fit are dropped and counted
 // (Stats, shown by keel doctor), never waited for: the run does not
 // slow down or fail. keel's spans are already recorded, with their own
@@ -24,8 +27,9 @@
 // hands them to the official OTLP client as a ResourceSpans message's
 // encoded scope spans. A top-level run is one trace; a sub-agent's spans
 // are in its parent's trace, under the step it carries out. A span's
-// attributes (keel.Span.Attrs, JSON) are decoded once, for the export
-// and the metrics.
+// attributes (keel.Span.Attrs, JSON) are read once, for the export and
+// the metrics, by a scanner of keel's own that reads only the fields the
+// export uses (checked against encoding/json by FuzzDecodeAttrs).
 //
 // Why not the SDK's own path: mapping each span to a ReadOnlySpan
 // (tracetest.SpanStub) for the OTLP exporter's transform to copy into
