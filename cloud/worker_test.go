@@ -134,6 +134,7 @@ func (g gated) Chat(ctx context.Context, req models.ChatRequest, onDelta func(mo
 }
 
 type workerOpts struct {
+	cl        *natstest.Cluster // default the package's
 	maxRuns   int
 	holdModel func(models.ChatRequest) bool
 	holdTool  func(keel.ToolInvocation) bool
@@ -152,7 +153,11 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close(context.Background()) })
-	nc, err := cluster.Connect(nats.Name(name))
+	cl := o.cl
+	if cl == nil {
+		cl = cluster
+	}
+	nc, err := cl.Connect(nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +187,8 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 // stores them (an ordered consumer of the namespace's journal: a
 // refused append, which a core subscription would see too, is not in
 // it).
-func watchRuns(t *testing.T, ns string) <-chan keel.RunStatus {
-	nc, err := cluster.Connect()
+func watchRuns(t *testing.T, cl *natstest.Cluster, ns string) <-chan keel.RunStatus {
+	nc, err := cl.Connect(nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,8 +236,8 @@ func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n i
 	}
 }
 
-func client(t *testing.T, ns string) (jetstream.JetStream, *jsstore.Store) {
-	nc, err := cluster.Connect()
+func client(t *testing.T, cl *natstest.Cluster, ns string) (jetstream.JetStream, *jsstore.Store) {
+	nc, err := cl.Connect(nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,8 +322,8 @@ func TestKillWorkerMidRun(t *testing.T) {
 	const ns, runs = "kill", 9
 	tools := toolsDir(t)
 	c := &calls{}
-	js, st := client(t, ns)
-	statuses := watchRuns(t, ns)
+	js, st := client(t, cluster, ns)
+	statuses := watchRuns(t, cluster, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var goals []string
@@ -365,8 +370,8 @@ func TestKillWorkerInTool(t *testing.T) {
 	const ns = "killtool"
 	tools := toolsDir(t)
 	c := &calls{}
-	js, st := client(t, ns)
-	statuses := watchRuns(t, ns)
+	js, st := client(t, cluster, ns)
+	statuses := watchRuns(t, cluster, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	goal := "tool-job"
@@ -418,5 +423,74 @@ func TestKillWorkerInTool(t *testing.T) {
 		if n := c.get(string(r.ID) + "/" + call); n != 1 {
 			t.Errorf("%s ran %d times, want exactly once", call, n)
 		}
+	}
+}
+
+// TestKillWorkerAndNode: as TestKillWorkerMidRun, and then the node
+// leading the journal stream is shut down too, on a cluster of the
+// test's own: the workers' connections move to the other nodes, the
+// streams and buckets (R3) elect new leaders, and every run still
+// succeeds with each call run exactly once.
+func TestKillWorkerAndNode(t *testing.T) {
+	t.Parallel()
+	cl, err := natstest.Start(natstest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const ns, runs = "node", 6
+	tools := toolsDir(t)
+	c := &calls{}
+	js, st := client(t, cl, ns)
+	statuses := watchRuns(t, cl, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var goals []string
+	for i := range runs {
+		goals = append(goals, fmt.Sprintf("job-%d", i))
+		if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goals[i], IdempotencyKey: goals[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reached := make(chan struct{})
+	var once sync.Once
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: func(req models.ChatRequest) bool {
+		for _, m := range req.Messages {
+			if m.Role == models.RoleTool {
+				once.Do(func() { close(reached) })
+				return true
+			}
+		}
+		return false
+	}})
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its run's second step")
+	}
+	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
+	startWorker(t, ns, "w3", tools, c, workerOpts{cl: cl})
+	victim.Kill()
+	s, err := js.Stream(ctx, ns+"_JOURNAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for _, srv := range cl.Servers {
+		if srv.Name() == info.Cluster.Leader {
+			srv.Shutdown()
+			killed = true
+		}
+	}
+	if !killed {
+		t.Fatalf("no node is the journal's leader %q", info.Cluster.Leader)
+	}
+	waitStatus(t, statuses, keel.RunSucceeded, runs)
+	if adopted := checkRuns(t, st, c, goals); len(adopted) != 1 {
+		t.Errorf("%d runs were adopted after the kill (%v), want 1", len(adopted), adopted)
 	}
 }

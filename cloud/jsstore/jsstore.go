@@ -2,6 +2,7 @@ package jsstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -11,9 +12,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -44,6 +47,8 @@ type Store struct {
 	heads   jetstream.KeyValue
 	idem    jetstream.KeyValue
 
+	id   string        // this Store's own ID, in its appends' message IDs
+	seq  atomic.Uint64 // its appends so far
 	mu   sync.Mutex
 	runs map[keel.RunID]*runState
 
@@ -86,6 +91,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	}
 	ns := cfg.Namespace
 	s := &Store{js: js, ns: ns, runs: map[keel.RunID]*runState{}, onLazyError: cfg.OnLazyError, quit: make(chan struct{})}
+	var b [8]byte
+	rand.Read(b[:])
+	s.id = hex.EncodeToString(b[:])
 	var err error
 	if s.journal, err = EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name: ns + "_JOURNAL", Subjects: []string{ns + ".journal.>"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
@@ -292,7 +300,7 @@ func (s *Store) create(ctx context.Context, r keel.Run, evs []keel.Event, upd *k
 	st := s.state(r.ID)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ack, err := s.js.Publish(ctx, s.runSubject(r.ID), data, jetstream.WithExpectLastSequencePerSubject(0))
+	ack, err := s.publish(ctx, s.runSubject(r.ID), data, 0)
 	if err != nil {
 		if undoKey != nil {
 			undoKey()
@@ -417,7 +425,7 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	if err != nil {
 		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, err)
 	}
-	ack, err := s.js.Publish(ctx, s.runSubject(id), data, jetstream.WithExpectLastSequencePerSubject(st.through))
+	ack, err := s.publish(ctx, s.runSubject(id), data, st.through)
 	if err != nil {
 		if errors.Is(mapErr(err), keel.ErrConflict) {
 			st.loaded = false // another Store appended: read it again
@@ -431,6 +439,41 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 		s.putHead(ctx, st)
 	}
 	return out, nil
+}
+
+// publish appends data to a run's subject if its last message is
+// still last (its stream sequence; 0: none). The message carries an ID
+// of its own (this Store's and a counter), and a publish that may have
+// reached the stream without its acknowledgement reaching us (no
+// responder while a stream's leader changes, a timeout) is sent again
+// with the same ID until ctx ends: the stream stores it once and
+// acknowledges the copy as a duplicate, where without the ID the append
+// guard would refuse the copy as a conflict.
+func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint64) (*jetstream.PubAck, error) {
+	id := fmt.Sprintf("%s-%d", s.id, s.seq.Add(1))
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := s.js.Publish(actx, subj, data, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
+		cancel()
+		if err == nil || !retryable(err) || ctx.Err() != nil {
+			return ack, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+	}
+}
+
+// retryable reports whether a publish failed in a way that leaves its
+// outcome unknown, and may go through if sent again: no stream answered
+// (a leader election), or no answer came in time.
+func retryable(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // putHead writes st's run to the heads bucket, unless the bucket has a
