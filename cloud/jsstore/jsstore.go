@@ -448,9 +448,12 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 // responder while a stream's leader changes, a timeout) is sent again
 // with the same ID until ctx ends: the stream stores it once and
 // acknowledges the copy as a duplicate, where without the ID the append
-// guard would refuse the copy as a conflict.
+// guard would refuse the copy as a conflict. It gives up after
+// retryFor (the engine appends with a context that never ends).
 func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint64) (*jetstream.PubAck, error) {
 	id := fmt.Sprintf("%s-%d", s.id, s.seq.Add(1))
+	ctx, cancel := context.WithTimeout(ctx, retryFor)
+	defer cancel()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ack, err := s.js.Publish(actx, subj, data, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
@@ -467,6 +470,10 @@ func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint
 		}
 	}
 }
+
+// retryFor bounds how long an append is sent again: longer than a
+// stream's leader election.
+const retryFor = 30 * time.Second
 
 // retryable reports whether a publish failed in a way that leaves its
 // outcome unknown, and may go through if sent again: no stream answered
