@@ -260,8 +260,8 @@ func (w *Worker) handle(m jetstream.Msg) {
 		return
 	}
 	log := w.log.With("key", item.Request.IdempotencyKey)
-	renewed := make(chan struct{})
-	lost := make(chan struct{})
+	renewed := make(chan struct{}) // closed when the renewal stops
+	stop := make(chan struct{})    // closed by done: stop renewing
 	var current uint64 = rev
 	go func() { // keeps the lease and the item while the run goes on
 		defer close(renewed)
@@ -274,7 +274,6 @@ func (w *Worker) handle(m jetstream.Msg) {
 				if err != nil {
 					if ctx.Err() == nil {
 						log.Warn("lease lost: another worker may adopt the run; the journal fences this one", logkey.Err, err)
-						close(lost)
 					}
 					return
 				}
@@ -282,7 +281,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 				m.InProgress()
 			case <-ctx.Done():
 				return
-			case <-lost:
+			case <-stop:
 				return
 			}
 		}
@@ -296,11 +295,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 		drop
 	)
 	done := func(how ending) {
-		select {
-		case <-lost:
-		default:
-			close(lost) // stops the renewal
-		}
+		close(stop) // done is called once
 		<-renewed
 		if ctx.Err() != nil {
 			return // killed or closing: the lease lapses, the item comes back
