@@ -78,9 +78,15 @@ func (k *knowledgeLayer) close(log *slog.Logger) {
 	}
 }
 
-// digestOf returns the digest of a model of p as its model list reports
-// it ("" when it does not list the model).
+// digestOf returns the digest of a model of p: the provider's own
+// (Ollama's Digest, cached), or as its model list reports it ("" when it
+// does not list the model).
 func digestOf(p models.Provider) func(ctx context.Context, model string) (string, error) {
+	if d, ok := p.(interface {
+		Digest(ctx context.Context, model string) (string, error)
+	}); ok {
+		return d.Digest
+	}
 	return func(ctx context.Context, model string) (string, error) {
 		list, err := p.Models(ctx)
 		if err != nil {
