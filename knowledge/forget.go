@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -44,6 +45,7 @@ func (ix *Index) Forget(ctx context.Context, sel ForgetSelector) (int, error) {
 	if set != 1 {
 		return 0, fmt.Errorf("knowledge: forget: set exactly one of path, id or scope: %w", keel.ErrInvalid)
 	}
+	sel.Path = trimSlash(sel.Path)
 	var q string
 	var args []any
 	switch {
@@ -115,6 +117,15 @@ func (ix *Index) Forget(ctx context.Context, sel ForgetSelector) (int, error) {
 		return len(ids), err
 	}
 	return len(ids), nil
+}
+
+// trimSlash drops a directory path's trailing slashes ("/a/b/" is "/a/b"),
+// so that it names the documents under it.
+func trimSlash(p string) string {
+	for len(p) > 1 && strings.HasSuffix(p, "/") {
+		p = p[:len(p)-1]
+	}
+	return p
 }
 
 // deleteDoc deletes a document with its chunks, vectors and FTS entries.

@@ -641,6 +641,7 @@ func (ix *Index) doc(ctx context.Context, id int64) (Doc, error) {
 // rename). A document already at the new source is replaced. The error
 // wraps keel.ErrNotFound when nothing is at from.
 func (ix *Index) Rename(ctx context.Context, from, to string) error {
+	from, to = trimSlash(from), trimSlash(to)
 	if from == "" || to == "" {
 		return fmt.Errorf("knowledge: rename: empty path: %w", keel.ErrInvalid)
 	}

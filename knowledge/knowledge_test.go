@@ -320,7 +320,7 @@ func TestRenameRemove(t *testing.T) {
 	if _, err := ix.Add(ctx, []string{dir}, knowledge.AddOptions{Scope: knowledge.ScopeUser}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ix.Rename(ctx, filepath.Join(dir, "sub"), filepath.Join(dir, "moved")); err != nil {
+	if err := ix.Rename(ctx, filepath.Join(dir, "sub")+"/", filepath.Join(dir, "moved")+"/"); err != nil {
 		t.Fatalf("Rename(dir) error = %v", err)
 	}
 	if err := ix.Rename(ctx, filepath.Join(dir, "b.txt"), filepath.Join(dir, "c.txt")); err != nil {
@@ -350,6 +350,13 @@ func TestRenameRemove(t *testing.T) {
 	docs, _ := ix.List(ctx, "")
 	if len(docs) != 1 || docs[0].Source != filepath.Join(dir, "moved", "a.txt") {
 		t.Errorf("List() after Remove = %+v, want moved/a.txt alone", docs)
+	}
+	// A directory named with its trailing slash.
+	if err := ix.Remove(ctx, filepath.Join(dir, "moved")+"/"); err != nil {
+		t.Errorf("Remove(dir/) error = %v", err)
+	}
+	if docs, _ := ix.List(ctx, ""); len(docs) != 0 {
+		t.Errorf("List() after Remove(dir/) = %+v, want none", docs)
 	}
 }
 
