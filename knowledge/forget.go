@@ -63,7 +63,7 @@ func (ix *Index) Forget(ctx context.Context, sel ForgetSelector) (int, error) {
 		}
 		q, args = `SELECT id, scope FROM kn_docs WHERE scope = ?`, []any{string(sel.Scope)}
 	}
-	tx, err := ix.w.BeginTx(ctx, nil)
+	tx, err := ix.begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("knowledge: forget: %w", err)
 	}

@@ -417,7 +417,7 @@ func (w *batchWriter) full() bool {
 }
 
 func (w *batchWriter) begin(ctx context.Context) error {
-	tx, err := w.ix.w.BeginTx(ctx, nil)
+	tx, err := w.ix.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("knowledge: add: %w", err)
 	}
@@ -452,6 +452,9 @@ func (w *batchWriter) commit() error {
 		return fmt.Errorf("knowledge: add: %w", err)
 	}
 	w.ix.vecs.invalidate(w.scope)
+	if w.ix.afterCommit != nil {
+		w.ix.afterCommit()
+	}
 	return nil
 }
 
@@ -587,7 +590,7 @@ func (ix *Index) AddText(ctx context.Context, source, typ, text string, o AddOpt
 	sum := sha256.Sum256([]byte(text))
 	hash := hex.EncodeToString(sum[:])
 	chunks := chunkDoc(typ, []byte(text))
-	tx, err := ix.w.BeginTx(ctx, nil)
+	tx, err := ix.begin(ctx)
 	if err != nil {
 		return Doc{}, fmt.Errorf("knowledge: add text: %w", err)
 	}
@@ -645,7 +648,7 @@ func (ix *Index) Rename(ctx context.Context, from, to string) error {
 	if from == "" || to == "" {
 		return fmt.Errorf("knowledge: rename: empty path: %w", keel.ErrInvalid)
 	}
-	tx, err := ix.w.BeginTx(ctx, nil)
+	tx, err := ix.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("knowledge: rename: %w", err)
 	}

@@ -79,6 +79,8 @@ type Index struct {
 	digest   string
 
 	vecs vectorCache
+
+	afterCommit func() // tests: called after each ingest batch commits
 }
 
 // Open opens (creating if needed) the knowledge tables in the SQLite file
@@ -189,7 +191,7 @@ var schema = []string{
 }
 
 func (ix *Index) migrate(ctx context.Context) error {
-	tx, err := ix.w.BeginTx(ctx, nil)
+	tx, err := ix.begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -400,4 +402,13 @@ func (ix *Index) List(ctx context.Context, scope Scope) ([]Doc, error) {
 		return nil, fmt.Errorf("knowledge: list: %w", err)
 	}
 	return out, nil
+}
+
+// begin starts a write transaction. Its statements run under ctx, but the
+// transaction is not bound to it: database/sql rolls a transaction whose
+// context ends back on a goroutine of its own, after the call has
+// returned, so a cancelled call would return with the write lock still
+// held; the caller's deferred Rollback ends it before it returns instead.
+func (ix *Index) begin(ctx context.Context) (*sql.Tx, error) {
+	return ix.w.BeginTx(context.WithoutCancel(ctx), nil)
 }

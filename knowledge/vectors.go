@@ -402,7 +402,7 @@ func (ix *Index) embedPending(ctx context.Context, scope Scope, progress func(do
 // writeVectors stores one batch's vectors; a chunk deleted meanwhile is
 // left out.
 func (ix *Index) writeVectors(ctx context.Context, b []pendingChunk, vs [][]float32, model, digest string) error {
-	tx, err := ix.w.BeginTx(ctx, nil)
+	tx, err := ix.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("knowledge: embed: %w", err)
 	}
