@@ -168,7 +168,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	q := names(cfg.Namespace)
-	w := &Worker{cfg: cfg, log: log.With("worker", cfg.Name), nc: nc, slots: make(chan struct{}, cfg.MaxRuns)}
+	w := &Worker{cfg: cfg, log: log.With(logkey.Worker, cfg.Name), nc: nc, slots: make(chan struct{}, cfg.MaxRuns)}
 	if w.st, err = jsstore.Open(ctx, js, jsstore.Config{Namespace: cfg.Namespace, Replicas: cfg.Replicas}); err != nil {
 		return nil, err
 	}
@@ -259,7 +259,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 		m.Nak()
 		return
 	}
-	log := w.log.With("key", item.Request.IdempotencyKey)
+	log := w.log.With(logkey.RunKey, item.Request.IdempotencyKey)
 	renewed := make(chan struct{}) // closed when the renewal stops
 	stop := make(chan struct{})    // closed by done: stop renewing
 	var current uint64 = rev

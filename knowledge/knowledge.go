@@ -15,6 +15,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" driver, FTS5 built in
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models"
 )
 
@@ -232,7 +233,7 @@ func (ix *Index) refreshDigest(ctx context.Context) string {
 	}
 	d, err := ix.o.ModelDigest(ctx, ix.o.EmbedModel)
 	if err != nil {
-		ix.log.Debug("knowledge: model digest", "model", ix.o.EmbedModel, "err", err)
+		ix.log.Debug("knowledge: model digest", logkey.Model, ix.o.EmbedModel, logkey.Err, err)
 		d = ""
 	}
 	ix.digestMu.Lock()

@@ -20,6 +20,7 @@ import (
 	"github.com/keel-runtime/keel/cloud/jsstore"
 	"github.com/keel-runtime/keel/cloud/natstest"
 	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/nats-io/nats.go"
@@ -127,7 +128,7 @@ With --embedded N, start an N-node JetStream cluster in this process first
 				}
 				w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: c.ns, Replicas: c.replicas, Name: name, MaxRuns: maxRuns, LeaseTTL: lease, Logger: log,
 					NewEngine: func(st engine.Store) (*engine.Engine, error) {
-						return engine.New(engine.Config{Store: st, Model: model, Tools: rt, Logger: log.With("worker", name)})
+						return engine.New(engine.Config{Store: st, Model: model, Tools: rt, Logger: log.With(logkey.Worker, name)})
 					}})
 				if err != nil {
 					nc.Close()

@@ -28,6 +28,8 @@ const (
 	Method    = "method"    // a protocol method
 	Server    = "server"    // an MCP server keel is a client of (its configured name)
 	Call      = "call"      // a tool call's ID (keel.ToolCall.ID)
+	Worker    = "worker"    // a cloud worker's name
+	RunKey    = "run_key"   // a run's idempotency key (keel.StartRequest.IdempotencyKey)
 )
 
 // Outcomes and errors.
