@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -233,8 +231,6 @@ type Engine struct {
 	// tokens models report (see fitContext).
 	calib models.Calibration
 
-	lastSpan atomic.Int64 // the time in the last span ID (see spanID)
-
 	// runLayer is RequireApproval as a run-layer policy file, nil when
 	// empty; emptyPolicy what it adds to when there is no Policy.
 	runLayer    *policy.LayerFile
@@ -302,28 +298,6 @@ func randomID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// spanID returns a new span ID that sorts after every span ID this engine
-// made before: "span_", the time in nanoseconds (made to increase), and
-// four random hex digits in case the clock was set back. The store keeps
-// a run's spans in one B-tree ordered by ID, so a new span is appended
-// at the run's end instead of splitting a page in its middle.
-func (e *Engine) spanID() string {
-	now := e.cfg.Now().UnixNano()
-	for {
-		last := e.lastSpan.Load()
-		if now <= last {
-			now = last + 1
-		}
-		if e.lastSpan.CompareAndSwap(last, now) {
-			break
-		}
-	}
-	var b [10]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now))
-	rand.Read(b[8:])
-	return "span_" + hex.EncodeToString(b[:])
 }
 
 // Recover marks runs left queued or running by a previous daemon (which

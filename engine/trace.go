@@ -79,7 +79,7 @@ func derivedSpanID(key string) string {
 // newSpan returns a span of run id's trace that starts now, with a new
 // ID, under the run's open step span or else its root.
 func (e *Engine) newSpan(id keel.RunID, kind keel.SpanKind, name string, step int) keel.Span {
-	sp := keel.Span{ID: e.spanID(), RunID: id, Kind: kind, Name: name, Step: step, Start: e.cfg.Now(), ParentID: rootSpanID(id)}
+	sp := keel.Span{ID: keel.NewSpanID(e.cfg.Now()), RunID: id, Kind: kind, Name: name, Step: step, Start: e.cfg.Now(), ParentID: rootSpanID(id)}
 	e.mu.Lock()
 	if t := e.traces[id]; t != nil && t.step.ID != "" {
 		sp.ParentID = t.step.ID

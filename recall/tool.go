@@ -3,9 +3,6 @@ package recall
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -72,9 +68,8 @@ type Config struct {
 
 // Tool is the knowledge_search tool. Safe for concurrent use.
 type Tool struct {
-	cfg      Config
-	log      *slog.Logger
-	lastSpan atomic.Int64
+	cfg Config
+	log *slog.Logger
 }
 
 // NewTool returns the tool.
@@ -371,31 +366,11 @@ type RetrievalAttrs struct {
 	CallID     string         `json:"call_id,omitempty"`
 }
 
-// spanID returns a new span ID shaped as the engine's (span_, the time
-// in nanoseconds, made to increase, and random digits), so the store
-// keeps it after its call's span.
-func (t *Tool) spanID() string {
-	now := t.cfg.Now().UnixNano()
-	for {
-		last := t.lastSpan.Load()
-		if now <= last {
-			now = last + 1
-		}
-		if t.lastSpan.CompareAndSwap(last, now) {
-			break
-		}
-	}
-	var b [10]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now))
-	rand.Read(b[8:])
-	return "span_" + hex.EncodeToString(b[:])
-}
-
 func (t *Tool) startSpan(ctx context.Context, inv keel.ToolInvocation, a args, scopes []knowledge.Scope) *keel.Span {
 	if t.cfg.Tracer == nil || inv.Run == "" {
 		return nil
 	}
-	sp := keel.Span{ID: t.spanID(), RunID: inv.Run, ParentID: inv.SpanID, Kind: keel.SpanRetrieval, Name: "knowledge", Step: inv.Step, Start: t.cfg.Now()}
+	sp := keel.Span{ID: keel.NewSpanID(t.cfg.Now()), RunID: inv.Run, ParentID: inv.SpanID, Kind: keel.SpanRetrieval, Name: "knowledge", Step: inv.Step, Start: t.cfg.Now()}
 	if err := t.cfg.Tracer.StartSpan(context.WithoutCancel(ctx), sp); err != nil {
 		t.log.Warn("knowledge: start a retrieval span", logkey.Run, inv.Run, logkey.Err, err)
 	}
