@@ -270,7 +270,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 		for {
 			select {
 			case <-t.C:
-				r, err := w.leases.Update(ctx, key, []byte(w.cfg.Name), current)
+				r, err := w.renew(ctx, key, current)
 				if err != nil {
 					if ctx.Err() == nil {
 						log.Warn("lease lost: another worker may adopt the run; the journal fences this one", logkey.Err, err)
@@ -338,6 +338,22 @@ func (w *Worker) handle(m jetstream.Msg) {
 	default:
 		done(ack)
 	}
+}
+
+// renew renews the lease key held at revision rev and returns its new
+// revision. A renewal refused as a conflict may be nats.go's second copy
+// of one that went through (sent again while a leader changed): the
+// lease is still ours if it names this worker at the next revision.
+func (w *Worker) renew(ctx context.Context, key string, rev uint64) (uint64, error) {
+	r, err := w.leases.Update(ctx, key, []byte(w.cfg.Name), rev)
+	if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+		return r, err
+	}
+	e, gerr := w.leases.Get(ctx, key)
+	if gerr == nil && string(e.Value()) == w.cfg.Name && e.Revision() > rev {
+		return e.Revision(), nil
+	}
+	return 0, err
 }
 
 // startOrAdopt starts the run req asks for, or adopts it if a worker

@@ -221,7 +221,7 @@ func watchRuns(t *testing.T, cl *natstest.Cluster, ns string) <-chan keel.RunSta
 }
 
 // waitStatus waits until n status changes to want arrived on ch.
-func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n int) {
+func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n int, diag ...func()) {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for got := 0; got < n; {
@@ -231,6 +231,9 @@ func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n i
 				got++
 			}
 		case <-timeout:
+			for _, d := range diag {
+				d()
+			}
 			t.Fatalf("%d of %d runs %s within a minute", got, n, want)
 		}
 	}
@@ -489,7 +492,20 @@ func TestKillWorkerAndNode(t *testing.T) {
 	if !killed {
 		t.Fatalf("no node is the journal's leader %q", info.Cluster.Leader)
 	}
-	waitStatus(t, statuses, keel.RunSucceeded, runs)
+	waitStatus(t, statuses, keel.RunSucceeded, runs, func() {
+		// Which runs, where they stand: a run stuck, or the watcher?
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, g := range goals {
+			r, err := st.RunByIdempotencyKey(ctx, g)
+			evs, _ := st.Events(ctx, r.ID, max(0, r.LastSeq-4))
+			var types []keel.EventType
+			for _, ev := range evs {
+				types = append(types, ev.Type)
+			}
+			t.Logf("%s: %s %s last %v (%v)", g, r.ID, r.Status, types, err)
+		}
+	})
 	if adopted := checkRuns(t, st, c, goals); len(adopted) != 1 {
 		t.Errorf("%d runs were adopted after the kill (%v), want 1", len(adopted), adopted)
 	}
