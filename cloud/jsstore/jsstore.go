@@ -194,7 +194,11 @@ func (s *Store) forget(id keel.RunID, st *runState) {
 // message appended since. A run with no journal is keel.ErrNotFound.
 func (s *Store) refresh(ctx context.Context, id keel.RunID, st *runState) error {
 	subj := s.runSubject(id)
-	last, err := s.journal.GetLastMsgForSubject(ctx, subj)
+	var last *jetstream.RawStreamMsg
+	err := retry(ctx, func(ctx context.Context) (err error) {
+		last, err = s.journal.GetLastMsgForSubject(ctx, subj)
+		return err
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("run %s: %w", id, keel.ErrNotFound)
 	}
@@ -211,7 +215,10 @@ func (s *Store) refresh(ctx context.Context, id keel.RunID, st *runState) error 
 	for seq := st.through + 1; ; {
 		m := last
 		if seq != last.Sequence {
-			if m, err = s.journal.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj)); err != nil {
+			if err = retry(ctx, func(ctx context.Context) (err error) {
+				m, err = s.journal.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+				return err
+			}); err != nil {
 				return fmt.Errorf("run %s: journal from %d: %w", id, seq, err)
 			}
 		}
@@ -467,6 +474,29 @@ func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint
 		case <-ctx.Done():
 			t.Stop()
 			return nil, err
+		}
+	}
+}
+
+// retry calls read until it succeeds or fails in a way that is not
+// retryable (a read while a stream's leader changes finds no
+// responder), for retryFor at most.
+func retry(ctx context.Context, read func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, retryFor)
+	defer cancel()
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		err := read(actx)
+		acancel()
+		if err == nil || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
 		}
 	}
 }
