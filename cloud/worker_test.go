@@ -183,6 +183,37 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 	return w
 }
 
+// submitJobs queues n runs, goals (and idempotency keys) job-0 to
+// job-(n-1), and returns their goals.
+func submitJobs(t *testing.T, ctx context.Context, js jetstream.JetStream, ns string, n int) []string {
+	t.Helper()
+	var goals []string
+	for i := range n {
+		goals = append(goals, fmt.Sprintf("job-%d", i))
+		if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goals[i], IdempotencyKey: goals[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return goals
+}
+
+// holdAfterTool is a workerOpts.holdModel that holds a run's model step
+// once a tool's result is in its messages (its second step), and a
+// channel closed when it first does.
+func holdAfterTool() (func(models.ChatRequest) bool, <-chan struct{}) {
+	reached := make(chan struct{})
+	var once sync.Once
+	return func(req models.ChatRequest) bool {
+		for _, m := range req.Messages {
+			if m.Role == models.RoleTool {
+				once.Do(func() { close(reached) })
+				return true
+			}
+		}
+		return false
+	}, reached
+}
+
 // watchRuns reports each run's status changes as the journal stream
 // stores them (an ordered consumer of the namespace's journal: a
 // refused append, which a core subscription would see too, is not in
@@ -329,25 +360,10 @@ func TestKillWorkerMidRun(t *testing.T) {
 	statuses := watchRuns(t, cluster, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var goals []string
-	for i := range runs {
-		goals = append(goals, fmt.Sprintf("job-%d", i))
-		if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goals[i], IdempotencyKey: goals[i]}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	goals := submitJobs(t, ctx, js, ns, runs)
 	// The victim runs one run at a time, and holds its second model step.
-	reached := make(chan struct{})
-	var once sync.Once
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: func(req models.ChatRequest) bool {
-		for _, m := range req.Messages {
-			if m.Role == models.RoleTool {
-				once.Do(func() { close(reached) })
-				return true
-			}
-		}
-		return false
-	}})
+	hold, reached := holdAfterTool()
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: hold})
 	select {
 	case <-reached:
 	case <-ctx.Done():
@@ -453,24 +469,9 @@ func TestKillWorkerAndNode(t *testing.T) {
 	statuses := watchRuns(t, cl, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var goals []string
-	for i := range runs {
-		goals = append(goals, fmt.Sprintf("job-%d", i))
-		if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goals[i], IdempotencyKey: goals[i]}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reached := make(chan struct{})
-	var once sync.Once
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: func(req models.ChatRequest) bool {
-		for _, m := range req.Messages {
-			if m.Role == models.RoleTool {
-				once.Do(func() { close(reached) })
-				return true
-			}
-		}
-		return false
-	}})
+	goals := submitJobs(t, ctx, js, ns, runs)
+	hold, reached := holdAfterTool()
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: hold})
 	select {
 	case <-reached:
 	case <-ctx.Done():
