@@ -331,6 +331,32 @@ func (ix *Index) Scopes(ctx context.Context) ([]ScopeInfo, error) {
 	return out, nil
 }
 
+// Occupied returns the scopes that hold at least one document, by name.
+// It reads only the scope table and the (scope, source) index, never the
+// documents' rows, so it costs the same however much a scope holds: the
+// question a run's start asks (may it be offered knowledge_search?),
+// where Scopes would sum every document's chunks and bytes.
+func (ix *Index) Occupied(ctx context.Context) ([]Scope, error) {
+	rows, err := ix.r.QueryContext(ctx, `SELECT s.name FROM kn_scopes s
+		WHERE EXISTS (SELECT 1 FROM kn_docs d WHERE d.scope = s.name) ORDER BY s.name`)
+	if err != nil {
+		return nil, fmt.Errorf("knowledge: scopes: %w", err)
+	}
+	defer rows.Close()
+	var out []Scope
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("knowledge: scopes: %w", err)
+		}
+		out = append(out, Scope(name))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("knowledge: scopes: %w", err)
+	}
+	return out, nil
+}
+
 func splitLabels(s string) []string {
 	if s == "" {
 		return nil

@@ -417,3 +417,30 @@ func TestSearchFilterPastFirstPage(t *testing.T) {
 		}
 	}
 }
+
+// TestOccupied: Occupied names the scopes holding a document, sorted,
+// not one whose labels were set but that holds nothing, nor one whose
+// last document was forgotten.
+func TestOccupied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ix, _ := open(t, knowledge.Options{})
+	if err := ix.SetScopeLabels(ctx, "workspace:empty", []string{"team"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []knowledge.Scope{"workspace:b", knowledge.ScopeUser, "workspace:a"} {
+		if _, err := ix.AddText(ctx, "keel:run/r1", "text", "a note in "+string(s), knowledge.AddOptions{Scope: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ix.Forget(ctx, knowledge.ForgetSelector{Scope: "workspace:b"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ix.Occupied(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []knowledge.Scope{knowledge.ScopeUser, "workspace:a"}; !slices.Equal(got, want) {
+		t.Errorf("Occupied = %q, want %q", got, want)
+	}
+}

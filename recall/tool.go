@@ -150,18 +150,17 @@ func parseArgs(raw json.RawMessage) (args, *keel.ToolError) {
 // holds and run's own, sorted, with the policy that decided.
 func (t *Tool) Readable(ctx context.Context, run keel.Run) ([]knowledge.Scope, *policy.Policy, error) {
 	p, _ := t.cfg.Policy(run)
-	infos, err := t.cfg.Index.Scopes(ctx)
+	occupied, err := t.cfg.Index.Occupied(ctx)
 	if err != nil {
 		return nil, p, err
 	}
 	var out []knowledge.Scope
-	for _, si := range infos {
-		if si.Docs > 0 && decide(p, run, si.Name).Outcome == policy.Allow {
-			out = append(out, si.Name)
+	for _, s := range occupied {
+		if decide(p, run, s).Outcome == policy.Allow {
+			out = append(out, s)
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out), p, nil
+	return out, p, nil
 }
 
 // Offers reports whether run is offered the tool: whether it may read a
