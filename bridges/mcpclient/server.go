@@ -193,8 +193,12 @@ func (s *server) session(connected func()) error {
 	n := len(s.order)
 	s.mu.Unlock()
 	defer func() {
+		// Not ready from the moment the session is gone: run records
+		// why (StateDown) only after this returns, and Servers must not
+		// show a ready server without its session and process meanwhile.
 		s.mu.Lock()
 		s.cs, s.sessCtx, s.pid = nil, nil, 0
+		s.state, s.err = StateConnecting, ""
 		s.mu.Unlock()
 	}()
 	s.m.log.Info("mcp: server connected", logkey.Server, s.name, logkey.Tools, n)
