@@ -56,6 +56,7 @@ type Worker struct {
 	nc     *nats.Conn
 	st     *jsstore.Store
 	eng    *engine.Engine
+	js     jetstream.JetStream
 	cons   jetstream.Consumer
 	leases jetstream.KeyValue
 
@@ -95,14 +96,21 @@ func Submit(ctx context.Context, js jetstream.JetStream, ns string, req keel.Sta
 	if ns == "" {
 		ns = "keel"
 	}
-	data, err := json.Marshal(Work{Request: req})
-	if err != nil {
-		return fmt.Errorf("submit: %w", err)
-	}
-	if _, err := js.Publish(ctx, names(ns).subject, data, jetstream.WithMsgID(req.IdempotencyKey)); err != nil {
+	if err := enqueue(ctx, js, ns, req, req.IdempotencyKey); err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
 	return nil
+}
+
+// enqueue publishes a work item for req with message ID id (the queue
+// drops a second item with the same ID within two minutes).
+func enqueue(ctx context.Context, js jetstream.JetStream, ns string, req keel.StartRequest, id string) error {
+	data, err := json.Marshal(Work{Request: req})
+	if err != nil {
+		return err
+	}
+	_, err = js.Publish(ctx, names(ns).subject, data, jetstream.WithMsgID(id))
+	return err
 }
 
 // Setup creates the namespace's work queue, its consumer and its lease
@@ -181,9 +189,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if w.eng, err = cfg.NewEngine(w.st); err != nil {
 		return nil, fmt.Errorf("cloud: engine: %w", err)
 	}
+	w.js = js
 	w.ctx, w.cancel = context.WithCancel(context.Background())
-	w.wg.Add(1)
+	w.wg.Add(2)
 	go w.pull()
+	go w.sweep()
 	return w, nil
 }
 
@@ -226,6 +236,70 @@ func (w *Worker) pull() {
 			<-w.slots
 		}
 	}
+}
+
+// sweep gives the queue again, every lease TTL, each run that no worker
+// holds: not ended and not waiting for a person, with no lease, and
+// whose journal did not move since the previous sweep saw it so. Its
+// work item is delivered again after the ack wait when its worker dies;
+// the sweep is what still adopts the run if that delivery never comes
+// (an item acked by mistake, or a redelivery lost while the work
+// consumer's leader changed), so that adoption never rests on one
+// message. Several workers sweeping give the same item: the queue keeps
+// one (its ID names the run and its journal's last seq), and a second
+// item of a run only costs a worker a lease check.
+func (w *Worker) sweep() {
+	defer w.wg.Done()
+	seen := map[keel.RunID]int64{} // unheld at the last sweep, with their last seq
+	t := time.NewTicker(w.cfg.LeaseTTL)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-w.ctx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, sweepFor)
+		seen = w.sweepOnce(ctx, seen)
+		cancel()
+	}
+}
+
+// sweepFor bounds one sweep.
+const sweepFor = 30 * time.Second
+
+// sweepOnce is one sweep: it queues the runs unheld now and at the
+// previous sweep (seen) with the same last seq, and returns the runs
+// unheld now.
+func (w *Worker) sweepOnce(ctx context.Context, seen map[keel.RunID]int64) map[keel.RunID]int64 {
+	runs, err := w.st.RunsWithStatus(ctx, keel.RunQueued, keel.RunRunning, keel.RunInterrupted)
+	if err != nil {
+		if w.ctx.Err() == nil {
+			w.log.Warn("sweep runs", logkey.Err, err)
+		}
+		return seen
+	}
+	unheld := map[keel.RunID]int64{}
+	for _, r := range runs {
+		// A run without a key is not the queue's (a plan's sub-agent
+		// runs under its parent's engine).
+		if r.IdempotencyKey == "" || r.ParentID != "" {
+			continue
+		}
+		if _, err := w.leases.Get(ctx, leaseKey(r.IdempotencyKey)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // held, or unknown
+		}
+		unheld[r.ID] = r.LastSeq
+		if last, ok := seen[r.ID]; !ok || last != r.LastSeq {
+			continue
+		}
+		w.log.Warn("a run no worker holds: queued again", logkey.Run, r.ID, logkey.RunKey, r.IdempotencyKey)
+		id := fmt.Sprintf("sweep-%s-%d", r.ID, r.LastSeq)
+		if err := enqueue(ctx, w.js, w.cfg.Namespace, keel.StartRequest{Goal: r.Goal, IdempotencyKey: r.IdempotencyKey}, id); err != nil {
+			w.log.Warn("sweep: queue a run", logkey.Run, r.ID, logkey.Err, err)
+		}
+	}
+	return unheld
 }
 
 // leaseKey is a run's lease key: the SHA-256 of its idempotency key.
@@ -271,13 +345,23 @@ func (w *Worker) handle(m jetstream.Msg) {
 			select {
 			case <-t.C:
 				r, err := w.renew(ctx, key, current)
-				if err != nil {
-					if ctx.Err() == nil {
-						log.Warn("lease lost: another worker may adopt the run; the journal fences this one", logkey.Err, err)
-					}
+				if errors.Is(err, errLeaseTaken) {
+					log.Warn("lease lost: another worker may adopt the run; the journal fences this one", logkey.Err, err)
 					return
 				}
-				current = r
+				if err != nil {
+					// No leader (an election), or no answer in time: the
+					// lease may lapse meanwhile; the next tick renews it,
+					// or takes it again if no other worker took it.
+					if ctx.Err() == nil {
+						log.Warn("renew a lease", logkey.Err, err)
+					}
+				} else {
+					current = r
+				}
+				// The item stays ours while the lease may be: a consumer
+				// that can be reached keeps it from going to another
+				// worker while the lease bucket elects a leader.
 				m.InProgress()
 			case <-ctx.Done():
 				return
@@ -310,7 +394,9 @@ func (w *Worker) handle(m jetstream.Msg) {
 		}
 		w.leases.Delete(context.WithoutCancel(ctx), key, jetstream.LastRevision(current))
 	}
-	id, err := w.startOrAdopt(ctx, item.Request)
+	actx, cancel := context.WithTimeout(ctx, adoptFor)
+	id, err := w.startOrAdopt(actx, item.Request)
+	cancel()
 	if errors.Is(err, keel.ErrInvalid) {
 		log.Error("a run that cannot start: its work item is dropped", logkey.Err, err)
 		done(drop)
@@ -340,21 +426,46 @@ func (w *Worker) handle(m jetstream.Msg) {
 	}
 }
 
+// errLeaseTaken says another worker holds a lease this one held.
+var errLeaseTaken = errors.New("cloud: the lease was taken by another worker")
+
 // renew renews the lease key held at revision rev and returns its new
-// revision. A renewal refused as a conflict may be nats.go's second copy
-// of one that went through (sent again while a leader changed): the
-// lease is still ours if it names this worker at the next revision.
+// revision, within a third of the TTL. A renewal refused as a conflict
+// may be nats.go's second copy of one that went through (sent again
+// while a leader changed): the lease is still ours if it names this
+// worker at a later revision. A lease that lapsed (the bucket had no
+// leader for longer than the TTL: its replicas expire entries by age,
+// leader or not) is taken again if no other worker took it meanwhile;
+// one that did returns errLeaseTaken. Other errors leave the lease's
+// fate unknown.
 func (w *Worker) renew(ctx context.Context, key string, rev uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.LeaseTTL/3)
+	defer cancel()
 	r, err := w.leases.Update(ctx, key, []byte(w.cfg.Name), rev)
 	if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
 		return r, err
 	}
-	e, gerr := w.leases.Get(ctx, key)
-	if gerr == nil && string(e.Value()) == w.cfg.Name && e.Revision() > rev {
+	e, err := w.leases.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		r, err := w.leases.Create(ctx, key, []byte(w.cfg.Name))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, errLeaseTaken
+		}
+		return r, err
+	case err != nil:
+		return 0, err
+	case string(e.Value()) == w.cfg.Name && e.Revision() > rev:
 		return e.Revision(), nil
+	default:
+		return 0, fmt.Errorf("%w: %s", errLeaseTaken, e.Value())
 	}
-	return 0, err
 }
+
+// adoptFor bounds how long a worker takes to start or adopt a run while
+// it holds the run's lease: one that cannot gives the item back, for
+// another worker (or itself) to try again.
+const adoptFor = time.Minute
 
 // startOrAdopt starts the run req asks for, or adopts it if a worker
 // created it before (and died).

@@ -1,6 +1,7 @@
 package cloud_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -140,6 +142,20 @@ type workerOpts struct {
 	holdTool  func(keel.ToolInvocation) bool
 }
 
+// connect connects to cl (the package's if nil).
+func connect(t *testing.T, cl *natstest.Cluster, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	if cl == nil {
+		cl = cluster
+	}
+	opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := cl.Connect(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
 const leaseTTL = 1500 * time.Millisecond
 
 // startWorker starts a worker of namespace ns with its own connection,
@@ -153,14 +169,7 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close(context.Background()) })
-	cl := o.cl
-	if cl == nil {
-		cl = cluster
-	}
-	nc, err := cl.Connect(nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t, o.cl, nats.Name(name))
 	model := gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
 		return []scripted.Step{scripted.Repeat(scripted.AnswerFunc(script))}
 	}), hold: o.holdModel}
@@ -219,10 +228,7 @@ func holdAfterTool() (func(models.ChatRequest) bool, <-chan struct{}) {
 // refused append, which a core subscription would see too, is not in
 // it).
 func watchRuns(t *testing.T, cl *natstest.Cluster, ns string) <-chan keel.RunStatus {
-	nc, err := cl.Connect(nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t, cl)
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -271,10 +277,7 @@ func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n i
 }
 
 func client(t *testing.T, cl *natstest.Cluster, ns string) (jetstream.JetStream, *jsstore.Store) {
-	nc, err := cl.Connect(nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t, cl)
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -451,11 +454,6 @@ func TestKillWorkerInTool(t *testing.T) {
 // streams and buckets (R3) elect new leaders, and every run still
 // succeeds with each call run exactly once.
 func TestKillWorkerAndNode(t *testing.T) {
-	// A known bug, open (docs/cloud.md): now and then (2 runs in some 35), the
-	// killed worker's run is never taken over after the node's shutdown.
-	if os.Getenv("KEEL_TEST_CLOUD_FAILOVER") != "1" {
-		t.Skip("a known open bug makes this fail now and then, 2 runs in some 35 (docs/cloud.md); set KEEL_TEST_CLOUD_FAILOVER=1 to run it")
-	}
 	t.Parallel()
 	cl, err := natstest.Start(natstest.Options{})
 	if err != nil {
@@ -510,6 +508,43 @@ func TestKillWorkerAndNode(t *testing.T) {
 				types = append(types, ev.Type)
 			}
 			t.Logf("%s: %s %s last %v (%v)", g, r.ID, r.Status, types, err)
+		}
+		if cons, err := js.Consumer(ctx, ns+"_WORK", "workers"); err == nil {
+			ci, err := cons.Info(ctx)
+			if err == nil {
+				t.Logf("work consumer: pending %d ackpending %d redelivered %d waiting %d delivered %+v ackfloor %+v leader %s", ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.Delivered, ci.AckFloor, ci.Cluster.Leader)
+			} else {
+				t.Logf("work consumer info: %v", err)
+			}
+		}
+		if kv, err := js.KeyValue(ctx, ns+"_leases"); err == nil {
+			if ks, err := kv.ListKeys(ctx); err == nil {
+				for k := range ks.Keys() {
+					e, err := kv.Get(ctx, k)
+					if err == nil {
+						t.Logf("lease %s = %s rev %d created %v (now %v)", k[:8], e.Value(), e.Revision(), e.Created(), time.Now())
+					}
+				}
+			}
+			if s, err := js.Stream(ctx, "KV_"+ns+"_leases"); err == nil {
+				if si, err := s.Info(ctx); err == nil {
+					t.Logf("lease stream: %+v leader %s maxage %v", si.State, si.Cluster.Leader, si.Config.MaxAge)
+				}
+			}
+		}
+		// Where the workers' goroutines stand: a start or an adoption
+		// that hangs shows here.
+		var buf bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&buf, 2)
+		for _, g := range strings.Split(buf.String(), "\n\n") {
+			if strings.Contains(g, "cloud.(*Worker).handle") {
+				t.Logf("%s", g)
+			}
+		}
+		if s, err := js.Stream(ctx, ns+"_WORK"); err == nil {
+			if si, err := s.Info(ctx); err == nil {
+				t.Logf("work stream: msgs %d first %d last %d leader %s", si.State.Msgs, si.State.FirstSeq, si.State.LastSeq, si.Cluster.Leader)
+			}
 		}
 	})
 	if adopted := checkRuns(t, st, c, goals); len(adopted) != 1 {

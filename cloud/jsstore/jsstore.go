@@ -68,6 +68,7 @@ type Store struct {
 type runState struct {
 	mu      sync.Mutex
 	loaded  bool
+	lost    bool // an append lost to another writer's: none until the run is read
 	run     keel.Run
 	through uint64
 	evs     []keel.Event
@@ -326,17 +327,36 @@ func (s *Store) create(ctx context.Context, r keel.Run, evs []keel.Event, upd *k
 // pointing at a run whose creation never reached the journal (a crash
 // between the two) is taken over.
 func (s *Store) claimKey(ctx context.Context, r keel.Run) (undo func(), err error) {
+	// Each request is retried as the journal's are (a lost answer while a
+	// leader changes): a second Create or Update of one that went through
+	// finds the key taken, and its run not created yet, so takes it over.
 	k := keyOf(r.IdempotencyKey)
-	rev, err := s.idem.Create(ctx, k, []byte(r.ID))
+	var rev uint64
+	err = retry(ctx, func(ctx context.Context) (err error) {
+		rev, err = s.idem.Create(ctx, k, []byte(r.ID))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		e, gerr := s.idem.Get(ctx, k)
-		if gerr != nil {
+		var e jetstream.KeyValueEntry
+		if gerr := retry(ctx, func(ctx context.Context) (err error) {
+			e, err = s.idem.Get(ctx, k)
+			return err
+		}); gerr != nil {
 			return nil, fmt.Errorf("idempotency key: %w", gerr)
 		}
-		if _, lerr := s.journal.GetLastMsgForSubject(ctx, s.runSubject(keel.RunID(e.Value()))); !errors.Is(lerr, jetstream.ErrMsgNotFound) {
-			return nil, fmt.Errorf("idempotency key %q is run %s's: %w", r.IdempotencyKey, e.Value(), keel.ErrConflict)
+		if string(e.Value()) != string(r.ID) {
+			lerr := retry(ctx, func(ctx context.Context) error {
+				_, err := s.journal.GetLastMsgForSubject(ctx, s.runSubject(keel.RunID(e.Value())))
+				return err
+			})
+			if !errors.Is(lerr, jetstream.ErrMsgNotFound) {
+				return nil, fmt.Errorf("idempotency key %q is run %s's: %w", r.IdempotencyKey, e.Value(), keel.ErrConflict)
+			}
 		}
-		rev, err = s.idem.Update(ctx, k, []byte(r.ID), e.Revision())
+		err = retry(ctx, func(ctx context.Context) (err error) {
+			rev, err = s.idem.Update(ctx, k, []byte(r.ID), e.Revision())
+			return err
+		})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idempotency key: %w", mapErr(err))
@@ -373,6 +393,7 @@ func (s *Store) GetRun(ctx context.Context, id keel.RunID) (keel.Run, error) {
 		}
 		return keel.Run{}, err
 	}
+	st.lost = false
 	return st.run, nil
 }
 
@@ -388,6 +409,7 @@ func (s *Store) Events(ctx context.Context, id keel.RunID, afterSeq int64) ([]ke
 		}
 		return nil, err
 	}
+	st.lost = false
 	i, _ := slices.BinarySearchFunc(st.evs, afterSeq+1, func(ev keel.Event, seq int64) int { return int(ev.Seq - seq) })
 	return slices.Clone(st.evs[i:]), nil
 }
@@ -412,6 +434,9 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	st := s.state(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.lost {
+		return nil, fmt.Errorf("append %s to %s: another writer appended to the run since this store's last append; read the run before appending: %w", evs[0].Type, id, keel.ErrConflict)
+	}
 	if !st.loaded {
 		if err := s.refresh(ctx, id, st); err != nil {
 			if errors.Is(err, keel.ErrNotFound) {
@@ -435,7 +460,13 @@ func (s *Store) AppendAll(ctx context.Context, id keel.RunID, evs []keel.Event, 
 	ack, err := s.publish(ctx, s.runSubject(id), data, st.through)
 	if err != nil {
 		if errors.Is(mapErr(err), keel.ErrConflict) {
-			st.loaded = false // another Store appended: read it again
+			// Another Store appended: this one's appends to the run were
+			// built on what it knew, which is stale. It appends nothing
+			// more (a writer that lost its run to an adopter must not
+			// journal the run's end after it) until the run is read
+			// again, by GetRun or Events: whoever reads it knows what
+			// it appends to.
+			st.loaded, st.lost = false, true
 		}
 		return nil, fmt.Errorf("append %s to %s: %w", evs[0].Type, id, mapErr(err))
 	}
@@ -461,13 +492,24 @@ func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint
 	id := fmt.Sprintf("%s-%d", s.id, s.seq.Add(1))
 	ctx, cancel := context.WithTimeout(ctx, retryFor)
 	defer cancel()
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	for wait, sent := 50*time.Millisecond, false; ; wait = min(2*wait, time.Second) {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ack, err := s.js.Publish(actx, subj, data, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
 		cancel()
-		if err == nil || !retryable(err) || ctx.Err() != nil {
+		if sent && errors.Is(mapErr(err), keel.ErrConflict) {
+			// A copy refused by the guard may be refused because of the
+			// first: while a new leader applies the entries the old one
+			// committed, its duplicate check can miss the ID while the
+			// guard sees the message. Ours if the run's last message
+			// carries our ID.
+			if seq, ok := s.lastIsOurs(ctx, subj, id); ok {
+				return &jetstream.PubAck{Stream: s.ns + "_JOURNAL", Sequence: seq, Duplicate: true}, nil
+			}
+		}
+		if err == nil || !(retryable(err) || inProcess(err)) || ctx.Err() != nil {
 			return ack, err
 		}
+		sent = true
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -476,6 +518,19 @@ func (s *Store) publish(ctx context.Context, subj string, data []byte, last uint
 			return nil, err
 		}
 	}
+}
+
+// lastIsOurs reports whether the last message of subj carries message
+// ID id, and its stream sequence.
+func (s *Store) lastIsOurs(ctx context.Context, subj, id string) (uint64, bool) {
+	var last *jetstream.RawStreamMsg
+	if err := retry(ctx, func(ctx context.Context) (err error) {
+		last, err = s.journal.GetLastMsgForSubject(ctx, subj)
+		return err
+	}); err != nil || last.Header.Get(jetstream.MsgIDHeader) != id {
+		return 0, false
+	}
+	return last.Sequence, true
 }
 
 // retry calls read until it succeeds or fails in a way that is not
@@ -499,6 +554,19 @@ func retry(ctx context.Context, read func(ctx context.Context) error) error {
 			return err
 		}
 	}
+}
+
+// inProcess reports whether a publish was refused because another
+// message to its subject was in process at the stream's leader (proposed
+// and not yet applied): code 10164 without a sequence. That message may
+// be this publish's own first copy, still in flight while a leader
+// changes (the duplicate check only knows applied messages): sent again,
+// the copy is acknowledged as a duplicate once the first is applied, or
+// refused with the sequence that is last (10071, a conflict) if the
+// message in process was another writer's.
+func inProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
 // retryFor bounds how long an append is sent again: longer than a
@@ -544,7 +612,11 @@ func (s *Store) putHead(ctx context.Context, st *runState) {
 
 // repairHead writes st's head when the bucket's is missing or behind.
 func (s *Store) repairHead(ctx context.Context, st *runState) {
-	e, err := s.heads.Get(ctx, token(string(st.run.ID)))
+	var e jetstream.KeyValueEntry
+	err := retry(ctx, func(ctx context.Context) (err error) {
+		e, err = s.heads.Get(ctx, token(string(st.run.ID)))
+		return err
+	})
 	if err == nil {
 		var h head
 		if json.Unmarshal(e.Value(), &h) == nil && h.Run.Status == st.run.Status {
@@ -609,7 +681,11 @@ func (s *Store) RunsWithStatus(ctx context.Context, states ...keel.RunStatus) ([
 // RunByIdempotencyKey returns the run created with key, or
 // keel.ErrNotFound.
 func (s *Store) RunByIdempotencyKey(ctx context.Context, key string) (keel.Run, error) {
-	e, err := s.idem.Get(ctx, keyOf(key))
+	var e jetstream.KeyValueEntry
+	err := retry(ctx, func(ctx context.Context) (err error) {
+		e, err = s.idem.Get(ctx, keyOf(key))
+		return err
+	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", keel.ErrNotFound)
 	}

@@ -79,8 +79,8 @@ func event(typ keel.EventType) []keel.Event {
 // TestStaleWriterConflicts is the fence between two workers of one run:
 // a Store that appended, then lost the run to another Store that read
 // and appended after it, cannot append again (keel.ErrConflict), and
-// nothing of its refused append is stored; after reading the run again
-// it can.
+// nothing of its refused append is stored; it appends nothing more until
+// it reads the run again, and then it can.
 func TestStaleWriterConflicts(t *testing.T) {
 	t.Parallel()
 	ns := fmt.Sprintf("t%d", namespaces.Add(1))
@@ -106,7 +106,14 @@ func TestStaleWriterConflicts(t *testing.T) {
 	if len(evs) != 2 || evs[1].Type != keel.EventRunResumed {
 		t.Fatalf("journal = %+v, want run.started, run.resumed", evs)
 	}
-	// a's refused append made it read the run again.
+	// a appends nothing more to the run until it reads it: a writer that
+	// lost its run must not journal, say, the run's failure after it.
+	if _, err := a.AppendAll(c, r.ID, event(keel.EventRunFailed), &keel.RunUpdate{Status: keel.RunFailed}); !errors.Is(err, keel.ErrConflict) {
+		t.Fatalf("the stale writer's next AppendAll = %v, want keel.ErrConflict", err)
+	}
+	if run, err := a.GetRun(c, r.ID); err != nil || run.LastSeq != 2 {
+		t.Fatalf("a.GetRun = last_seq %d, %v; want 2", run.LastSeq, err)
+	}
 	got, err := a.AppendAll(c, r.ID, event(keel.EventToolCall), nil)
 	if err != nil {
 		t.Fatalf("AppendAll after the conflict: %v", err)

@@ -84,29 +84,53 @@ func (s *Store) publishSpans(mustStore bool) error {
 		}
 		byRun[sp.RunID] = append(byRun[sp.RunID], sp)
 	}
+	type write struct {
+		subj string
+		data []byte
+		w    *spanWrite
+	}
 	var errs []error
-	var mine []*spanWrite
+	var mine []write
 	for _, id := range order {
 		data, err := json.Marshal(byRun[id])
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		f, err := s.js.PublishAsync(s.ns+".spans."+token(string(id)), data)
+		subj := s.ns + ".spans." + token(string(id))
+		f, err := s.js.PublishAsync(subj, data)
 		if err != nil {
+			if mustStore && alone {
+				mine = append(mine, write{subj, data, nil})
+				continue
+			}
 			errs = append(errs, fmt.Errorf("spans of %s: %w", id, err))
 			continue
 		}
 		w := s.track(f)
 		s.pending = append(s.pending, w)
-		mine = append(mine, w)
+		mine = append(mine, write{subj, data, w})
 	}
 	s.spanMu.Unlock()
 	if mustStore && alone {
-		for _, w := range mine {
-			<-w.done
-			if w.err != nil {
-				errs = append(errs, w.err)
+		// Sent again until stored: a span write is idempotent (the last
+		// version of a span wins), so a copy of one that was stored
+		// does no harm.
+		for _, m := range mine {
+			if m.w != nil {
+				if <-m.w.done; m.w.err == nil {
+					continue
+				}
+			}
+			if err := retry(context.Background(), func(ctx context.Context) error {
+				_, err := s.js.Publish(ctx, m.subj, m.data)
+				return err
+			}); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", m.subj, err))
+			} else if m.w != nil {
+				s.spanMu.Lock() // stored after all: not an error for Sync
+				s.pending = slices.DeleteFunc(s.pending, func(w *spanWrite) bool { return w == m.w })
+				s.spanMu.Unlock()
 			}
 		}
 	}
@@ -168,22 +192,41 @@ type spanWrite struct {
 }
 
 // track waits for f in a goroutine of its own, which ends with the
-// acknowledgement, the refusal, or Close.
+// acknowledgement, the refusal, Close, or after spanAckWait: an
+// acknowledgement lost while a stream's leader changed never comes (the
+// client resolves a future only on a reconnect of its own), and Sync,
+// a span read and an append that waits for a span would wait for it for
+// ever. (They did: a worker adopting a dead worker's run read the run's
+// spans, and waited for a span write of another run it published as the
+// journal's leader node shut down; it held the run's lease all the while,
+// so no other worker adopted the run: TestKillWorkerAndNode, now and
+// then.)
 func (s *Store) track(f jetstream.PubAckFuture) *spanWrite {
 	w := &spanWrite{done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
+		t := time.NewTimer(spanAckWait)
+		defer t.Stop()
 		select {
 		case <-f.Ok():
 		case w.err = <-f.Err():
 		case <-s.quit:
 			w.err = errClosed
+		case <-t.C:
+			w.err = errNoAck
 		}
 	}()
 	return w
 }
 
-var errClosed = errors.New("jsstore: closed")
+// spanAckWait bounds the wait for a span write's acknowledgement (as the
+// journal's appends wait for theirs, per attempt).
+const spanAckWait = 5 * time.Second
+
+var (
+	errClosed = errors.New("jsstore: closed")
+	errNoAck  = errors.New("jsstore: a span write was not acknowledged in time: it may be stored or not")
+)
 
 // readSpans returns the last version of every span of the runs on
 // subject filter.
@@ -191,12 +234,15 @@ func (s *Store) readSpans(ctx context.Context, filter string) ([]keel.Span, erro
 	if err := s.Sync(ctx); err != nil {
 		return nil, err
 	}
-	c, err := s.spans.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return nil, err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
+	var c jetstream.Consumer
+	var info *jetstream.ConsumerInfo
+	if err := retry(ctx, func(ctx context.Context) (err error) {
+		if c, err = s.spans.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}); err != nil {
+			return err
+		}
+		info, err = c.Info(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	n := int(info.NumPending)
