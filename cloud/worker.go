@@ -44,6 +44,10 @@ type Config struct {
 	// (the engine's Store; the rest of engine.Config is the caller's:
 	// model, tools, policy). Required.
 	NewEngine func(st engine.Store) (*engine.Engine, error)
+	// Limits are what every run the worker starts keeps, whatever its
+	// request asks (a tenant's, see Tenant); default none. A run it
+	// adopts keeps those it was started with.
+	Limits Limits
 	// Logger; default discards.
 	Logger *slog.Logger
 }
@@ -472,7 +476,7 @@ const adoptFor = time.Minute
 func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest) (keel.RunID, error) {
 	r, err := w.st.RunByIdempotencyKey(ctx, req.IdempotencyKey)
 	if errors.Is(err, keel.ErrNotFound) {
-		r, err = w.eng.Start(ctx, req)
+		r, err = w.eng.Start(ctx, w.cfg.Limits.Apply(req))
 		if err != nil {
 			return "", err
 		}

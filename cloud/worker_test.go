@@ -34,7 +34,7 @@ var cluster *natstest.Cluster
 
 func TestMain(m *testing.M) {
 	var err error
-	if cluster, err = natstest.Start(natstest.Options{}); err != nil {
+	if cluster, err = natstest.Start(natstest.Options{Accounts: tenants}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -137,19 +137,29 @@ func (g gated) Chat(ctx context.Context, req models.ChatRequest, onDelta func(mo
 
 type workerOpts struct {
 	cl        *natstest.Cluster // default the package's
+	as        *natstest.Account // the tenant; default none
 	maxRuns   int
 	holdModel func(models.ChatRequest) bool
 	holdTool  func(keel.ToolInvocation) bool
+	limits    cloud.Limits
+	approve   []keel.SideEffect // engine.Config.RequireApproval
 }
 
-// connect connects to cl (the package's if nil).
-func connect(t *testing.T, cl *natstest.Cluster, opts ...nats.Option) *nats.Conn {
+// connect connects to cl (the package's if nil) as the tenant as (none
+// if nil).
+func connect(t *testing.T, cl *natstest.Cluster, as *natstest.Account, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	if cl == nil {
 		cl = cluster
 	}
 	opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	nc, err := cl.Connect(opts...)
+	var nc *nats.Conn
+	var err error
+	if as != nil {
+		nc, err = cl.ConnectAs(*as, opts...)
+	} else {
+		nc, err = cl.Connect(opts...)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +179,7 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close(context.Background()) })
-	nc := connect(t, o.cl, nats.Name(name))
+	nc := connect(t, o.cl, o.as, nats.Name(name))
 	model := gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
 		return []scripted.Step{scripted.Repeat(scripted.AnswerFunc(script))}
 	}), hold: o.holdModel}
@@ -177,9 +187,9 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(t.Output(), nil))
 	}
-	w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: ns, Name: name, MaxRuns: o.maxRuns, LeaseTTL: leaseTTL, Logger: log,
+	w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: ns, Name: name, MaxRuns: o.maxRuns, LeaseTTL: leaseTTL, Logger: log, Limits: o.limits,
 		NewEngine: func(st engine.Store) (*engine.Engine, error) {
-			return engine.New(engine.Config{Store: st, Model: model, Tools: reg.RunTools(), DefaultMaxSteps: 10, Logger: log.With("worker", name)})
+			return engine.New(engine.Config{Store: st, Model: model, Tools: reg.RunTools(), DefaultMaxSteps: 10, RequireApproval: o.approve, Logger: log.With("worker", name)})
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +238,12 @@ func holdAfterTool() (func(models.ChatRequest) bool, <-chan struct{}) {
 // refused append, which a core subscription would see too, is not in
 // it).
 func watchRuns(t *testing.T, cl *natstest.Cluster, ns string) <-chan keel.RunStatus {
-	nc := connect(t, cl)
+	return watchRunsAs(t, cl, nil, ns)
+}
+
+// watchRunsAs is watchRuns for tenant as.
+func watchRunsAs(t *testing.T, cl *natstest.Cluster, as *natstest.Account, ns string) <-chan keel.RunStatus {
+	nc := connect(t, cl, as)
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -277,7 +292,12 @@ func waitStatus(t *testing.T, ch <-chan keel.RunStatus, want keel.RunStatus, n i
 }
 
 func client(t *testing.T, cl *natstest.Cluster, ns string) (jetstream.JetStream, *jsstore.Store) {
-	nc := connect(t, cl)
+	return clientAs(t, cl, nil, ns)
+}
+
+// clientAs is client for tenant as.
+func clientAs(t *testing.T, cl *natstest.Cluster, as *natstest.Account, ns string) (jetstream.JetStream, *jsstore.Store) {
+	nc := connect(t, cl, as)
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -40,9 +40,13 @@ has its runs adopted by another from the journal. See docs/cloud.md for the
 design, the durability given and what is not built yet.`,
 	}
 	var c conn
-	cmd.PersistentFlags().StringVar(&c.url, "nats", nats.DefaultURL, "NATS server URL(s), comma-separated")
-	cmd.PersistentFlags().StringVar(&c.ns, "namespace", "keel", "namespace of the fleet's streams and buckets")
-	cmd.PersistentFlags().IntVar(&c.replicas, "replicas", 3, "replicas of the streams and buckets created (1 or 3)")
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&c.url, "nats", nats.DefaultURL, "NATS server URL(s), comma-separated (tls://host:port for TLS)")
+	pf.StringVar(&c.ns, "namespace", "keel", "namespace of the fleet's streams and buckets")
+	pf.IntVar(&c.replicas, "replicas", 3, "replicas of the streams and buckets created (1 or 3)")
+	pf.StringVar(&c.tenant, "tenant", "", "tenant (NATS account user) to connect as; none: no authentication")
+	pf.StringVar(&c.token, "token", "", "the tenant's token (default: $KEEL_CLOUD_TOKEN)")
+	pf.StringVar(&c.tlsCA, "tls-ca", "", "PEM file of the CA that signed the servers' TLS certificates (default: the system's)")
 	cmd.AddCommand(serveCmd(&c), submitCmd(&c), statusCmd(&c))
 	return cmd
 }
@@ -52,10 +56,34 @@ type conn struct {
 	url      string
 	ns       string
 	replicas int
+	tenant   string
+	token    string
+	tlsCA    string
 }
 
+// connect connects as --tenant (or none).
 func (c *conn) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(c.url, nats.Name(name))
+	token := c.token
+	if token == "" {
+		token = os.Getenv("KEEL_CLOUD_TOKEN")
+	}
+	if c.tenant != "" && token == "" {
+		return nil, nil, errors.New("--tenant needs --token or KEEL_CLOUD_TOKEN")
+	}
+	return c.connectAs(name, c.tenant, token)
+}
+
+// connectAs connects as user tenant with password token (none if
+// tenant is empty).
+func (c *conn) connectAs(name, tenant, token string) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.Name(name)}
+	if tenant != "" {
+		opts = append(opts, nats.UserInfo(tenant, token))
+	}
+	if c.tlsCA != "" {
+		opts = append(opts, nats.RootCAs(c.tlsCA))
+	}
+	nc, err := nats.Connect(c.url, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", c.url, err)
 	}
@@ -69,9 +97,9 @@ func (c *conn) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 
 func serveCmd(c *conn) *cobra.Command {
 	var (
-		workers, maxRuns, embedded int
-		tools, dataDir, ollamaHost string
-		lease                      time.Duration
+		workers, maxRuns, embedded          int
+		tools, dataDir, ollamaHost, tenants string
+		lease                               time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -79,16 +107,35 @@ func serveCmd(c *conn) *cobra.Command {
 		Long: `Run N workers of the engine, each with its own connection, until interrupted.
 
 With --embedded N, start an N-node JetStream cluster in this process first
-(its stores under --data-dir), on loopback: a trial on one machine.`,
+(its stores under --data-dir), on loopback: a trial on one machine.
+
+With --tenants FILE, serve each tenant of the file (a JSON array of
+{"name", "token", "limits": {"budget_tokens", "budget_usd", "tools"},
+"require_approval"}) with workers of its own, connected as the tenant's
+NATS user: each tenant is a NATS account of its own (the embedded cluster
+is configured so; an external one must be, see docs/cloud.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			ts := []cloud.Tenant{{}} // none: one fleet, no authentication
+			if tenants != "" {
+				var err error
+				if ts, err = cloud.ReadTenants(tenants); err != nil {
+					return err
+				}
+			}
 			if embedded > 0 {
 				if dataDir == "" {
 					return errors.New("--embedded needs --data-dir for the cluster's stores")
 				}
-				cl, err := natstest.Start(natstest.Options{Nodes: embedded, Dir: filepath.Join(dataDir, "nats")})
+				var accounts []natstest.Account
+				for _, t := range ts {
+					if t.Name != "" {
+						accounts = append(accounts, natstest.Account{Name: t.Name, Token: t.Token})
+					}
+				}
+				cl, err := natstest.Start(natstest.Options{Nodes: embedded, Dir: filepath.Join(dataDir, "nats"), Accounts: accounts})
 				if err != nil {
 					return err
 				}
@@ -120,23 +167,33 @@ With --embedded N, start an N-node JetStream cluster in this process first
 					w.Close(cctx)
 				}
 			}()
-			for i := range workers {
-				name := fmt.Sprintf("%s-%d", hostname(), i+1)
-				nc, _, err := c.connect(name)
-				if err != nil {
-					return err
+			for _, t := range ts {
+				for i := range workers {
+					name := fmt.Sprintf("%s-%d", hostname(), i+1)
+					if t.Name != "" {
+						name = t.Name + "-" + name
+					}
+					nc, _, err := c.connectAs(name, t.Name, t.Token)
+					if err != nil {
+						return err
+					}
+					w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: c.ns, Replicas: c.replicas, Name: name, MaxRuns: maxRuns, LeaseTTL: lease,
+						Limits: t.Limits, Logger: log,
+						NewEngine: func(st engine.Store) (*engine.Engine, error) {
+							return engine.New(engine.Config{Store: st, Model: model, Tools: rt, RequireApproval: t.RequireApproval, Logger: log.With(logkey.Worker, name)})
+						}})
+					if err != nil {
+						nc.Close()
+						return err
+					}
+					ws = append(ws, w)
 				}
-				w, err := cloud.Start(ctx, nc, cloud.Config{Namespace: c.ns, Replicas: c.replicas, Name: name, MaxRuns: maxRuns, LeaseTTL: lease, Logger: log,
-					NewEngine: func(st engine.Store) (*engine.Engine, error) {
-						return engine.New(engine.Config{Store: st, Model: model, Tools: rt, Logger: log.With(logkey.Worker, name)})
-					}})
-				if err != nil {
-					nc.Close()
-					return err
-				}
-				ws = append(ws, w)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d workers serving namespace %s\n", workers, c.ns)
+			if tenants != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d workers for each of %d tenants serving namespace %s\n", workers, len(ts), c.ns)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d workers serving namespace %s\n", workers, c.ns)
+			}
 			<-ctx.Done()
 			return nil
 		},
@@ -149,6 +206,7 @@ With --embedded N, start an N-node JetStream cluster in this process first
 	f.StringVar(&tools, "tools", "", "directory of WebAssembly tools (NAME.wasm with NAME.manifest.json); none if empty")
 	f.StringVar(&ollamaHost, "ollama", "", "Ollama's address (default: OLLAMA_HOST, else 127.0.0.1:11434)")
 	f.DurationVar(&lease, "lease", 30*time.Second, "lease time to live: a dead worker's runs are adopted after about this long")
+	f.StringVar(&tenants, "tenants", "", "JSON file of the tenants to serve, each a NATS account (see docs/cloud.md); none: one fleet, no authentication")
 	return cmd
 }
 
@@ -213,25 +271,32 @@ type Status struct {
 // streams with replicas if there are none yet).
 func ReadStatus(ctx context.Context, js jetstream.JetStream, ns string, replicas int) (Status, error) {
 	st := Status{Runs: map[keel.RunStatus]int{}}
+	// No queue yet (nothing submitted, no worker started): nothing queued.
 	cons, err := js.Consumer(ctx, ns+"_WORK", "workers")
-	if err != nil {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
 		return st, fmt.Errorf("work queue: %w", err)
+	default:
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return st, fmt.Errorf("work queue: %w", err)
+		}
+		st.Queued, st.InFlight = info.NumPending, info.NumAckPending
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return st, fmt.Errorf("work queue: %w", err)
-	}
-	st.Queued, st.InFlight = info.NumPending, info.NumAckPending
 	kv, err := js.KeyValue(ctx, ns+"_leases")
-	if err != nil {
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case err != nil:
 		return st, fmt.Errorf("leases: %w", err)
-	}
-	keys, err := kv.ListKeys(ctx)
-	if err != nil {
-		return st, fmt.Errorf("leases: %w", err)
-	}
-	for range keys.Keys() {
-		st.Leases++
+	default:
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			return st, fmt.Errorf("leases: %w", err)
+		}
+		for range keys.Keys() {
+			st.Leases++
+		}
 	}
 	store, err := jsstore.Open(ctx, js, jsstore.Config{Namespace: ns, Replicas: replicas})
 	if err != nil {

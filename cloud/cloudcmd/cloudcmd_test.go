@@ -46,3 +46,45 @@ func TestSubmitStatus(t *testing.T) {
 		t.Errorf("status =\n%s\nwant 2 queued (k1 once), 0 leases", got)
 	}
 }
+
+// TestTenantTokens: with tenants (NATS accounts), `keel cloud submit`
+// and `status` speak for the tenant whose token they present: a run one
+// tenant submits is in its queue and not in the other's, and a wrong
+// token is refused by the server.
+func TestTenantTokens(t *testing.T) {
+	t.Parallel()
+	acme := natstest.Account{Name: "acme", Token: "acme-0123456789abcdef"}
+	globex := natstest.Account{Name: "globex", Token: "globex-0123456789abcdef"}
+	cl, err := natstest.Start(natstest.Options{Nodes: 1, Accounts: []natstest.Account{acme, globex}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	keel := func(as natstest.Account, args ...string) (string, error) {
+		t.Helper()
+		cmd := cloudcmd.Command()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append([]string{"--nats", cl.URL(), "--replicas", "1", "--tenant", as.Name, "--token", as.Token}, args...))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err := cmd.ExecuteContext(ctx)
+		return out.String(), err
+	}
+	if out, err := keel(acme, "submit", "--key", "k1", "acme's goal"); err != nil {
+		t.Fatalf("submit as acme: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		as   natstest.Account
+		want string
+	}{{acme, "queued     1\n"}, {globex, "queued     0\n"}} {
+		got, err := keel(c.as, "status")
+		if err != nil || !strings.Contains(got, c.want) {
+			t.Errorf("status as %s = %v\n%s\nwant %q", c.as.Name, err, got, c.want)
+		}
+	}
+	if _, err := keel(natstest.Account{Name: acme.Name, Token: globex.Token}, "submit", "--key", "k2", "g"); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+		t.Errorf("submit as acme with globex's token: %v, want an authorization violation", err)
+	}
+}

@@ -33,7 +33,27 @@ type Options struct {
 	// Dir holds the nodes' stores; default a new temporary directory,
 	// removed by Close.
 	Dir string
+	// Accounts are NATS accounts of their own, each with JetStream and
+	// one user: what a keel tenant is (docs/cloud.md). An account's
+	// streams, buckets and subjects are a namespace of its own at the
+	// server: a client of one can neither see nor name another's. With
+	// accounts, a client that presents no user and password is the user
+	// of account DefaultAccount, so that tests which know nothing of
+	// tenants go on as before. Default none: one account, no
+	// authentication.
+	Accounts []Account
 }
+
+// Account is a NATS account with JetStream and one user, Name, whose
+// password is Token.
+type Account struct {
+	Name  string
+	Token string
+}
+
+// DefaultAccount is the account of clients that present no user when
+// Options.Accounts is set.
+const DefaultAccount = "keel"
 
 // Cluster is a running set of embedded JetStream servers.
 type Cluster struct {
@@ -67,6 +87,10 @@ func Start(o Options) (*Cluster, error) {
 	for _, p := range ports {
 		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)})
 	}
+	accounts, err := accountsConf(o.Accounts)
+	if err != nil {
+		return nil, err
+	}
 	for i := range o.Nodes {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
@@ -80,6 +104,15 @@ func Start(o Options) (*Cluster, error) {
 			// Small enough for many test clusters at once.
 			JetStreamMaxMemory: 64 << 20,
 			JetStreamMaxStore:  1 << 30,
+		}
+		if accounts != "" {
+			// Each node its own accounts (a server's accounts are its own).
+			var ao server.Options
+			if err := ao.ProcessConfigString(accounts); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("natstest: accounts: %w", err)
+			}
+			opts.Accounts, opts.Users, opts.NoAuthUser = ao.Accounts, ao.Users, ao.NoAuthUser
 		}
 		if o.Nodes > 1 {
 			opts.Cluster = server.ClusterOpts{Name: "keel", Host: "127.0.0.1", Port: ports[i]}
@@ -107,6 +140,33 @@ func Start(o Options) (*Cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// accountsConf is the server configuration of accounts: each its own
+// account with JetStream and one user, and DefaultAccount for clients
+// that present no user.
+func accountsConf(accounts []Account) (string, error) {
+	if len(accounts) == 0 {
+		return "", nil
+	}
+	var b strings.Builder
+	b.WriteString("accounts {\n")
+	fmt.Fprintf(&b, "  %s: { jetstream: enabled, users: [{user: %q, password: %q}] }\n", DefaultAccount, DefaultAccount, DefaultAccount)
+	for _, a := range accounts {
+		if a.Name == "" || a.Name == DefaultAccount || a.Token == "" || !plain(a.Name) || !plain(a.Token) {
+			return "", fmt.Errorf("natstest: account %q: a name other than %q and a token, both letters, digits, '-', '_' or '.'", a.Name, DefaultAccount)
+		}
+		fmt.Fprintf(&b, "  %s: { jetstream: enabled, users: [{user: %q, password: %q}] }\n", a.Name, a.Name, a.Token)
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, "no_auth_user: %q\n", DefaultAccount)
+	return b.String(), nil
+}
+
+// plain reports whether s is letters, digits, '-', '_' and '.': safe in
+// the configuration unescaped.
+func plain(s string) bool {
+	return strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") == ""
 }
 
 // freePorts returns n loopback ports free a moment ago.
@@ -178,6 +238,11 @@ func (c *Cluster) URL() string {
 // Connect connects to the cluster (any node) with opts.
 func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	return nats.Connect(c.URL(), opts...)
+}
+
+// ConnectAs connects as the user of account a (Options.Accounts).
+func (c *Cluster) ConnectAs(a Account, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(c.URL(), append([]nats.Option{nats.UserInfo(a.Name, a.Token)}, opts...)...)
 }
 
 // Close stops every node and removes the stores' directory if Start made
