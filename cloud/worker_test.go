@@ -571,3 +571,40 @@ func TestKillWorkerAndNode(t *testing.T) {
 		t.Errorf("%d runs were adopted after the kill (%v), want 1", len(adopted), adopted)
 	}
 }
+
+// TestSweepAdoptsLostRun: a worker dies mid-run and its work item is
+// lost with it (the queue purged: the redelivery every adoption waited
+// for never comes). The sweep of a live worker finds the run held by no
+// lease and not moving, queues it again, and the run is adopted and
+// succeeds, its calls run once.
+func TestSweepAdoptsLostRun(t *testing.T) {
+	t.Parallel()
+	const ns = "sweep"
+	tools := toolsDir(t)
+	c := &calls{}
+	js, st := client(t, cluster, ns)
+	statuses := watchRuns(t, cluster, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	goals := submitJobs(t, ctx, js, ns, 1)
+	hold, reached := holdAfterTool()
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: hold})
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its run's second step")
+	}
+	victim.Kill()
+	s, err := js.Stream(ctx, ns+"_WORK")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, ns, "w2", tools, c, workerOpts{})
+	waitStatus(t, statuses, keel.RunSucceeded, 1)
+	if adopted := checkRuns(t, st, c, goals); len(adopted) != 1 {
+		t.Errorf("%d runs were adopted (%v), want 1", len(adopted), adopted)
+	}
+}
