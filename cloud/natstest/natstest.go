@@ -128,7 +128,7 @@ func Start(o Options) (*Cluster, error) {
 		}
 		c.Servers = append(c.Servers, s)
 		s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
+		if !s.ReadyForConnections(30 * time.Second) {
 			c.Close()
 			return nil, fmt.Errorf("natstest: node %d did not start", i+1)
 		}
