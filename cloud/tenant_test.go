@@ -3,10 +3,8 @@ package cloud_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,9 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// tenantRuns numbers TestTenantsIsolated's runs.
-var tenantRuns atomic.Int64
 
 // tenants are the package cluster's accounts (TestMain).
 var tenants = []natstest.Account{
@@ -69,7 +64,7 @@ func watchAll(t *testing.T, as *natstest.Account) *everything {
 func TestTenantsIsolated(t *testing.T) {
 	t.Parallel()
 	// One namespace for both (a new one each time, for -count).
-	ns, key := fmt.Sprintf("tenants%d", tenantRuns.Add(1)), "job"
+	ns, key := namespace("tenants"), "job"
 	acme, globex := &tenants[0], &tenants[1]
 	tools := toolsDir(t)
 	c := &calls{}

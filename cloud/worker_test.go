@@ -12,6 +12,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,15 @@ import (
 
 // cluster is the package's 3-node cluster; each test has a namespace.
 var cluster *natstest.Cluster
+
+// namespaces numbers the tests' namespaces, so that a test run again
+// (-count) on the shared cluster starts afresh.
+var namespaces atomic.Int64
+
+// namespace returns a namespace of its own, named after base.
+func namespace(base string) string {
+	return fmt.Sprintf("%s%d", base, namespaces.Add(1))
+}
 
 func TestMain(m *testing.M) {
 	var err error
@@ -376,7 +386,7 @@ func checkRuns(t *testing.T, st *jsstore.Store, c *calls, goals []string) (adopt
 // once, and no journal holds an event twice.
 func TestKillWorkerMidRun(t *testing.T) {
 	t.Parallel()
-	const ns, runs = "kill", 9
+	ns, runs := namespace("kill"), 9
 	tools := toolsDir(t)
 	c := &calls{}
 	js, st := client(t, cluster, ns)
@@ -409,7 +419,7 @@ func TestKillWorkerMidRun(t *testing.T) {
 // says it was done, and then it finishes. The call ran exactly once.
 func TestKillWorkerInTool(t *testing.T) {
 	t.Parallel()
-	const ns = "killtool"
+	ns := namespace("killtool")
 	tools := toolsDir(t)
 	c := &calls{}
 	js, st := client(t, cluster, ns)
@@ -579,7 +589,7 @@ func TestKillWorkerAndNode(t *testing.T) {
 // succeeds, its calls run once.
 func TestSweepAdoptsLostRun(t *testing.T) {
 	t.Parallel()
-	const ns = "sweep"
+	ns := namespace("sweep")
 	tools := toolsDir(t)
 	c := &calls{}
 	js, st := client(t, cluster, ns)
