@@ -100,7 +100,11 @@ indexed before and unchanged is not read again.`,
 					return err
 				}
 				out := cmd.OutOrStdout()
-				fmt.Fprintf(out, "%s: %d added, %d updated, %d unchanged (%d chunks)\n", res.Scope, res.Added, res.Updated, res.Unchanged, res.Chunks)
+				fmt.Fprintf(out, "%s: %d added, %d updated, %d unchanged", res.Scope, res.Added, res.Updated, res.Unchanged)
+				if res.Forgotten > 0 {
+					fmt.Fprintf(out, ", %d gone and forgotten", res.Forgotten)
+				}
+				fmt.Fprintf(out, " (%d chunks)\n", res.Chunks)
 				for _, s := range res.Skipped {
 					fmt.Fprintf(out, "skipped %s: %s\n", s.Path, s.Reason)
 				}

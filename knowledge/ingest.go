@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,7 +47,11 @@ type Progress struct {
 // AddReport says what an Add did.
 type AddReport struct {
 	Added, Updated, Unchanged int
-	Chunks                    int // chunks written
+	// Forgotten counts the documents under a directory added that are
+	// no longer found in it (deleted or moved away since the last Add):
+	// they are forgotten as Forget does.
+	Forgotten int
+	Chunks    int // chunks written
 	Embedded                  int // vectors written
 	Skipped                   []Skip
 }
@@ -93,9 +98,12 @@ type prepared struct {
 // Add. A file whose content hash is unchanged is not re-chunked. Files
 // are written in short transactions: an Add cancelled (ctx) or killed
 // part-way leaves every file either fully indexed or as it was; the
-// error is then ctx's, with the report so far. When an Embedder is
-// set, the scope's chunks without a vector of the current model are
-// embedded after the files are written (see Reembed).
+// error is then ctx's, with the report so far. A directory added is
+// reconciled: the scope's documents under it that its walk no longer
+// finds are forgotten (AddReport.Forgotten; the error wraps
+// ErrCheckpointBusy when only the log's truncation failed). When an
+// Embedder is set, the scope's chunks without a vector of the current
+// model are embedded after the files are written (see Reembed).
 func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddReport, error) {
 	var rep AddReport
 	if _, err := ParseScope(string(o.Scope)); err != nil {
@@ -106,11 +114,15 @@ func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddRepo
 		return rep, fmt.Errorf("knowledge: add: %w", err)
 	}
 	var jobs []fileJob
+	var dirs []string
 	for _, p := range paths {
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			rep.Skipped = append(rep.Skipped, skipOf(p, err))
 			continue
+		}
+		if info, err := os.Stat(abs); err == nil && info.IsDir() {
+			dirs = append(dirs, abs)
 		}
 		jobs = walk(abs, jobs, &rep.Skipped)
 	}
@@ -197,6 +209,20 @@ func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddRepo
 	if err := w.commit(); err != nil {
 		return rep, err
 	}
+	if len(dirs) > 0 {
+		found := make(map[string]bool, len(jobs)+len(rep.Skipped))
+		for _, j := range jobs {
+			found[j.path] = true
+		}
+		for _, sk := range rep.Skipped {
+			found[sk.Path] = true
+		}
+		n, err := ix.reconcile(ctx, o.Scope, dirs, found)
+		rep.Forgotten = n
+		if err != nil {
+			return rep, err
+		}
+	}
 	if ix.o.Embedder != nil {
 		n, err := ix.embedPending(ctx, o.Scope, func(done int) {
 			prog.p.Embedded = done
@@ -210,6 +236,59 @@ func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddRepo
 	}
 	prog.tick(true)
 	return rep, nil
+}
+
+// reconcile forgets the documents of scope under dirs whose source the
+// walk did not find and that no longer exist, and returns how many.
+func (ix *Index) reconcile(ctx context.Context, scope Scope, dirs []string, found map[string]bool) (int, error) {
+	tx, err := ix.begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("knowledge: add: %w", err)
+	}
+	defer tx.Rollback()
+	var gone []int64
+	for _, d := range dirs {
+		prefix := strings.TrimSuffix(d, "/") + "/"
+		rows, err := tx.QueryContext(ctx, `SELECT id, source FROM kn_docs WHERE scope = ? AND substr(source, 1, ?) = ?`,
+			string(scope), len([]rune(prefix)), prefix)
+		if err != nil {
+			return 0, fmt.Errorf("knowledge: add: %w", err)
+		}
+		for rows.Next() {
+			var id int64
+			var src string
+			if err := rows.Scan(&id, &src); err != nil {
+				rows.Close()
+				return 0, fmt.Errorf("knowledge: add: %w", err)
+			}
+			if found[src] {
+				continue
+			}
+			if _, err := os.Lstat(src); errors.Is(err, fs.ErrNotExist) {
+				gone = append(gone, id) // not left out by the walk (hidden, say) but gone
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("knowledge: add: %w", err)
+		}
+	}
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	slices.Sort(gone)
+	gone = slices.Compact(gone) // dirs may nest
+	stmt := txStmt(tx)
+	for _, id := range gone {
+		if err := deleteDoc(ctx, stmt, id); err != nil {
+			return 0, fmt.Errorf("knowledge: add: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("knowledge: add: %w", err)
+	}
+	ix.vecs.invalidate(scope)
+	return len(gone), ix.truncateWAL(ctx)
 }
 
 // progress rate-limits Progress calls.

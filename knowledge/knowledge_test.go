@@ -308,6 +308,51 @@ func TestAddAgain(t *testing.T) {
 	}
 }
 
+// TestAddDirReconciles: adding a directory again forgets the files gone
+// from it (and their text), keeps those still there, whether the walk
+// took them (a hidden file added by name) or not, and leaves other
+// scopes and other directories alone.
+func TestAddDirReconciles(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, _ := open(t, knowledge.Options{})
+	dir, other := t.TempDir(), t.TempDir()
+	for _, f := range []string{"a.md", "sub/b.md", ".hidden.md"} {
+		writeFile(t, filepath.Join(dir, f), "# "+f+"\n\nwords of "+strings.TrimSuffix(filepath.Base(f), ".md")+"\n")
+	}
+	writeFile(t, filepath.Join(other, "c.md"), "# c\n\nwords of c\n")
+	add := func(paths []string, s knowledge.Scope) knowledge.AddReport {
+		t.Helper()
+		rep, err := ix.Add(ctx, paths, knowledge.AddOptions{Scope: s})
+		if err != nil {
+			t.Fatalf("Add(%v) = %v", paths, err)
+		}
+		return rep
+	}
+	add([]string{dir, filepath.Join(dir, ".hidden.md"), other}, knowledge.ScopeUser)
+	add([]string{dir}, "workspace:w")
+	if err := os.Remove(filepath.Join(dir, "sub", "b.md")); err != nil {
+		t.Fatal(err)
+	}
+	if rep := add([]string{dir}, knowledge.ScopeUser); rep.Forgotten != 1 || rep.Unchanged != 1 {
+		t.Errorf("Add(dir) after a delete = %+v, want 1 forgotten, 1 unchanged", rep)
+	}
+	var got []string
+	docs, _ := ix.List(ctx, knowledge.ScopeUser)
+	for _, d := range docs {
+		got = append(got, filepath.Base(d.Source))
+	}
+	if want := []string{".hidden.md", "a.md", "c.md"}; !slices.Equal(got, want) {
+		t.Errorf("List(user) = %v, want %v", got, want)
+	}
+	if hits, _ := ix.Search(ctx, knowledge.Query{Text: "b", Scopes: []knowledge.Scope{knowledge.ScopeUser}}); len(hits) != 0 {
+		t.Errorf("Search(b) = %+v, want nothing: b.md is gone", hits)
+	}
+	if docs, _ := ix.List(ctx, "workspace:w"); len(docs) != 2 {
+		t.Errorf("List(workspace:w) = %d docs, want 2: another scope is reconciled by its own Add", len(docs))
+	}
+}
+
 // TestRenameRemove: watch's rename moves a document (and a directory's
 // documents), searchable under the new path; remove forgets.
 func TestRenameRemove(t *testing.T) {

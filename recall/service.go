@@ -62,7 +62,7 @@ func (s *Service) AddKnowledge(ctx context.Context, p protocol.KnowledgeAddParam
 }
 
 func addResult(sc knowledge.Scope, rep knowledge.AddReport) protocol.KnowledgeAddResult {
-	res := protocol.KnowledgeAddResult{Scope: string(sc), Added: rep.Added, Updated: rep.Updated, Unchanged: rep.Unchanged, Chunks: rep.Chunks, Skipped: []protocol.KnowledgeSkip{}}
+	res := protocol.KnowledgeAddResult{Scope: string(sc), Added: rep.Added, Updated: rep.Updated, Unchanged: rep.Unchanged, Forgotten: rep.Forgotten, Chunks: rep.Chunks, Skipped: []protocol.KnowledgeSkip{}}
 	for _, sk := range rep.Skipped {
 		res.Skipped = append(res.Skipped, protocol.KnowledgeSkip{Path: sk.Path, Reason: sk.Reason})
 	}

@@ -55,10 +55,13 @@ type KnowledgeSkip struct {
 
 // KnowledgeAddResult is what an add did.
 type KnowledgeAddResult struct {
-	Scope     string          `json:"scope"`
-	Added     int             `json:"added"`
-	Updated   int             `json:"updated"`
-	Unchanged int             `json:"unchanged"`
+	Scope     string `json:"scope"`
+	Added     int    `json:"added"`
+	Updated   int    `json:"updated"`
+	Unchanged int    `json:"unchanged"`
+	// Forgotten counts the documents under a directory added whose files
+	// are gone since (omitted when 0).
+	Forgotten int             `json:"forgotten,omitempty"`
 	Chunks    int             `json:"chunks"`
 	Skipped   []KnowledgeSkip `json:"skipped"`
 }
