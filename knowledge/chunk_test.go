@@ -190,7 +190,7 @@ func TestMatchExpr(t *testing.T) {
 
 func TestFuse(t *testing.T) {
 	t.Parallel()
-	h := func(id, text string) Hit { return Hit{ChunkID: id, Text: text} }
+	h := func(id, text string) Hit { return Hit{ChunkID: id, hash: text} }
 	bm := []Hit{h("a", "A"), h("b", "B"), h("c", "C")}
 	vec := []Hit{h("c", "C"), h("d", "D"), h("e", "A")} // e has a's text
 	got := fuse(bm, vec)

@@ -130,7 +130,7 @@ func trimSlash(p string) string {
 
 // deleteDoc deletes a document with its chunks, vectors and FTS entries.
 func deleteDoc(ctx context.Context, stmt stmtFunc, id int64) error {
-	if err := deleteChunks(ctx, stmt, id); err != nil {
+	if err := deleteChunks(ctx, stmt, id, nil); err != nil {
 		return err
 	}
 	s, err := stmt(ctx, `DELETE FROM kn_docs WHERE id = ?`)

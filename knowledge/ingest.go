@@ -52,8 +52,8 @@ type AddReport struct {
 	// they are forgotten as Forget does.
 	Forgotten int
 	Chunks    int // chunks written
-	Embedded                  int // vectors written
-	Skipped                   []Skip
+	Embedded  int // vectors written
+	Skipped   []Skip
 }
 
 // Skip is a file Add left out, and why.
@@ -489,6 +489,7 @@ type batchWriter struct {
 	stmts   map[string]*sql.Stmt
 	chunks  int
 	started time.Time
+	gone    []int64 // chunks with a vector deleted in this transaction
 }
 
 func (w *batchWriter) full() bool {
@@ -530,7 +531,10 @@ func (w *batchWriter) commit() error {
 	if err != nil {
 		return fmt.Errorf("knowledge: add: %w", err)
 	}
-	w.ix.vecs.invalidate(w.scope)
+	if len(w.gone) > 0 {
+		w.ix.vecs.update(w.scope, w.ix.o.EmbedModel, w.ix.currentDigest(), w.gone, nil, nil)
+		w.gone = w.gone[:0]
+	}
 	if w.ix.afterCommit != nil {
 		w.ix.afterCommit()
 	}
@@ -542,6 +546,7 @@ func (w *batchWriter) rollback() {
 		w.tx.Rollback()
 		w.tx = nil
 	}
+	w.gone = w.gone[:0]
 }
 
 // write replaces the document of p.job.path (if any) with p's chunks;
@@ -552,7 +557,7 @@ func (w *batchWriter) write(ctx context.Context, p prepared) (updated bool, err 
 			return false, err
 		}
 	}
-	_, updated, err = writeDoc(ctx, w.stmt, w.scope, p.job.path, p.typ, p.hash, w.addedBy, p.job.info.ModTime(), p.size, p.chunks)
+	_, updated, err = writeDoc(ctx, w.stmt, w.scope, p.job.path, p.typ, p.hash, w.addedBy, p.job.info.ModTime(), p.size, p.chunks, &w.gone)
 	if err != nil {
 		return false, fmt.Errorf("knowledge: add %s: %w", p.job.path, err)
 	}
@@ -563,8 +568,9 @@ func (w *batchWriter) write(ctx context.Context, p prepared) (updated bool, err 
 type stmtFunc func(ctx context.Context, q string) (*sql.Stmt, error)
 
 // writeDoc upserts a document and replaces its chunks, inside the
-// caller's transaction.
-func writeDoc(ctx context.Context, stmt stmtFunc, scope Scope, source, typ, hash, addedBy string, mtime time.Time, size int64, chunks []chunk) (id int64, updated bool, err error) {
+// caller's transaction; the ids of the chunks replaced that had a vector
+// are appended to gone.
+func writeDoc(ctx context.Context, stmt stmtFunc, scope Scope, source, typ, hash, addedBy string, mtime time.Time, size int64, chunks []chunk, gone *[]int64) (id int64, updated bool, err error) {
 	find, err := stmt(ctx, `SELECT id FROM kn_docs WHERE scope = ? AND source = ?`)
 	if err != nil {
 		return 0, false, err
@@ -572,7 +578,7 @@ func writeDoc(ctx context.Context, stmt stmtFunc, scope Scope, source, typ, hash
 	switch err := find.QueryRowContext(ctx, string(scope), source).Scan(&id); {
 	case err == nil:
 		updated = true
-		if err := deleteChunks(ctx, stmt, id); err != nil {
+		if err := deleteChunks(ctx, stmt, id, gone); err != nil {
 			return 0, false, err
 		}
 		up, err := stmt(ctx, `UPDATE kn_docs SET type = ?, hash = ?, added_by = ?, mtime = ?, added_at = ?, bytes = ?, chunks = ? WHERE id = ?`)
@@ -607,21 +613,36 @@ func writeDoc(ctx context.Context, stmt stmtFunc, scope Scope, source, typ, hash
 }
 
 // deleteChunks deletes a document's chunks, their vectors and (through
-// the trigger) their FTS entries.
-func deleteChunks(ctx context.Context, stmt stmtFunc, docID int64) error {
-	for _, q := range []string{
-		`DELETE FROM kn_vectors WHERE chunk_id IN (SELECT id FROM kn_chunks WHERE doc_id = ?)`,
-		`DELETE FROM kn_chunks WHERE doc_id = ?`,
-	} {
-		s, err := stmt(ctx, q)
-		if err != nil {
+// the trigger) their FTS entries; the ids of the chunks that had a
+// vector are appended to gone (if not nil).
+func deleteChunks(ctx context.Context, stmt stmtFunc, docID int64, gone *[]int64) error {
+	s, err := stmt(ctx, `DELETE FROM kn_vectors WHERE chunk_id IN (SELECT id FROM kn_chunks WHERE doc_id = ?) RETURNING chunk_id`)
+	if err != nil {
+		return err
+	}
+	rows, err := s.QueryContext(ctx, docID)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
 			return err
 		}
-		if _, err := s.ExecContext(ctx, docID); err != nil {
-			return err
+		if gone != nil {
+			*gone = append(*gone, id)
 		}
 	}
-	return nil
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if s, err = stmt(ctx, `DELETE FROM kn_chunks WHERE doc_id = ?`); err != nil {
+		return err
+	}
+	_, err = s.ExecContext(ctx, docID)
+	return err
 }
 
 // txStmt prepares statements of tx on demand.
@@ -679,19 +700,22 @@ func (ix *Index) AddText(ctx context.Context, source, typ, text string, o AddOpt
 	}
 	var id int64
 	var old string
+	var gone []int64
 	err = tx.QueryRowContext(ctx, `SELECT id, hash FROM kn_docs WHERE scope = ? AND source = ?`, string(o.Scope), source).Scan(&id, &old)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return Doc{}, fmt.Errorf("knowledge: add text: %w", err)
 	}
 	if old != hash {
-		if id, _, err = writeDoc(ctx, txStmt(tx), o.Scope, source, typ, hash, o.AddedBy, time.Now(), int64(len(text)), chunks); err != nil {
+		if id, _, err = writeDoc(ctx, txStmt(tx), o.Scope, source, typ, hash, o.AddedBy, time.Now(), int64(len(text)), chunks, &gone); err != nil {
 			return Doc{}, fmt.Errorf("knowledge: add text %s: %w", source, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return Doc{}, fmt.Errorf("knowledge: add text: %w", err)
 	}
-	ix.vecs.invalidate(o.Scope)
+	if len(gone) > 0 {
+		ix.vecs.update(o.Scope, ix.o.EmbedModel, ix.currentDigest(), gone, nil, nil)
+	}
 	if ix.o.Embedder != nil {
 		if _, err := ix.embedPending(ctx, o.Scope, nil); err != nil {
 			return Doc{}, err

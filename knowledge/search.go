@@ -2,9 +2,12 @@ package knowledge
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -67,6 +70,8 @@ type Hit struct {
 	// BM25Rank and VectorRank are the hit's 1-based ranks in each
 	// ranking; 0 when absent from it.
 	BM25Rank, VectorRank int
+
+	hash string // of Text: hits are compared by it before their text is read
 }
 
 // Search finds the chunks that best match q within q.Scopes and the
@@ -180,37 +185,74 @@ func fuse(bm, vec []Hit) []Hit {
 	return dedupe(out)
 }
 
-// dedupe drops hits whose text an earlier hit has.
+// dedupe drops hits whose text (by its hash) an earlier hit has.
 func dedupe(hs []Hit) []Hit {
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(hs))
 	out := hs[:0]
 	for _, h := range hs {
-		if seen[h.Text] {
+		if seen[h.hash] {
 			continue
 		}
-		seen[h.Text] = true
+		seen[h.hash] = true
 		out = append(out, h)
 	}
 	return out
 }
 
-// finish cuts hs to limit and adds the scopes' labels.
+// finish cuts hs to limit and reads the hits' text and their scopes'
+// labels, in one query: the rankings before carry neither, so that only
+// the text returned is read.
 func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error) {
 	if len(hs) > limit {
 		hs = hs[:limit]
 	}
-	labels := map[Scope][]string{}
-	for i := range hs {
-		s := hs[i].Scope
-		ls, ok := labels[s]
-		if !ok {
-			var raw string
-			if err := ix.r.QueryRowContext(ctx, `SELECT labels FROM kn_scopes WHERE name = ?`, string(s)).Scan(&raw); err == nil {
-				ls = splitLabels(raw)
-			}
-			labels[s] = ls
+	if len(hs) == 0 {
+		return hs, nil
+	}
+	ids := make([]byte, 0, 8*len(hs))
+	ids = append(ids, '[')
+	at := make(map[int64]int, len(hs))
+	for i, h := range hs {
+		id := chunkRowID(h.ChunkID)
+		at[id] = i
+		if i > 0 {
+			ids = append(ids, ',')
 		}
-		hs[i].Labels = slices.Clone(ls)
+		ids = strconv.AppendInt(ids, id, 10)
+	}
+	ids = append(ids, ']')
+	rows, err := ix.r.QueryContext(ctx, `SELECT c.id, c.text, s.labels FROM json_each(?) j
+		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
+		LEFT JOIN kn_scopes s ON s.name = d.scope`, string(ids))
+	if err != nil {
+		return nil, fmt.Errorf("knowledge: search: %w", err)
+	}
+	defer rows.Close()
+	found := 0
+	for rows.Next() {
+		var id int64
+		var text string
+		var labels sql.NullString
+		if err := rows.Scan(&id, &text, &labels); err != nil {
+			return nil, fmt.Errorf("knowledge: search: %w", err)
+		}
+		if i, ok := at[id]; ok {
+			hs[i].Text, hs[i].Labels = text, splitLabels(labels.String)
+			found++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("knowledge: search: %w", err)
+	}
+	if found < len(hs) {
+		// A chunk deleted between the ranking and now: leave it out.
+		out := hs[:0]
+		for _, h := range hs {
+			if h.Text != "" || h.hash == emptyHash {
+				out = append(out, h)
+			}
+		}
+		hs = out
 	}
 	return hs, nil
 }
@@ -219,6 +261,9 @@ func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error)
 type filter struct {
 	where string
 	args  []any
+	// scopesOnly: where names the scopes and nothing else, so every
+	// vector of a scope searched passes.
+	scopesOnly bool
 }
 
 func newFilter(q Query) filter {
@@ -246,11 +291,12 @@ func newFilter(q Query) filter {
 		w = append(w, "d.mtime < ?")
 		args = append(args, q.Until.UnixNano())
 	}
-	return filter{where: strings.Join(w, " AND "), args: args}
+	return filter{where: strings.Join(w, " AND "), args: args, scopesOnly: len(w) == 1}
 }
 
-// hitColumns are the columns scanHit reads, from kn_chunks c and kn_docs d.
-const hitColumns = `c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line, c.text`
+// hitColumns are the columns scanHit reads, from kn_chunks c and kn_docs
+// d: all of a Hit but its text and labels (finish reads those).
+const hitColumns = `c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line, c.hash`
 
 type scanner interface{ Scan(...any) error }
 
@@ -258,10 +304,22 @@ func scanHit(r scanner, extra ...any) (Hit, error) {
 	var h Hit
 	var cid, did int64
 	var scope string
-	err := r.Scan(append([]any{&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &h.Text}, extra...)...)
+	err := r.Scan(append([]any{&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &h.hash}, extra...)...)
 	h.ChunkID, h.DocID, h.Scope = chunkID(cid), docID(did), Scope(scope)
 	return h, err
 }
+
+// chunkRowID is the row id of a chunk ID made by chunkID.
+func chunkRowID(id string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimPrefix(id, "c"), 10, 64)
+	return n
+}
+
+// emptyHash is a chunk hash of the empty text (see writeDoc).
+var emptyHash = func() string {
+	sum := sha256.Sum256(nil)
+	return hex.EncodeToString(sum[:16])
+}()
 
 // matchExpr turns free text into an FTS5 query: its words (letters,
 // digits, '_'), each quoted, any of them; English stop words are left out
@@ -349,12 +407,11 @@ func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want 
 func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit, error) {
 	page := n
 	for {
-		q := `SELECT c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line,
-				CASE WHEN ` + f.where + ` THEN c.text END, -f.rank, ` + f.where + ` FROM
+		q := `SELECT ` + hitColumns + `, -f.rank, ` + f.where + ` FROM
 			(SELECT rowid AS id, rank FROM kn_fts WHERE kn_fts MATCH ? ORDER BY rank LIMIT ?) f
 			CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id
 			ORDER BY f.rank`
-		args := append(append(append([]any{}, f.args...), f.args...), m, page)
+		args := append(append([]any{}, f.args...), m, page)
 		rows, err := ix.r.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("knowledge: search: %w", err)
@@ -362,18 +419,16 @@ func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit
 		var hs []Hit
 		seen := 0
 		for rows.Next() {
-			var h Hit
-			var cid, did int64
-			var scope string
-			var text sql.NullString
 			var ok bool
-			if err := rows.Scan(&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &text, &h.Score, &ok); err != nil {
+			var score float64
+			h, err := scanHit(rows, &score, &ok)
+			if err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("knowledge: search: %w", err)
 			}
+			h.Score = score
 			seen++
 			if ok && len(hs) < n {
-				h.ChunkID, h.DocID, h.Scope, h.Text = chunkID(cid), docID(did), Scope(scope), text.String
 				hs = append(hs, h)
 			}
 		}

@@ -1,12 +1,14 @@
 package knowledge
 
 import (
-	"container/heap"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -19,16 +21,24 @@ import (
 // query is a dot product with each. See doc.go for the figures that chose
 // it.
 
-// vecSet is the vectors of one scope for one model.
+// vecSet is the vectors of one scope for one model. A search holds mu
+// for reading; an update applied in place (vectorCache.update) for
+// writing.
 type vecSet struct {
 	model, digest string
 	dim           int
-	ids           []int64
-	vecs          []float32 // len(ids)*dim, each normalized
+
+	mu   sync.RWMutex
+	ids  []int64
+	vecs []float32       // len(ids)*dim, each normalized
+	q    *quant          // the codes of a large set (quantMin), else nil
+	pos  map[int64]int32 // index of each id; built by the first update
 }
 
-// vectorCache holds a vecSet per scope, loaded on the first vector search
-// and dropped by any write to the scope.
+// vectorCache holds a vecSet per scope, loaded on the first vector search.
+// Writes that add vectors or delete chunks with vectors update a loaded
+// set in place (update); a scope's documents forgotten, or vectors
+// written across scopes, drop it (invalidate), to be loaded again.
 type vectorCache struct {
 	mu   sync.Mutex
 	sets map[Scope]*vecSet
@@ -57,6 +67,89 @@ func (c *vectorCache) invalidateAll() {
 	}
 	c.all++
 	c.sets = nil
+}
+
+// update applies a committed write to the cached set of s, if loaded and
+// of model and digest: the vectors of the chunks gone are removed, those
+// of ids added (or replaced). Any load of s in flight is discarded (its
+// rows may predate the write). Applying a write the set already holds
+// (loaded after the commit) changes nothing.
+func (c *vectorCache) update(s Scope, model, digest string, gone, ids []int64, vecs [][]float32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == nil {
+		c.gen = map[Scope]uint64{}
+	}
+	c.gen[s]++
+	v := c.sets[s]
+	if v == nil {
+		return
+	}
+	if v.model != model || v.digest != digest {
+		if len(ids) > 0 { // vectors of another model: the set is stale
+			delete(c.sets, s)
+		}
+		if len(gone) == 0 {
+			return
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.pos == nil {
+		v.pos = make(map[int64]int32, len(v.ids))
+		for i, id := range v.ids {
+			v.pos[id] = int32(i)
+		}
+	}
+	for _, id := range gone {
+		i, ok := v.pos[id]
+		if !ok {
+			continue
+		}
+		// Move the last vector into i.
+		last := int32(len(v.ids) - 1)
+		if i != last {
+			v.ids[i] = v.ids[last]
+			copy(v.vecs[int(i)*v.dim:int(i+1)*v.dim], v.vecs[int(last)*v.dim:])
+			v.pos[v.ids[i]] = i
+			if v.q != nil {
+				w := v.q.words
+				copy(v.q.codes[int(i)*w:int(i+1)*w], v.q.codes[int(last)*w:])
+				v.q.scale[i] = v.q.scale[last]
+			}
+		}
+		v.ids, v.vecs = v.ids[:last], v.vecs[:int(last)*v.dim]
+		if v.q != nil {
+			v.q.codes, v.q.scale = v.q.codes[:int(last)*v.q.words], v.q.scale[:last]
+		}
+		delete(v.pos, id)
+	}
+	if v.model != model || v.digest != digest {
+		return
+	}
+	for k, id := range ids {
+		if len(vecs[k]) != v.dim {
+			delete(c.sets, s) // another dimension: load again
+			return
+		}
+		b := encodeVec(vecs[k])
+		if i, ok := v.pos[id]; ok {
+			normalizeInto(v.vecs[:int(i)*v.dim], b)
+			if v.q != nil {
+				v.q.set(int(i), v.vecs[int(i)*v.dim:int(i+1)*v.dim])
+			}
+			continue
+		}
+		v.pos[id] = int32(len(v.ids))
+		v.ids = append(v.ids, id)
+		v.vecs = normalizeInto(v.vecs, b)
+		if v.q != nil {
+			v.q.add(v.vecs[len(v.vecs)-v.dim:])
+		}
+	}
+	if v.q == nil && len(v.ids) >= quantMin {
+		v.q = buildQuant(v.vecs, v.dim)
+	}
 }
 
 // get returns the cached set of s for model/digest, or the generation to
@@ -142,6 +235,9 @@ func (ix *Index) vectors(ctx context.Context, s Scope) (*vecSet, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("knowledge: vectors: %w", err)
 	}
+	if len(v.ids) >= quantMin {
+		v.q = buildQuant(v.vecs, v.dim)
+	}
 	ix.vecs.put(s, gen, v)
 	return v, nil
 }
@@ -152,24 +248,28 @@ type scored struct {
 	sim float32
 }
 
-// topK is a min-heap of the best k scored.
+// topK is a min-heap of the best k scored, the worst at [0].
 type topK []scored
 
-func (h topK) Len() int           { return len(h) }
-func (h topK) Less(i, j int) bool { return h[i].sim < h[j].sim }
-func (h topK) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *topK) Push(x any)        { *h = append(*h, x.(scored)) }
-func (h *topK) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+// best returns h's entries, the most similar first; h is emptied.
+func (h *topK) best() []scored {
+	out := slices.Clone(*h)
+	slices.SortFunc(out, func(a, b scored) int { return cmp.Compare(b.sim, a.sim) })
+	*h = (*h)[:0]
+	return out
 }
 
 // nearest adds the k vectors of v most similar to q (normalized) to h.
-// A large set is scanned in parts on several goroutines.
+// A large set is searched by its codes first (quant.go); a smaller one
+// is scanned exactly, in parts on several goroutines.
 func (v *vecSet) nearest(q []float32, k int, h *topK) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	if len(q) != v.dim || len(v.ids) == 0 {
+		return
+	}
+	if v.q != nil {
+		v.nearestQuant(q, k, h)
 		return
 	}
 	parts := min(runtime.GOMAXPROCS(0), 4, len(v.vecs)/parallelScan+1)
@@ -203,11 +303,38 @@ func (v *vecSet) scan(q []float32, k int, h *topK, from, to int) {
 
 // push keeps s in h if it is among the best k.
 func push(h *topK, s scored, k int) {
-	if h.Len() < k {
-		heap.Push(h, s)
-	} else if s.sim > (*h)[0].sim {
-		(*h)[0] = s
-		heap.Fix(h, 0)
+	a := *h
+	if len(a) < k {
+		a = append(a, s)
+		for j := len(a) - 1; j > 0; {
+			p := (j - 1) / 2
+			if a[p].sim <= a[j].sim {
+				break
+			}
+			a[p], a[j] = a[j], a[p]
+			j = p
+		}
+		*h = a
+		return
+	}
+	if s.sim <= a[0].sim {
+		return
+	}
+	a[0] = s
+	for j := 0; ; {
+		l := 2*j + 1
+		if l >= len(a) {
+			break
+		}
+		m := l
+		if r := l + 1; r < len(a) && a[r].sim < a[l].sim {
+			m = r
+		}
+		if a[j].sim <= a[m].sim {
+			break
+		}
+		a[j], a[m] = a[m], a[j]
+		j = m
 	}
 }
 
@@ -247,8 +374,9 @@ func embedInput(heading, text string, max int) string {
 }
 
 // searchVector returns the n chunks of scopes nearest to text's vector
-// that pass f. The filter is applied to the 4n nearest, so a very
-// selective filter may leave fewer than n.
+// that pass f. The filter, when it has conditions besides the scopes, is
+// applied to the 4n nearest, so a very selective filter may leave fewer
+// than n.
 func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, f filter, n int) ([]Hit, error) {
 	if strings.TrimSpace(text) == "" {
 		return nil, nil
@@ -262,7 +390,10 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 	}
 	q := normalizeInto(nil, encodeVec(resp.Vectors[0]))
 	h := &topK{}
-	k := n * 4
+	k := n
+	if !f.scopesOnly {
+		k = n * 4
+	}
 	for _, s := range scopes {
 		v, err := ix.vectors(ctx, s)
 		if err != nil {
@@ -270,29 +401,27 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 		}
 		v.nearest(q, k, h)
 	}
-	best := make([]scored, h.Len())
-	for i := len(best) - 1; i >= 0; i-- {
-		best[i] = heap.Pop(h).(scored)
-	}
+	best := h.best()
 	if len(best) == 0 {
 		return nil, nil
 	}
-	ph := make([]string, len(best))
-	args := make([]any, 0, len(best)+len(f.args))
-	sims := make(map[int64]float32, len(best))
+	ids := make([]byte, 0, 8*len(best))
+	ids = append(ids, '[')
 	for i, b := range best {
-		ph[i] = "?"
-		args = append(args, b.id)
-		sims[b.id] = b.sim
+		if i > 0 {
+			ids = append(ids, ',')
+		}
+		ids = strconv.AppendInt(ids, b.id, 10)
 	}
-	args = append(args, f.args...)
-	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM kn_chunks c CROSS JOIN kn_docs d ON d.id = c.doc_id
-		WHERE c.id IN (`+strings.Join(ph, ",")+`) AND `+f.where, args...)
+	ids = append(ids, ']')
+	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM json_each(?) j
+		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
+		WHERE `+f.where, append([]any{string(ids)}, f.args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("knowledge: search: %w", err)
 	}
 	defer rows.Close()
-	byID := map[string]Hit{}
+	byID := make(map[string]Hit, len(best))
 	for rows.Next() {
 		h, err := scanHit(rows)
 		if err != nil {
@@ -384,17 +513,20 @@ func (ix *Index) embedPending(ctx context.Context, scope Scope, progress func(do
 		if err := ix.writeVectors(ctx, b, resp.Vectors, model, digest); err != nil {
 			return done, err
 		}
+		if scope != "" {
+			ids := make([]int64, len(b))
+			for i, p := range b {
+				ids[i] = p.id
+			}
+			ix.vecs.update(scope, model, digest, nil, ids, resp.Vectors)
+		}
 		done += len(b)
 		if progress != nil {
 			progress(done)
 		}
 	}
-	if done > 0 {
-		if scope != "" {
-			ix.vecs.invalidate(scope)
-		} else {
-			ix.vecs.invalidateAll()
-		}
+	if done > 0 && scope == "" {
+		ix.vecs.invalidateAll()
 	}
 	return done, nil
 }

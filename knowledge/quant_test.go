@@ -1,0 +1,88 @@
+package knowledge
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// synthVecs returns n normalized vectors of dim and queries: isotropic
+// noise, or clustered around 300 centres with an offset shared by all
+// (as real embeddings are: anisotropic, in clusters).
+func synthVecs(kind string, n, dim, queries int) (*vecSet, [][]float32) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var centres [][]float32
+	offset := make([]float32, dim)
+	if kind == "clustered" {
+		for d := range offset {
+			offset[d] = float32(r.NormFloat64()) * 1.5
+		}
+		for range 300 {
+			c := make([]float32, dim)
+			for d := range c {
+				c[d] = float32(r.NormFloat64())
+			}
+			centres = append(centres, c)
+		}
+	}
+	draw := func(noise float32) []float32 {
+		x := make([]float32, dim)
+		var c []float32
+		if centres != nil {
+			c = centres[r.IntN(len(centres))]
+		}
+		var s float64
+		for d := range x {
+			x[d] = float32(r.NormFloat64())
+			if c != nil {
+				x[d] = offset[d] + c[d] + noise*x[d]
+			}
+			s += float64(x[d]) * float64(x[d])
+		}
+		for d := range x {
+			x[d] /= float32(math.Sqrt(s))
+		}
+		return x
+	}
+	v := &vecSet{dim: dim}
+	for i := range n {
+		v.ids = append(v.ids, int64(i))
+		v.vecs = append(v.vecs, draw(0.6)...)
+	}
+	var qs [][]float32
+	for range queries {
+		qs = append(qs, draw(1))
+	}
+	return v, qs
+}
+
+// TestQuantizedRecall: the two-pass search (codes, then the candidates
+// exactly) finds the exact scan's best k.
+func TestQuantizedRecall(t *testing.T) {
+	t.Parallel()
+	const n, dim, k = 2 * quantMin, 8, 32
+	for _, kind := range []string{"isotropic", "clustered"} {
+		v, qs := synthVecs(kind, n, dim, 4)
+		v.q = buildQuant(v.vecs, v.dim)
+		found := 0
+		for _, q := range qs {
+			exact, approx := &topK{}, &topK{}
+			v.scan(q, k, exact, 0, n)
+			v.nearest(q, k, approx)
+			got := map[int64]bool{}
+			for _, s := range approx.best() {
+				got[s.id] = true
+			}
+			for _, s := range *exact {
+				if got[s.id] {
+					found++
+				}
+			}
+		}
+		recall := float64(found) / float64(k*len(qs))
+		t.Logf("%s: recall@%d %.3f (%d vectors, %d candidates)", kind, k, recall, n, candidates(k))
+		if recall < 0.98 {
+			t.Errorf("%s: recall@%d = %.3f, want >= 0.98", kind, k, recall)
+		}
+	}
+}

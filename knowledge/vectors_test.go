@@ -1,0 +1,101 @@
+package knowledge
+
+import (
+	"context"
+	"hash/fnv"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/keel-runtime/keel/models"
+)
+
+// hashEmbedder gives each text a vector of 8 from its hash: the cache's
+// bookkeeping is under test here, not the model (ollama_test.go has the
+// real one).
+type hashEmbedder struct{}
+
+func (hashEmbedder) Embed(_ context.Context, req models.EmbedRequest) (models.EmbedResponse, error) {
+	out := models.EmbedResponse{Model: req.Model}
+	for _, in := range req.Input {
+		h := fnv.New64a()
+		h.Write([]byte(in))
+		x := h.Sum64()
+		v := make([]float32, 8)
+		for i := range v {
+			v[i] = float32(int8(x>>(8*i))) + 0.5
+		}
+		out.Vectors = append(out.Vectors, v)
+	}
+	return out, nil
+}
+
+// TestVectorCacheUpdates: writes update the loaded vector set in place
+// (no reload of the scope's vectors), and it holds exactly the vectors
+// of the chunks in the table.
+func TestVectorCacheUpdates(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, err := Open(ctx, filepath.Join(t.TempDir(), "k.db"), Options{Embedder: hashEmbedder{}, EmbedModel: "hash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	o := AddOptions{Scope: ScopeUser}
+	for _, d := range []string{"alpha", "beta"} {
+		if _, err := ix.AddText(ctx, "keel:"+d, "", d+" words", o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	search := func() {
+		t.Helper()
+		if _, err := ix.Search(ctx, Query{Text: "alpha", Scopes: []Scope{ScopeUser}, Mode: ModeVector}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	search()
+	loaded, _ := ix.vecs.get(ScopeUser, "hash", "")
+	if loaded == nil {
+		t.Fatal("no vector set cached after a search")
+	}
+	check := func(step string) {
+		t.Helper()
+		v, _ := ix.vecs.get(ScopeUser, "hash", "")
+		if v != loaded {
+			t.Fatalf("%s: the vector set was dropped or reloaded, want it updated in place", step)
+		}
+		rows, err := ix.r.QueryContext(ctx, `SELECT chunk_id FROM kn_vectors ORDER BY chunk_id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []int64
+		for rows.Next() {
+			var id int64
+			rows.Scan(&id)
+			want = append(want, id)
+		}
+		rows.Close()
+		got := slices.Sorted(slices.Values(v.ids))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: cached ids %v, want the table's %v", step, got, want)
+		}
+		for i, id := range v.ids {
+			if v.pos != nil && v.pos[id] != int32(i) {
+				t.Errorf("%s: pos[%d] = %d, want %d", step, id, v.pos[id], i)
+			}
+		}
+		if len(v.vecs) != len(v.ids)*v.dim {
+			t.Errorf("%s: %d floats for %d vectors of %d", step, len(v.vecs), len(v.ids), v.dim)
+		}
+	}
+	if _, err := ix.AddText(ctx, "keel:gamma", "", "gamma words", o); err != nil {
+		t.Fatal(err)
+	}
+	check("a document added")
+	if _, err := ix.AddText(ctx, "keel:alpha", "", "alpha changed", o); err != nil {
+		t.Fatal(err)
+	}
+	check("a document replaced")
+	search()
+	check("a search after")
+}
