@@ -209,6 +209,9 @@ func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddRepo
 	if err := w.commit(); err != nil {
 		return rep, err
 	}
+	if err := ix.compactAfter(ctx, rep.Chunks); err != nil {
+		return rep, err
+	}
 	if len(dirs) > 0 {
 		found := make(map[string]bool, len(jobs)+len(rep.Skipped))
 		for _, j := range jobs {
@@ -236,6 +239,69 @@ func (ix *Index) Add(ctx context.Context, paths []string, o AddOptions) (AddRepo
 	}
 	prog.tick(true)
 	return rep, nil
+}
+
+// compactAfter merges the full-text index into one segment, in steps,
+// after an Add that wrote chunks at least an eighth of the index's: each
+// commit of a batch left a segment, automerge keeps some tens of them on
+// a large index, and a query seeks every term in every segment (27
+// segments made BM25 queries over the standard library some 1.5x slower
+// than the same index merged). Each step merges mergePages pages in its
+// own transaction, so other writers to the file wait at most one step.
+func (ix *Index) compactAfter(ctx context.Context, wrote int) error {
+	if wrote == 0 {
+		return nil
+	}
+	var total int
+	if err := ix.r.QueryRowContext(ctx, `SELECT count(*) FROM kn_chunks`).Scan(&total); err != nil {
+		return fmt.Errorf("knowledge: add: %w", err)
+	}
+	if wrote < total/8 || total < mergeMin {
+		return nil
+	}
+	return ix.compact(ctx)
+}
+
+// compact merges the full-text index into one segment, in steps.
+func (ix *Index) compact(ctx context.Context) error {
+	for ctx.Err() == nil {
+		done, err := ix.mergeStep(ctx)
+		if err != nil {
+			return fmt.Errorf("knowledge: add: merge the index: %w", err)
+		}
+		if done {
+			break
+		}
+	}
+	return nil
+}
+
+// Merging: pages per step (a few ms to some tens of ms each), and the
+// index size (chunks) below which it is not worth it.
+const (
+	mergePages = 256
+	mergeMin   = 4096
+)
+
+// mergeStep does one step of merging the index into one segment; done
+// when there was nothing left to merge (FTS5 changes fewer than 2 rows).
+func (ix *Index) mergeStep(ctx context.Context) (done bool, err error) {
+	tx, err := ix.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	var before, after int64
+	if err := tx.QueryRowContext(ctx, `SELECT total_changes()`).Scan(&before); err != nil {
+		return false, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO kn_fts(kn_fts, rank) VALUES ('merge', ?)`, -mergePages); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT total_changes()`).Scan(&after); err != nil {
+		return false, err
+	}
+	return after-before < 2, tx.Commit()
 }
 
 // reconcile forgets the documents of scope under dirs whose source the

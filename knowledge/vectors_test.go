@@ -2,6 +2,7 @@ package knowledge
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"path/filepath"
 	"slices"
@@ -98,4 +99,40 @@ func TestVectorCacheUpdates(t *testing.T) {
 	check("a document replaced")
 	search()
 	check("a search after")
+}
+
+// TestCompact: compact (run after an Add that wrote much of the index)
+// leaves the index in one segment, still answering.
+func TestCompact(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, err := Open(ctx, filepath.Join(t.TempDir(), "k.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	for i := range 8 { // a commit each: a segment each
+		if _, err := ix.AddText(ctx, fmt.Sprintf("keel:%d", i), "", fmt.Sprintf("words number %d", i), AddOptions{Scope: ScopeUser}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segments := func() int {
+		var n int
+		if err := ix.r.QueryRowContext(ctx, `SELECT count(DISTINCT segid) FROM kn_fts_idx`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := segments(); n < 2 {
+		t.Fatalf("%d segments after 8 commits, want several", n)
+	}
+	if err := ix.compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := segments(); n != 1 {
+		t.Errorf("%d segments after compact, want 1", n)
+	}
+	if hits, err := ix.Search(ctx, Query{Text: "words", Scopes: []Scope{ScopeUser}}); err != nil || len(hits) != 8 {
+		t.Errorf("Search(words) = %d hits, %v, want 8", len(hits), err)
+	}
 }
