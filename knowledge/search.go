@@ -221,7 +221,7 @@ func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error)
 		ids = strconv.AppendInt(ids, id, 10)
 	}
 	ids = append(ids, ']')
-	rows, err := ix.r.QueryContext(ctx, `SELECT c.id, c.text, s.labels FROM json_each(?) j
+	rows, err := ix.query(ctx, `SELECT c.id, c.text, s.labels FROM json_each(?) j
 		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
 		LEFT JOIN kn_scopes s ON s.name = d.scope`, string(ids))
 	if err != nil {
@@ -412,7 +412,7 @@ func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit
 			CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id
 			ORDER BY f.rank`
 		args := append(append([]any{}, f.args...), m, page)
-		rows, err := ix.r.QueryContext(ctx, q, args...)
+		rows, err := ix.query(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("knowledge: search: %w", err)
 		}

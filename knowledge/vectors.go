@@ -414,7 +414,7 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 		ids = strconv.AppendInt(ids, b.id, 10)
 	}
 	ids = append(ids, ']')
-	rows, err := ix.r.QueryContext(ctx, `SELECT `+hitColumns+` FROM json_each(?) j
+	rows, err := ix.query(ctx, `SELECT `+hitColumns+` FROM json_each(?) j
 		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
 		WHERE `+f.where, append([]any{string(ids)}, f.args...)...)
 	if err != nil {
