@@ -26,7 +26,7 @@ type embedFigures struct {
 // embedRun ingests the first files of the tree (up to limit chunks) with
 // embeddings from the real Ollama, fills the whole corpus's index with
 // vectors, and times hybrid queries over it.
-func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Scope, model string, threads, limit, total int, keel *engine) (*embedFigures, error) {
+func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Scope, model string, threads, limit, total int, keel *engine, reuse bool) (*embedFigures, error) {
 	p, err := ollama.New(ollama.Config{NumThread: threads})
 	if err != nil {
 		return nil, err
@@ -64,41 +64,48 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 	db.Close()
 	f.files = len(files)
 
-	fmt.Fprintf(os.Stderr, "embedding: %d chunks of %d files with %s\n", f.chunks, f.files, model)
-	embDB := filepath.Join(dir, "embed.db")
 	o := knowledge.Options{Embedder: p, EmbedModel: model, ModelDigest: p.Digest}
-	plain, err := knowledge.Open(ctx, embDB, knowledge.Options{})
-	if err != nil {
-		return nil, err
+	if reuse {
+		// The vectors a -keep run left, if any: then only the queries
+		// are timed.
+		f.dim, _ = vectorDim(ctx, keelDB)
 	}
-	start := time.Now()
-	if _, err := plain.Add(ctx, files, knowledge.AddOptions{Scope: scope}); err != nil {
-		return nil, err
-	}
-	bm := time.Since(start)
-	plain.Close()
-	ix, err := knowledge.Open(ctx, embDB, o)
-	if err != nil {
-		return nil, err
-	}
-	start = time.Now()
-	n, err := ix.Reembed(ctx, scope, nil)
-	emb := time.Since(start)
-	ix.Close()
-	if err != nil {
-		return nil, err
-	}
-	f.chunks = n
-	f.total = bm + emb
-	f.rate = float64(n) / emb.Seconds()
-	f.whole = keel.ingest + time.Duration(float64(total)/f.rate*float64(time.Second))
+	if f.dim == 0 {
+		fmt.Fprintf(os.Stderr, "embedding: %d chunks of %d files with %s\n", f.chunks, f.files, model)
+		embDB := filepath.Join(dir, "embed.db")
+		plain, err := knowledge.Open(ctx, embDB, knowledge.Options{})
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if _, err := plain.Add(ctx, files, knowledge.AddOptions{Scope: scope}); err != nil {
+			return nil, err
+		}
+		bm := time.Since(start)
+		plain.Close()
+		ix, err := knowledge.Open(ctx, embDB, o)
+		if err != nil {
+			return nil, err
+		}
+		start = time.Now()
+		n, err := ix.Reembed(ctx, scope, nil)
+		emb := time.Since(start)
+		ix.Close()
+		if err != nil {
+			return nil, err
+		}
+		f.chunks = n
+		f.total = bm + emb
+		f.rate = float64(n) / emb.Seconds()
+		f.whole = keel.ingest + time.Duration(float64(total)/f.rate*float64(time.Second))
 
-	// Every chunk of the whole corpus gets a vector: the real ones, cycled.
-	if f.dim, err = fillVectors(ctx, embDB, keelDB); err != nil {
-		return nil, err
+		// Every chunk of the whole corpus gets a vector: the real ones, cycled.
+		if f.dim, err = fillVectors(ctx, embDB, keelDB); err != nil {
+			return nil, err
+		}
 	}
 
-	ix, err = knowledge.Open(ctx, keelDB, o)
+	ix, err := knowledge.Open(ctx, keelDB, o)
 	if err != nil {
 		return nil, err
 	}
@@ -182,4 +189,16 @@ func fillVectors(ctx context.Context, src, dst string) (int, error) {
 		}
 	}
 	return len(vecs[0]) / 4, tx.Commit()
+}
+
+// vectorDim is the dimension of the vectors in the keel index at path.
+func vectorDim(ctx context.Context, path string) (int, error) {
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRowContext(ctx, `SELECT length(vec) / 4 FROM kn_vectors LIMIT 1`).Scan(&n)
+	return n, err
 }

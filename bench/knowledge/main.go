@@ -39,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -102,8 +103,10 @@ func main() {
 	model := flag.String("model", "keel-tiny", "Ollama embedding model")
 	threads := flag.Int("threads", 1, "Ollama num_thread")
 	keep := flag.Bool("keep", false, "keep the index directory")
+	reuse := flag.String("reuse", "", "reuse the indexes a -keep run left in this directory (the ingest rows are then not measured)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the query phases to this file")
 	flag.Parse()
-	if err := run(*root, *n, *embedLimit, *model, *threads, *keep); err != nil {
+	if err := run(*root, *n, *embedLimit, *model, *threads, *keep, *reuse, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "knowledge:", err)
 		os.Exit(1)
 	}
@@ -123,9 +126,12 @@ type engine struct {
 	chunks int
 }
 
-func run(root string, n, embedLimit int, model string, threads int, keep bool) error {
+func run(root string, n, embedLimit int, model string, threads int, keep bool, reuse, cpuprofile string) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "keel-bench-knowledge-")
+	if reuse != "" {
+		dir, err, keep = reuse, nil, true
+	}
 	if err != nil {
 		return err
 	}
@@ -143,12 +149,16 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "keel: adding %s\n", root)
-	start := time.Now()
-	rep, err := ix.Add(ctx, []string{root}, knowledge.AddOptions{Scope: scope, AddedBy: "bench"})
-	keel := &engine{name: "keel", ingest: time.Since(start), chunks: rep.Chunks}
-	if err != nil {
-		return err
+	var rep knowledge.AddReport
+	keel := &engine{name: "keel"}
+	if reuse == "" {
+		fmt.Fprintf(os.Stderr, "keel: adding %s\n", root)
+		start := time.Now()
+		rep, err = ix.Add(ctx, []string{root}, knowledge.AddOptions{Scope: scope, AddedBy: "bench"})
+		keel.ingest, keel.chunks = time.Since(start), rep.Chunks
+		if err != nil {
+			return err
+		}
 	}
 	ix.Close()
 	keel.size = fileSize(keelDB) + fileSize(keelDB+"-wal")
@@ -165,6 +175,9 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	if err != nil {
 		return err
 	}
+	if reuse != "" {
+		keel.chunks, keel.ingest = len(chunks), time.Nanosecond
+	}
 
 	// Raw FTS5, the floor.
 	fts := &engine{name: "raw FTS5", chunks: len(chunks)}
@@ -176,7 +189,12 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	}
 	defer raw.Close()
 	raw.SetMaxOpenConns(4)
-	if fts.ingest, err = ingestFTS(ctx, raw, chunks); err != nil {
+	if reuse != "" {
+		fts.ingest = time.Nanosecond
+		if err := optimizeOnce(ctx, keelDB, raw); err != nil {
+			return err
+		}
+	} else if fts.ingest, err = ingestFTS(ctx, raw, chunks); err != nil {
 		return err
 	}
 	fts.size = fileSize(ftsDB) + fileSize(ftsDB+"-wal")
@@ -184,13 +202,21 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	// bleve.
 	bl := &engine{name: "bleve", chunks: len(chunks)}
 	fmt.Fprintln(os.Stderr, "bleve: indexing")
-	bix, err := bleve.New(filepath.Join(dir, "bleve"), bleve.NewIndexMapping())
+	var bix bleve.Index
+	if reuse != "" {
+		bix, err = bleve.Open(filepath.Join(dir, "bleve"))
+		bl.ingest = time.Nanosecond
+	} else {
+		bix, err = bleve.New(filepath.Join(dir, "bleve"), bleve.NewIndexMapping())
+	}
 	if err != nil {
 		return err
 	}
 	defer bix.Close()
-	if bl.ingest, err = ingestBleve(bix, chunks); err != nil {
-		return err
+	if reuse == "" {
+		if bl.ingest, err = ingestBleve(bix, chunks); err != nil {
+			return err
+		}
 	}
 	bl.size = dirSize(filepath.Join(dir, "bleve"))
 
@@ -201,6 +227,17 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 		return err
 	}
 	fmt.Fprintln(os.Stderr, "querying")
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ftsQ, err := raw.PrepareContext(ctx, `SELECT rowid, heading, text FROM fts WHERE fts MATCH ? ORDER BY rank LIMIT 8`)
 	if err != nil {
 		return err
@@ -259,7 +296,7 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	// Embeddings from the real Ollama.
 	var emb *embedFigures
 	if os.Getenv("OLLAMA_HOST") != "" && embedLimit > 0 {
-		emb, err = embedRun(ctx, root, dir, keelDB, scope, model, threads, embedLimit, len(chunks), keel)
+		emb, err = embedRun(ctx, root, dir, keelDB, scope, model, threads, embedLimit, len(chunks), keel, reuse != "")
 		if err != nil {
 			return err
 		}
@@ -296,6 +333,8 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 	if emb != nil {
 		fmt.Printf("hybrid p50: %s (target <= 10ms); of which the query's embedding by Ollama p50 %s; vector mode alone (embedding + exact scan of %d vectors of dim %d) p50 %s\n",
 			timing.Pct(keel.hybrid, 0.5), timing.Pct(emb.queryEmbed, 0.5), len(chunks), emb.dim, timing.Pct(emb.scan, 0.5))
+	}
+	if emb != nil && emb.rate > 0 {
 		fmt.Printf("ingest with embeddings (%s, num_thread %d): %d chunks of the first %d files in %s = %.0f chunks/s (embedding alone %.0f chunks/s);\n",
 			model, threads, emb.chunks, emb.files, emb.total.Round(10*time.Millisecond), float64(emb.chunks)/emb.total.Seconds(), emb.rate)
 		fmt.Printf("  the whole tree extrapolated: %s BM25 ingest + %d chunks / %.0f per s = %s, %.0f chunks/s\n",
@@ -305,7 +344,8 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool) e
 }
 
 // interleave times n queries of each f, in rounds (one query of each f
-// per round, the queries in turn), after a round of every query untimed.
+// per round, in a rotating order so that none always follows the same
+// one, the queries in turn), after a round of every query untimed.
 func interleave(n int, fs ...func(q string) error) ([][]time.Duration, error) {
 	for _, q := range queries {
 		for _, f := range fs {
@@ -318,9 +358,10 @@ func interleave(n int, fs ...func(q string) error) ([][]time.Duration, error) {
 	out := make([][]time.Duration, len(fs))
 	for i := range n {
 		q := queries[i%len(queries)]
-		for j, f := range fs {
+		for k := range fs {
+			j := (i + k) % len(fs)
 			start := time.Now()
-			if err := f(q); err != nil {
+			if err := fs[j](q); err != nil {
 				return nil, err
 			}
 			out[j] = append(out[j], time.Since(start))
@@ -357,6 +398,32 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// optimizeOnce merges the FTS5 indexes of a -keep run made before the
+// ingests merged them (once: a later -reuse finds them merged).
+func optimizeOnce(ctx context.Context, keelDB string, raw *sql.DB) error {
+	k, err := sql.Open("sqlite", "file:"+keelDB+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	for _, x := range []struct {
+		db    *sql.DB
+		table string
+	}{{k, "kn_fts"}, {raw, "fts"}} {
+		var n int
+		if err := x.db.QueryRowContext(ctx, `SELECT count(DISTINCT segid) FROM `+x.table+`_idx`).Scan(&n); err != nil {
+			return err
+		}
+		if n > 1 {
+			fmt.Fprintf(os.Stderr, "%s: merging %d segments\n", x.table, n)
+			if _, err := x.db.ExecContext(ctx, `INSERT INTO `+x.table+`(`+x.table+`) VALUES ('optimize')`); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // readChunks reads back the chunks keel made, for the peers.
@@ -410,6 +477,11 @@ func ingestFTS(ctx context.Context, db *sql.DB, chunks []chunkRow) (time.Duratio
 		if err := tx.Commit(); err != nil {
 			return 0, err
 		}
+	}
+	// Merged into one segment, as keel's Add leaves a large ingest: a
+	// query seeks every term in every segment.
+	if _, err := db.ExecContext(ctx, `INSERT INTO fts(fts) VALUES ('optimize')`); err != nil {
+		return 0, err
 	}
 	return time.Since(start), nil
 }
