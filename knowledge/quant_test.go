@@ -3,6 +3,7 @@ package knowledge
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -83,6 +84,42 @@ func TestQuantizedRecall(t *testing.T) {
 		t.Logf("%s: recall@%d %.3f (%d vectors, %d candidates)", kind, k, recall, n, candidates(k))
 		if recall < 0.98 {
 			t.Errorf("%s: recall@%d = %.3f, want >= 0.98", kind, k, recall)
+		}
+	}
+}
+
+// TestQuantizedUpdate: vectors removed from and added to a coded set in
+// place keep its codes in step: an added vector is found as its own
+// nearest, a removed one never.
+func TestQuantizedUpdate(t *testing.T) {
+	t.Parallel()
+	v, qs := synthVecs("clustered", 12000, 8, 2)
+	v.model = "m"
+	v.q = buildQuant(v.vecs, v.dim)
+	c := &vectorCache{sets: map[Scope]*vecSet{ScopeUser: v}}
+	gone := []int64{0, 5, 11999, 1234}
+	c.update(ScopeUser, "m", "", gone, []int64{50000, 7}, [][]float32{qs[0], qs[1]}) // 7 is replaced
+	if n := len(v.ids); n != 12000-len(gone)+1 || len(v.vecs) != n*v.dim || len(v.q.scale) != n || len(v.q.codes) != n*v.q.words {
+		t.Fatalf("after update: %d ids, %d floats, %d scales, %d code words; want %d vectors in each", n, len(v.vecs), len(v.q.scale), len(v.q.codes), 12000-len(gone)+1)
+	}
+	for i, want := range []int64{50000, 7} {
+		h := &topK{}
+		v.nearest(normalizeInto(nil, encodeVec(qs[i])), 1, h)
+		if got := h.best(); len(got) != 1 || got[0].id != want || got[0].sim < 0.999 {
+			t.Errorf("nearest(vector %d) = %+v, want id %d with similarity 1", want, got, want)
+		}
+	}
+	for i := range v.ids { // every code is its vector's
+		fresh := &quant{words: v.q.words, mean: v.q.mean}
+		fresh.add(v.vecs[i*v.dim : (i+1)*v.dim])
+		w := v.q.words
+		if !slices.Equal(fresh.codes, v.q.codes[i*w:(i+1)*w]) || fresh.scale[0] != v.q.scale[i] {
+			t.Fatalf("vector %d (id %d): code %x scale %v, want %x %v", i, v.ids[i], v.q.codes[i*w:(i+1)*w], v.q.scale[i], fresh.codes, fresh.scale[0])
+		}
+	}
+	for _, id := range gone {
+		if _, ok := v.pos[id]; ok || slices.Contains(v.ids, id) {
+			t.Errorf("id %d still in the set after its removal", id)
 		}
 	}
 }
