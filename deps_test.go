@@ -93,6 +93,15 @@ func TestDependencyDirection(t *testing.T) {
 		// Only cmd/ and bench/ import it (checked below).
 		"cloud":          except("engine", "models", "intercept", "policy", "schema", "cloud"),
 		"cloud/natstest": except(),
+		// Routing is a pure decision over declarations: the standard
+		// library only.
+		"cloud/route": except(),
+		// The edge's side of the cloud, which the daemon (the composition
+		// root) wires in for --join: the leaf server, the declaration made
+		// from env.describe (capabilities), the outbox and its label
+		// filter (root types), routing. Never the engine (the daemon hands
+		// it functions), the store or the cloud's workers.
+		"cloud/edge": except("capabilities", "cloud"),
 		"cloud/cloudcmd": except("engine", "models", "intercept", "policy", "schema", "capabilities", "wasmtools", "cloud"),
 	}
 	checked := 0
@@ -143,15 +152,29 @@ func TestDependencyDirection(t *testing.T) {
 			}
 		}
 	}
-	// Only cmd/, bench/ and cloud/ itself import cloud/.
+	// Only cmd/, bench/ and cloud/ itself import cloud/; the daemon (and
+	// so what imports it for tests, internal/daemontest) the edge's side
+	// only, cloud/edge and the routing it uses, for --join.
+	edgeSide := func(d string) bool { return d == mod+"/cloud/edge" || d == mod+"/cloud/route" }
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		pkg, deps, _ := strings.Cut(line, "|")
 		if strings.HasPrefix(pkg, mod+"/cmd/") || strings.HasPrefix(pkg, mod+"/bench/") || strings.HasPrefix(pkg, mod+"/cloud/") || pkg == mod+"/cloud" {
+			if pkg == mod+"/cloud/edge" || pkg == mod+"/cloud/route" {
+				for _, d := range strings.Fields(deps) {
+					if (d == mod+"/cloud" || strings.HasPrefix(d, mod+"/cloud/")) && !edgeSide(d) {
+						t.Errorf("%s imports %s; the edge's side imports none of the cloud's workers, stores or commands", pkg, d)
+					}
+				}
+			}
 			continue
 		}
+		daemonSide := pkg == mod+"/daemon" || pkg == mod+"/internal/daemontest"
 		for _, d := range strings.Fields(deps) {
+			if daemonSide && edgeSide(d) {
+				continue
+			}
 			if d == mod+"/cloud" || strings.HasPrefix(d, mod+"/cloud/") {
-				t.Errorf("%s imports %s; only cmd/ and bench/ may", pkg, d)
+				t.Errorf("%s imports %s; only cmd/ and bench/ may (the daemon: cloud/edge and cloud/route)", pkg, d)
 			}
 		}
 	}

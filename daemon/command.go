@@ -70,6 +70,10 @@ and writes DATA_DIR/daemon.json once it accepts connections, so clients
 	f.Int64Var(&cfg.ToolsMinFreeDiskBytes, "tools-min-free-disk", 0, "free disk, in bytes, a tool's write must leave (default 1 GiB; negative: no floor)")
 	f.DurationVar(&cfg.ToolsIdleTimeout, "tools-idle-timeout", 0, "unload a tool's compiled code after this long without calls; the next call loads it from the cache (default 5m; negative: never)")
 	f.StringSliceVar(&approve, "require-approval", nil, "side-effect classes whose tool calls wait for your approval: non_idempotent_write, external, idempotent_write, read_only (comma-separated)")
+	f.StringVar(&cfg.Join, "join", "", "join a keel cloud as an edge: its leaf node URL(s), nats-leaf://HOST:PORT (docs/cloud.md)")
+	f.StringVar(&cfg.JoinCredentials, "credentials", "", "file of credentials for --join: a NATS .creds file, or user:password, or a token")
+	f.StringVar(&cfg.EdgeName, "edge-name", "", "this edge's name in the cloud (default: the host name)")
+	f.StringSliceVar(&cfg.EdgeAllowLabels, "edge-allow-label", nil, "labels whose data may cross to the cloud (never private; default none)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

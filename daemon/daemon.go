@@ -94,6 +94,22 @@ type Config struct {
 	// digest is recorded with every vector, so a changed model re-embeds.
 	// Default "": BM25 only.
 	EmbedModel string
+	// Join, when set, is the cloud's leaf node URL(s) this daemon joins
+	// as an edge (docs/cloud.md, "Edges"): it declares its capabilities
+	// there, syncs its runs' journals as their labels allow and runs the
+	// steps the cloud hands it. Default "": the daemon stays alone.
+	Join string
+	// JoinCredentials is the file of credentials the cloud's leaf node
+	// port asks for (edge.Config.Credentials); default none.
+	JoinCredentials string
+	// EdgeName names this edge in the cloud; default the host name.
+	EdgeName string
+	// EdgeHeartbeat is how often the edge publishes its declaration;
+	// default 5 s.
+	EdgeHeartbeat time.Duration
+	// EdgeAllowLabels are the labels whose data may cross to the cloud
+	// (never private); default none.
+	EdgeAllowLabels []string
 	// Provider replaces the Ollama provider (tests use a scripted one).
 	Provider models.Provider
 	// Logger; default text to stderr at info level.

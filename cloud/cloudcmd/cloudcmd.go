@@ -17,8 +17,10 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud"
+	"github.com/keel-runtime/keel/cloud/edge"
 	"github.com/keel-runtime/keel/cloud/jsstore"
 	"github.com/keel-runtime/keel/cloud/natstest"
+	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/keel-runtime/keel/models/ollama"
@@ -47,7 +49,7 @@ design, the durability given and what is not built yet.`,
 	pf.StringVar(&c.tenant, "tenant", "", "tenant (NATS account user) to connect as; none: no authentication")
 	pf.StringVar(&c.token, "token", "", "the tenant's token (default: $KEEL_CLOUD_TOKEN)")
 	pf.StringVar(&c.tlsCA, "tls-ca", "", "PEM file of the CA that signed the servers' TLS certificates (default: the system's)")
-	cmd.AddCommand(serveCmd(&c), submitCmd(&c), statusCmd(&c))
+	cmd.AddCommand(serveCmd(&c), submitCmd(&c), statusCmd(&c), stepCmd(&c))
 	return cmd
 }
 
@@ -135,7 +137,9 @@ is configured so; an external one must be, see docs/cloud.md).`,
 						accounts = append(accounts, natstest.Account{Name: t.Name, Token: t.Token})
 					}
 				}
-				cl, err := natstest.Start(natstest.Options{Nodes: embedded, Dir: filepath.Join(dataDir, "nats"), Accounts: accounts})
+				cl, err := natstest.Start(natstest.Options{Nodes: embedded, Dir: filepath.Join(dataDir, "nats"), Accounts: accounts,
+					// Edges join as leaf nodes (docs/cloud.md, "Edges").
+					Domain: edge.DefaultDomain, LeafNodes: true})
 				if err != nil {
 					return err
 				}
@@ -144,7 +148,7 @@ is configured so; an external one must be, see docs/cloud.md).`,
 				if embedded < 3 {
 					c.replicas = 1
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "embedded cluster of %d: %s\n", embedded, c.url)
+				fmt.Fprintf(cmd.OutOrStdout(), "embedded cluster of %d: %s\nedges join at: %s\n", embedded, c.url, cl.LeafURLs())
 			}
 			model, err := ollama.New(ollama.Config{Host: ollamaHost})
 			if err != nil {
@@ -188,6 +192,9 @@ is configured so; an external one must be, see docs/cloud.md).`,
 					}
 					ws = append(ws, w)
 				}
+			}
+			if err := serveEdges(ctx, c, model, rt, log); err != nil {
+				return err
 			}
 			if tenants != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "%d workers for each of %d tenants serving namespace %s\n", workers, len(ts), c.ns)
@@ -265,6 +272,9 @@ type Status struct {
 	InFlight int                    // work items a worker holds
 	Leases   int                    // runs a worker holds a lease on
 	Runs     map[keel.RunStatus]int // runs not ended, by status
+	// Edges are the environments declared now: the edges connected, and
+	// the cloud's own, with what each declares.
+	Edges []route.Env
 }
 
 // ReadStatus reads the fleet's status in namespace ns (creating its
@@ -310,6 +320,10 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, ns string, replicas
 	for _, r := range runs {
 		st.Runs[r.Status]++
 	}
+	if st.Edges, err = edge.ReadEdges(ctx, js, ns); err != nil {
+		return st, fmt.Errorf("edges: %w", err)
+	}
+	st.Edges = kinded(st.Edges)
 	return st, nil
 }
 
@@ -333,6 +347,7 @@ func statusCmd(c *conn) *cobra.Command {
 			for _, s := range []keel.RunStatus{keel.RunQueued, keel.RunRunning, keel.RunWaiting, keel.RunPaused, keel.RunInterrupted} {
 				fmt.Fprintf(w, "runs %-11s %d\n", s, st.Runs[s])
 			}
+			printEdges(w, st.Edges)
 			return nil
 		},
 	}

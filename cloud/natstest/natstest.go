@@ -42,6 +42,15 @@ type Options struct {
 	// tenants go on as before. Default none: one account, no
 	// authentication.
 	Accounts []Account
+	// Domain is the JetStream domain of the cluster; default none. Leaf
+	// nodes with JetStream of their own reach the cluster's JetStream
+	// through it (cloud/edge uses "cloud").
+	Domain string
+	// LeafNodes makes every node accept leaf node connections on a
+	// random loopback port (LeafURLs); default false. LeafUser and
+	// LeafPassword, when set, are what a leaf node must present.
+	LeafNodes              bool
+	LeafUser, LeafPassword string
 }
 
 // Account is a NATS account with JetStream and one user, Name, whose
@@ -57,9 +66,10 @@ const DefaultAccount = "keel"
 
 // Cluster is a running set of embedded JetStream servers.
 type Cluster struct {
-	Servers []*server.Server
-	dir     string
-	ownDir  bool
+	Servers   []*server.Server
+	dir       string
+	ownDir    bool
+	leafPorts []int
 }
 
 // Start starts a cluster and returns once its JetStream answers (a meta
@@ -83,6 +93,13 @@ func Start(o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	var leafPorts []int
+	if o.LeafNodes {
+		if leafPorts, err = freePorts(o.Nodes); err != nil {
+			return nil, err
+		}
+		c.leafPorts = leafPorts
+	}
 	var routes []*url.URL
 	for _, p := range ports {
 		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)})
@@ -104,6 +121,10 @@ func Start(o Options) (*Cluster, error) {
 			// Small enough for many test clusters at once.
 			JetStreamMaxMemory: 64 << 20,
 			JetStreamMaxStore:  1 << 30,
+			JetStreamDomain:    o.Domain,
+		}
+		if o.LeafNodes {
+			opts.LeafNode = server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPorts[i], Username: o.LeafUser, Password: o.LeafPassword}
 		}
 		if accounts != "" {
 			// Each node its own accounts (a server's accounts are its own).
@@ -230,6 +251,18 @@ func (c *Cluster) URL() string {
 	for _, s := range c.Servers {
 		if s.Running() {
 			us = append(us, s.ClientURL())
+		}
+	}
+	return strings.Join(us, ",")
+}
+
+// LeafURLs returns the leaf node URLs of the running nodes (nats-leaf://
+// 127.0.0.1:PORT), comma-separated; empty without Options.LeafNodes.
+func (c *Cluster) LeafURLs() string {
+	var us []string
+	for i, s := range c.Servers {
+		if s.Running() && i < len(c.leafPorts) {
+			us = append(us, fmt.Sprintf("nats-leaf://127.0.0.1:%d", c.leafPorts[i]))
 		}
 	}
 	return strings.Join(us, ",")

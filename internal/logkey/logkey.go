@@ -70,6 +70,7 @@ const (
 
 // Places.
 const (
+	Edge        = "edge"         // a cloud edge daemon's name (cloud/edge)
 	URL         = "url"          // the daemon's WebSocket URL
 	Addr        = "addr"         // a listening address
 	DataDir     = "data_dir"     // keel's data directory

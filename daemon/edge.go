@@ -1,0 +1,33 @@
+package daemon
+
+import (
+	"context"
+	"path/filepath"
+	"time"
+
+	"github.com/keel-runtime/keel/cloud/edge"
+	"github.com/keel-runtime/keel/engine"
+	"github.com/keel-runtime/keel/internal/logkey"
+)
+
+// joinCloud joins the cloud at cfg.Join as an edge (cloud/edge): its
+// declaration is env.describe, its runs' events go to the outbox, the
+// steps the cloud hands it start runs of eng. The edge's leaf server
+// keeps its store in DATA_DIR/edge. It returns the edge's close.
+func (d *Daemon) joinCloud(ctx context.Context, env *environment, eng *engine.Engine) (func(), error) {
+	cfg := d.cfg
+	e, err := edge.Join(ctx, edge.Config{URL: cfg.Join, Credentials: cfg.JoinCredentials, Name: cfg.EdgeName,
+		Dir: filepath.Join(cfg.DataDir, "edge"), Heartbeat: cfg.EdgeHeartbeat, AllowLabels: cfg.EdgeAllowLabels,
+		Logger: d.log.With(logkey.Component, "edge")},
+		edge.Sources{Describe: env.Describe, Labels: eng.ContextLabels, Start: eng.Start})
+	if err != nil {
+		return func() {}, err
+	}
+	unsubscribe := eng.Subscribe(e.OnEvent)
+	return func() {
+		unsubscribe()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.Close(ctx)
+	}, nil
+}
