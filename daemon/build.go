@@ -215,13 +215,6 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.mcp = mcpTools{admin: admin, pol: mcpPolicy{polSvc}, audit: audit}
 	l.mcpRuns = mcpRuns{start: eng.Start, getRun: st.GetRun, spans: st.Spans, pol: mcpPolicy{polSvc}}
 	tools := mcpclient.ListedTools{Local: admin, MCP: mcp, DirectEgress: polSvc.DirectEgress}
-	if cfg.Join != "" {
-		leave, err := d.joinCloud(ctx, l.env, eng)
-		l.closers = append(l.closers, leave)
-		if err != nil {
-			return l, err
-		}
-	}
 	l.services = ipc.Services{Runs: eng, History: st, Control: eng, Steering: eng, Tools: tools, Admin: admin, Audit: st,
 		Models: ms, Chat: ms, Env: l.env, Policy: polSvc, Labels: eng, Tokens: st, Knowledge: know.service}
 	return l, nil

@@ -275,6 +275,15 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	info := protocol.DaemonInfo{URL: srv.URL(ln), PID: os.Getpid(), Protocol: protocol.Version, TokenFile: d.tokenFile,
 		DataDir: cfg.DataDir, Version: Version, StartedAt: time.Now().UTC()}
 	l.env.fixed.URL = info.URL
+	// An edge joins once its declaration is whole; it leaves after the
+	// engine has closed (the runs' last events are in its outbox).
+	if cfg.Join != "" {
+		leave, err := d.joinCloud(ctx, l.env, l.eng)
+		defer leave()
+		if err != nil {
+			return err
+		}
+	}
 
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	// stopping ends when the caller stops the daemon or a lifetime fails.

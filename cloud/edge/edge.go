@@ -75,6 +75,9 @@ const DefaultDomain = "cloud"
 const (
 	OutboxStream  = "KEEL_OUTBOX"
 	outboxSubject = "keel.outbox."
+	// outboxBorn is the mirror's metadata key naming the outbox it
+	// mirrors.
+	outboxBorn = "keel_outbox_created"
 )
 
 // Edge is a daemon joined to a cloud. Its methods are safe for
@@ -384,8 +387,29 @@ func (e *Edge) ensureMirror(ctx context.Context, kv jetstream.KeyValue) error {
 	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 		replicas = s.StreamInfo().Config.Replicas
 	}
-	_, err = e.cloud.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: MirrorName(e.cfg.Namespace, e.cfg.Name), Storage: jetstream.FileStorage, Replicas: replicas,
-		Mirror: &jetstream.StreamSource{Name: OutboxStream, External: &jetstream.ExternalStream{APIPrefix: "$JS." + Domain(e.cfg.Name) + ".API"}}})
+	name := MirrorName(e.cfg.Namespace, e.cfg.Name)
+	out, err := e.local.Stream(ctx, OutboxStream)
+	if err != nil {
+		return err
+	}
+	// The mirror names the outbox it mirrors by its creation time. A
+	// mirror of another (the edge's data directory was made anew) would
+	// skip the new one's first messages as seen: it goes, with the
+	// history of the old one.
+	born := out.CachedInfo().Created.UTC().Format(time.RFC3339Nano)
+	if m, err := e.cloud.Stream(ctx, name); err == nil {
+		if m.CachedInfo().Config.Metadata[outboxBorn] != born {
+			e.log.Warn("edge: the cloud mirrors another outbox of this name; its mirror starts again", logkey.Edge, e.cfg.Name)
+			if err := e.cloud.DeleteStream(ctx, name); err != nil {
+				return err
+			}
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	_, err = e.cloud.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Storage: jetstream.FileStorage, Replicas: replicas,
+		Metadata: map[string]string{outboxBorn: born},
+		Mirror:   &jetstream.StreamSource{Name: OutboxStream, External: &jetstream.ExternalStream{APIPrefix: "$JS." + Domain(e.cfg.Name) + ".API"}}})
 	return err
 }
 
