@@ -323,7 +323,6 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, ns string, replicas
 	if st.Edges, err = edge.ReadEdges(ctx, js, ns); err != nil {
 		return st, fmt.Errorf("edges: %w", err)
 	}
-	st.Edges = kinded(st.Edges)
 	return st, nil
 }
 

@@ -19,10 +19,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// CloudEnv is the key of the cloud's own declaration in the edges
-// bucket; no edge may take the name.
-const CloudEnv = "cloud"
-
 // declareCloud publishes the cloud's declaration (the workers' models
 // and tools) in the edges bucket of ns every ttl/3 until ctx ends.
 func declareCloud(ctx context.Context, js jetstream.JetStream, ns string, model models.Provider, tools []keel.ToolSpec, ttl time.Duration, log *slog.Logger) {
@@ -34,7 +30,7 @@ func declareCloud(ctx context.Context, js jetstream.JetStream, ns string, model 
 	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
 	for {
-		env := route.Env{Name: CloudEnv, Kind: route.KindCloud, Version: keel.Version, At: time.Now().UTC()}
+		env := route.Env{Name: edge.CloudName, Kind: route.KindCloud, Version: keel.Version, At: time.Now().UTC()}
 		for _, s := range tools {
 			env.Tools = append(env.Tools, route.Tool{Name: s.Name, SideEffects: string(s.SideEffects)})
 		}
@@ -44,7 +40,7 @@ func declareCloud(ctx context.Context, js jetstream.JetStream, ns string, model 
 			}
 		}
 		if b, err := json.Marshal(env); err == nil {
-			if _, err := kv.Put(ctx, CloudEnv, b); err != nil && ctx.Err() == nil {
+			if _, err := kv.Put(ctx, edge.CloudName, b); err != nil && ctx.Err() == nil {
 				log.Warn("cloud declaration", logkey.Err, err)
 			}
 		}
@@ -120,7 +116,7 @@ what crossed back. A step for the cloud is queued (keel cloud submit).`,
 				return err
 			}
 			need := route.Need{Tools: tools, Model: model, MinContext: minContext, Labels: labels, Origin: origin}
-			dec, err := route.Decide(need, kinded(envs))
+			dec, err := route.Decide(need, envs)
 			if err != nil {
 				return err
 			}
@@ -161,18 +157,6 @@ what crossed back. A step for the cloud is queued (keel cloud submit).`,
 	f.StringVar(&origin, "origin", "", "the edge the step's inputs come from")
 	f.DurationVar(&timeout, "timeout", 10*time.Minute, "how long to wait for the step")
 	return cmd
-}
-
-// kinded marks the cloud's declaration as the cloud's, every other as an
-// edge's (an edge declares itself, and may not claim to be the cloud).
-func kinded(envs []route.Env) []route.Env {
-	for i := range envs {
-		envs[i].Kind = route.KindEdge
-		if envs[i].Name == CloudEnv {
-			envs[i].Kind = route.KindCloud
-		}
-	}
-	return envs
 }
 
 func toolsOrNil(t []string) []string {

@@ -509,7 +509,7 @@ func checkName(n string) error {
 	if !ok {
 		return fmt.Errorf("edge: name %q: want lower-case letters, digits, - and _ (at most 64)", n)
 	}
-	if n == "cloud" {
+	if n == CloudName {
 		return errors.New(`edge: the name "cloud" is the cloud's own`)
 	}
 	return nil

@@ -31,6 +31,20 @@ func HandoffStream(ns string) string { return ns + "_HANDOFF" }
 // StepSubject is where the cloud hands edge a step (request/reply).
 func StepSubject(ns, edge string) string { return ns + ".edge." + edge + ".step" }
 
+// CloudName is the key of the cloud's own declaration in the edges
+// bucket; no edge may take the name.
+const CloudName = "cloud"
+
+// KindOf is the kind of the environment declared under name: the cloud's
+// for CloudName, else an edge's, whatever the declaration says (an edge
+// may not claim to be the cloud).
+func KindOf(name string) string {
+	if name == CloudName {
+		return route.KindCloud
+	}
+	return route.KindEdge
+}
+
 // DefaultTTL is how long the cloud keeps an edge's declaration without a
 // heartbeat.
 const DefaultTTL = 15 * time.Second
@@ -78,7 +92,8 @@ func ReadEdges(ctx context.Context, js jetstream.JetStream, ns string) ([]route.
 			continue // expired or deleted meanwhile
 		}
 		var d route.Env
-		if json.Unmarshal(e.Value(), &d) == nil {
+		if json.Unmarshal(e.Value(), &d) == nil && d.Name == k {
+			d.Kind = KindOf(k)
 			out = append(out, d)
 		}
 	}
@@ -135,7 +150,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, ns string, log *slog.Log
 						log.Warn("edges: a declaration that does not parse", logkey.Edge, e.Key(), logkey.Err, err)
 						continue
 					}
-					d.Kind = route.KindEdge // an edge declares itself an edge
+					d.Kind = KindOf(d.Name)
 					r.Table.Put(d)
 				default:
 					r.Table.Remove(e.Key())

@@ -79,7 +79,8 @@ type Need struct {
 	// environment declares (of Model when it is set).
 	MinContext int `json:"min_context,omitempty"`
 	// Labels are the labels of the step's inputs. The environment must
-	// declare it may hold every one; private inputs never leave Origin.
+	// declare it may hold every one, but Origin, which holds them
+	// already; private inputs never leave Origin.
 	Labels []string `json:"labels,omitempty"`
 	// Origin is the environment the step's inputs come from (the edge
 	// whose run hands the step off); empty: the cloud.
@@ -263,8 +264,11 @@ func (en *entry) can(need Need) bool {
 	} else if en.maxCtx < need.MinContext {
 		return false
 	}
+	if en.env.Name == need.Origin {
+		return true // the inputs are there already
+	}
 	for _, l := range need.Labels {
-		if !en.labels[l] || l == LabelPrivate && en.env.Name != need.Origin {
+		if !en.labels[l] || l == LabelPrivate {
 			return false
 		}
 	}
@@ -290,7 +294,10 @@ func (en *entry) fails(need Need) string {
 		return fmt.Sprintf("no model of %d tokens", need.MinContext)
 	}
 	for _, l := range need.Labels {
-		if l == LabelPrivate && en.env.Name != need.Origin {
+		if en.env.Name == need.Origin {
+			break
+		}
+		if l == LabelPrivate {
 			return "the inputs are private to " + originName(need.Origin)
 		}
 		if !en.labels[l] {

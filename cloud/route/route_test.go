@@ -37,6 +37,7 @@ func TestDecide(t *testing.T) {
 		{"then the least loaded edge", Need{Tools: []string{"readfile"}, Origin: "cloud"}, "laptop"},
 		{"a label the cloud may hold", Need{Model: "big-70b", Labels: []string{"pii"}}, "cloud"},
 		{"a label no one may hold", Need{Labels: []string{"secret"}}, ""},
+		{"the origin holds its own inputs, declared or not", Need{Labels: []string{"secret", "private"}, Origin: "nas"}, "nas"},
 		{"an unknown tool", Need{Tools: []string{"teleport"}}, ""},
 		{"an unknown model", Need{Model: "huge-400b"}, ""},
 		{"a model too small", Need{Model: "small-3b", MinContext: 9000}, ""},
