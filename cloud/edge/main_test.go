@@ -52,7 +52,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(storeDir)
-	cluster, err = natstest.Start(natstest.Options{Dir: storeDir, Domain: edge.DefaultDomain, LeafNodes: true, LeafUser: leafUser, LeafPassword: leafPass})
+	cluster, err = natstest.Start(natstest.Options{Dir: storeDir, Domain: edge.DefaultDomain, LeafNodes: true, LeafUser: leafUser, LeafPassword: leafPass,
+		// TestPartition's relay is the edge's only way to the cloud.
+		LeafNoAdvertise: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -51,6 +51,10 @@ type Options struct {
 	// LeafPassword, when set, are what a leaf node must present.
 	LeafNodes              bool
 	LeafUser, LeafPassword string
+	// LeafNoAdvertise keeps the nodes from telling a leaf node the other
+	// nodes' leaf URLs, so it redials only the URLs it was given (a test
+	// that partitions a leaf with a relay); default false.
+	LeafNoAdvertise bool
 }
 
 // Account is a NATS account with JetStream and one user, Name, whose
@@ -124,7 +128,7 @@ func Start(o Options) (*Cluster, error) {
 			JetStreamDomain:    o.Domain,
 		}
 		if o.LeafNodes {
-			opts.LeafNode = server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPorts[i], Username: o.LeafUser, Password: o.LeafPassword}
+			opts.LeafNode = server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPorts[i], Username: o.LeafUser, Password: o.LeafPassword, NoAdvertise: o.LeafNoAdvertise}
 		}
 		if accounts != "" {
 			// Each node its own accounts (a server's accounts are its own).
