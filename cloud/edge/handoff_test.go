@@ -48,6 +48,19 @@ func TestHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Close()
+	has := func(names ...string) func(*route.Table) bool {
+		return func(tab *route.Table) bool {
+			for _, n := range names {
+				if !slices.ContainsFunc(tab.Envs(), func(e route.Env) bool { return e.Name == n }) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	if err := reg.Wait(ctx, has("hand-a", "hand-b")); err != nil {
+		t.Fatalf("the registry never held both edges: %v; it holds %+v", err, reg.Table.Envs())
+	}
 
 	// The decisions, over the declarations the edges published.
 	for _, tc := range []struct {

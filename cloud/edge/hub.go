@@ -106,6 +106,9 @@ func ReadEdges(ctx context.Context, js jetstream.JetStream, ns string) ([]route.
 type Registry struct {
 	Table *route.Table
 
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced at each change
+
 	ready  chan struct{}
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -128,7 +131,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, ns string, log *slog.Log
 		cancel()
 		return nil, err
 	}
-	r := &Registry{Table: route.NewTable(extra...), ready: make(chan struct{}), cancel: cancel}
+	r := &Registry{Table: route.NewTable(extra...), ready: make(chan struct{}), cancel: cancel, changed: make(chan struct{})}
 	r.wg.Go(func() {
 		defer w.Stop()
 		for {
@@ -155,6 +158,10 @@ func Watch(ctx context.Context, js jetstream.JetStream, ns string, log *slog.Log
 				default:
 					r.Table.Remove(e.Key())
 				}
+				r.mu.Lock()
+				close(r.changed)
+				r.changed = make(chan struct{})
+				r.mu.Unlock()
 			}
 		}
 	})
@@ -164,6 +171,24 @@ func Watch(ctx context.Context, js jetstream.JetStream, ns string, log *slog.Log
 	case <-ctx.Done():
 		r.Close()
 		return nil, ctx.Err()
+	}
+}
+
+// Wait waits until ok holds of the table, checked now and after each
+// change, or ctx ends.
+func (r *Registry) Wait(ctx context.Context, ok func(*route.Table) bool) error {
+	for {
+		r.mu.Lock()
+		ch := r.changed
+		r.mu.Unlock()
+		if ok(r.Table) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
 	}
 }
 

@@ -37,8 +37,10 @@ var (
 const (
 	ns                 = "keel"
 	leafUser, leafPass = "edge", "s3cret-edge"
-	// ttl is how long the cloud keeps a silent edge's declaration.
-	ttl = 2 * time.Second
+	// ttl is how long the cloud keeps a silent edge's declaration: 40
+	// heartbeats, so that a loaded machine's stall does not make an edge
+	// disappear.
+	ttl = 4 * time.Second
 )
 
 func TestMain(m *testing.M) {
