@@ -193,9 +193,11 @@ is configured so; an external one must be, see docs/cloud.md).`,
 					ws = append(ws, w)
 				}
 			}
-			if err := serveEdges(ctx, c, model, rt, log); err != nil {
+			stopEdges, err := serveEdges(ctx, c, model, rt, log)
+			if err != nil {
 				return err
 			}
+			defer stopEdges()
 			if tenants != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "%d workers for each of %d tenants serving namespace %s\n", workers, len(ts), c.ns)
 			} else {

@@ -167,23 +167,27 @@ func toolsOrNil(t []string) []string {
 }
 
 // serveEdges sets up the edges bucket and hand-off stream, and declares
-// the cloud (its model's models, its tools) there until ctx ends.
+// the cloud (its model's models, its tools) there until ctx ends or the
+// returned stop is called, which waits for it.
 func serveEdges(ctx context.Context, c *conn, model models.Provider, tools interface {
 	Specs(context.Context) []keel.ToolSpec
-}, log *slog.Logger) error {
+}, log *slog.Logger) (stop func(), err error) {
 	nc, js, err := c.connect("keel-cloud-edges")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := edge.Setup(ctx, js, c.ns, c.replicas, 0); err != nil {
 		nc.Close()
-		return err
+		return nil, err
 	}
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer nc.Close()
-		declareCloud(ctx, js, c.ns, model, tools.Specs(ctx), edge.DefaultTTL, log)
+		declareCloud(dctx, js, c.ns, model, tools.Specs(dctx), edge.DefaultTTL, log)
 	}()
-	return nil
+	return func() { cancel(); <-done }, nil
 }
 
 // submit queues a run for the workers.
