@@ -150,6 +150,11 @@ func Join(ctx context.Context, cfg Config, src Sources) (*Edge, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The outbox's subjects stay on this server: the events reach the
+	// cloud only through its mirror, as the filter left them, and never
+	// another edge's outbox (whose stream listens on the same subjects).
+	remote.DenyExports = []string{outboxSubject + ">"}
+	remote.DenyImports = []string{outboxSubject + ">"}
 	opts := &server.Options{
 		ServerName:         "edge-" + cfg.Name,
 		DontListen:         true,

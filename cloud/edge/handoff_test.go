@@ -14,6 +14,7 @@ import (
 	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // echoing answers every run with its goal, declaring the models ms.
@@ -126,6 +127,21 @@ func TestHandoff(t *testing.T) {
 		json.Unmarshal(evs[2].Data, &done)
 		if s.ID == priv.ID && (strings.Contains(string(evs[2].Data), "diary") || !done.Withheld) {
 			t.Errorf("private step's completion %s, want it withheld", evs[2].Data)
+		}
+	}
+
+	// Each edge's runs are in its own mirror only: the outboxes' subjects
+	// do not cross the leaf links.
+	for _, c := range []struct {
+		edge string
+		run  keel.RunID
+	}{{"hand-a", got.RunID}, {"hand-b", pgot.RunID}} {
+		m, err := js.Stream(ctx, edge.MirrorName(ns, c.edge))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg, err := m.GetLastMsgForSubject(ctx, "keel.outbox."+string(c.run)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("%s's mirror holds run %s of the other edge: %v %v", c.edge, c.run, msg, err)
 		}
 	}
 
