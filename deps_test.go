@@ -101,7 +101,7 @@ func TestDependencyDirection(t *testing.T) {
 		// from env.describe (capabilities), the outbox and its label
 		// filter (root types), routing. Never the engine (the daemon hands
 		// it functions), the store or the cloud's workers.
-		"cloud/edge": except("capabilities", "cloud"),
+		"cloud/edge":     except("capabilities", "cloud"),
 		"cloud/cloudcmd": except("engine", "models", "intercept", "policy", "schema", "capabilities", "wasmtools", "cloud"),
 	}
 	checked := 0
