@@ -240,14 +240,14 @@ func (t *Tool) call(ctx context.Context, inv keel.ToolInvocation) (json.RawMessa
 	hits, err := t.cfg.Index.Search(ctx, knowledge.Query{Text: a.Query, Scopes: scopes, PathPrefix: a.PathPrefix, Limit: a.Limit})
 	if err != nil {
 		te := &keel.ToolError{Code: keel.ToolFailed, Message: fmt.Sprintf("search: %v", err)}
-		t.finishSpan(ctx, sp, inv.CallID, start, a, scopes, nil, 0, te)
+		t.finishSpan(ctx, sp, inv.CallID, start, a, scopes, nil, 0, nil, te)
 		return nil, scopes, te
 	}
 	out, shown := render(a.Query, scopes, hits, t.cfg.MaxOutputBytes)
 	if inv.Touched != nil {
 		*inv.Touched = touched(p, hits[:shown])
 	}
-	t.finishSpan(ctx, sp, inv.CallID, start, a, scopes, hits, shown, nil)
+	t.finishSpan(ctx, sp, inv.CallID, start, a, scopes, hits, shown, hitLabels(p, hits), nil)
 	return out, scopes, nil
 }
 
@@ -274,6 +274,31 @@ func touched(p *policy.Policy, hits []knowledge.Hit) keel.Touched {
 		tc.Labels = append(tc.Labels, string(l))
 	}
 	return tc
+}
+
+// hitLabels are the labels of every hit: touched's, and the policy's
+// path sources' for the files among their sources.
+func hitLabels(p *policy.Policy, hits []knowledge.Hit) []string {
+	tc := touched(p, hits)
+	ls := policy.LabelSet{}
+	for _, l := range tc.Labels {
+		if pl, err := policy.ParseLabel(l); err == nil {
+			ls = ls.Union(policy.Labels(pl))
+		}
+	}
+	if p != nil {
+		for _, path := range tc.Paths {
+			ls = ls.Union(p.LabelsOf(policy.Source{Kind: policy.SourcePath, Name: path}))
+		}
+		if tc.Truncated {
+			ls = ls.Union(p.PathLabels())
+		}
+	}
+	var out []string
+	for _, l := range ls.Slice() {
+		out = append(out, string(l))
+	}
+	return out
 }
 
 // Cite is how hit number n is cited: "[n] source:start-end".
@@ -363,6 +388,10 @@ type RetrievalAttrs struct {
 	Limit      int            `json:"limit"`
 	Hits       []retrievalHit `json:"hits"`
 	CallID     string         `json:"call_id,omitempty"`
+	// Labels are the labels of every hit found (shown or not): its own,
+	// its scope's and its file's by the policy. An export of the span
+	// reads them: a labelled search's query and hits stay home.
+	Labels []string `json:"labels,omitempty"`
 }
 
 func (t *Tool) startSpan(ctx context.Context, inv keel.ToolInvocation, a args, scopes []knowledge.Scope) *keel.Span {
@@ -376,7 +405,7 @@ func (t *Tool) startSpan(ctx context.Context, inv keel.ToolInvocation, a args, s
 	return &sp
 }
 
-func (t *Tool) finishSpan(ctx context.Context, sp *keel.Span, callID string, start time.Time, a args, scopes []knowledge.Scope, hits []knowledge.Hit, shown int, te *keel.ToolError) {
+func (t *Tool) finishSpan(ctx context.Context, sp *keel.Span, callID string, start time.Time, a args, scopes []knowledge.Scope, hits []knowledge.Hit, shown int, labels []string, te *keel.ToolError) {
 	if sp == nil {
 		return
 	}
@@ -384,7 +413,7 @@ func (t *Tool) finishSpan(ctx context.Context, sp *keel.Span, callID string, sta
 	if te != nil {
 		sp.Status, sp.Error = keel.SpanError, te.Error()
 	}
-	at := RetrievalAttrs{Query: a.Query, PathPrefix: a.PathPrefix, Limit: a.Limit, Hits: []retrievalHit{}, CallID: callID}
+	at := RetrievalAttrs{Query: a.Query, PathPrefix: a.PathPrefix, Limit: a.Limit, Hits: []retrievalHit{}, CallID: callID, Labels: labels}
 	for _, s := range scopes {
 		at.Scopes = append(at.Scopes, string(s))
 	}

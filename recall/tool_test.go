@@ -195,6 +195,18 @@ func TestToolScopes(t *testing.T) {
 		at.Query != "flux capacitor" || len(at.Scopes) != 2 || len(at.Hits) != 2 || at.Hits[0].Score == 0 || at.CallID != "c1" {
 		t.Errorf("retrieval span %+v attrs %s", sp, sp.Attrs)
 	}
+	// The span carries its hits' labels, so that an export of it keeps
+	// a private search's query and hits home.
+	if !slices.Contains(at.Labels, "private") {
+		t.Errorf("retrieval span's labels = %v, want private (a hit from the private user scope)", at.Labels)
+	}
+	var first recall.RetrievalAttrs
+	if err := json.Unmarshal(tr.all[0].Attrs, &first); err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Labels) != 0 {
+		t.Errorf("the workspace search's span labels = %v, want none", first.Labels)
+	}
 }
 
 // TestRenderKeepsWholeHits: hits that do not fit the output's bound are

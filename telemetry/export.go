@@ -971,6 +971,11 @@ func (rs *runState) contentOf(sp *keel.Span, a *spanAttrs) *spanContent {
 		if sp.Kind == keel.SpanToolCall {
 			c.result = rs.results[a.CallID]
 		}
+	case keel.SpanRetrieval:
+		c.query = a.Query
+		if len(a.Hits) > 0 {
+			c.docs = documentsJSON(a.Hits)
+		}
 	}
 	if c == (spanContent{}) {
 		return nil

@@ -29,6 +29,13 @@ const (
 	keyInput         = "gen_ai.input.messages"
 	keyOutput        = "gen_ai.output.messages"
 	keyErrorType     = "error.type"
+	// A search of the knowledge store (the GenAI conventions' retrieval
+	// span, in development): its data source and top k always; the query
+	// and the documents found are content, exported only as content is.
+	keyDataSource    = "gen_ai.data_source.id"
+	keyRetrievalTopK = "gen_ai.retrieval.top_k"
+	keyRetrievalText = "gen_ai.retrieval.query.text"
+	keyRetrievalDocs = "gen_ai.retrieval.documents"
 
 	keyRunID          = "keel.run.id"
 	keyParentRun      = "keel.run.parent_id"
@@ -56,6 +63,8 @@ const (
 	keySubagent       = "keel.subagent.run_id"
 	keyAttempt        = "keel.attempt"
 	keyContentOmitted = "keel.content.omitted"
+	keyScopes         = "keel.knowledge.scopes"
+	keyHitCount       = "keel.retrieval.hits"
 )
 
 // Operation names (gen_ai.operation.name).
@@ -63,6 +72,7 @@ const (
 	opChat        = "chat"
 	opExecuteTool = "execute_tool"
 	opInvokeAgent = "invoke_agent"
+	opRetrieval   = "retrieval"
 )
 
 // errOther is error.type for a failure keel does not classify.
@@ -110,6 +120,18 @@ type spanAttrs struct {
 	Run                   keel.RunID // run
 	Attempt               int        // attempt
 	Policy                spanPolicy // policy
+	// A retrieval span's: the query, the scopes searched, the limit
+	// asked for and the hits (recall.RetrievalAttrs).
+	Query  string         // query
+	Scopes []string       // scopes
+	Limit  int            // limit
+	Hits   []retrievalHit // hits
+}
+
+// retrievalHit is what the export reads of a retrieval span's hit.
+type retrievalHit struct {
+	Source, Lines string // source, lines
+	Score         float64
 }
 
 // spanPolicy is a span's "policy": the decision that let a tool call
@@ -171,6 +193,35 @@ func decodeAttrs(sp *keel.Span) spanAttrs {
 				if s, ok := p.string(); ok {
 					a.Labels = append(a.Labels, s)
 				}
+			})
+		case "query":
+			a.Query = p.str()
+		case "scopes":
+			a.Scopes = nil
+			p.array(func() {
+				if s, ok := p.string(); ok {
+					a.Scopes = append(a.Scopes, s)
+				}
+			})
+		case "limit":
+			a.Limit = p.int()
+		case "hits":
+			a.Hits = nil
+			p.array(func() {
+				var h retrievalHit
+				p.object(func(key string) {
+					switch key {
+					case "source":
+						h.Source = p.str()
+					case "lines":
+						h.Lines = p.str()
+					case "score":
+						h.Score = p.float()
+					default:
+						p.skip()
+					}
+				})
+				a.Hits = append(a.Hits, h)
 			})
 		case "egress":
 			a.Egress, a.EgressRefused = 0, 0
@@ -413,6 +464,21 @@ func (p *attrScanner) int() int {
 	return n
 }
 
+// float reads a number; another value, or one out of float64's range,
+// is skipped and read as 0.
+func (p *attrScanner) float() float64 {
+	if p.bad {
+		return 0
+	}
+	start := p.i
+	p.skip()
+	f, err := strconv.ParseFloat(strings.TrimSpace(p.s[start:p.i]), 64)
+	if err != nil {
+		return 0
+	}
+	return f
+}
+
 // skip skips a value of any type.
 func (p *attrScanner) skip() {
 	if p.bad {
@@ -453,6 +519,28 @@ type runInfo struct {
 type spanContent struct {
 	input, output string // gen_ai.input.messages, gen_ai.output.messages (JSON)
 	args, result  string // gen_ai.tool.call.arguments, .result
+	query, docs   string // gen_ai.retrieval.query.text, .documents (JSON)
+}
+
+// documentsJSON is gen_ai.retrieval.documents of hits: each one's ID
+// (its citation: source, and lines where known) and score.
+func documentsJSON(hits []retrievalHit) string {
+	type doc struct {
+		ID    string  `json:"id"`
+		Score float64 `json:"score"`
+	}
+	docs := make([]doc, len(hits))
+	for i, h := range hits {
+		docs[i] = doc{ID: h.Source, Score: h.Score}
+		if h.Lines != "" {
+			docs[i].ID += ":" + h.Lines
+		}
+	}
+	b, err := json.Marshal(docs)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // message is one message of gen_ai.input.messages or .output.messages.

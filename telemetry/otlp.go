@@ -293,6 +293,8 @@ func (e *encoder) name(sp *keel.Span) string {
 		n = opExecuteTool + " " + sp.Name
 	case keel.SpanHuman:
 		n = string(keel.SpanHuman) + " " + sp.Name
+	case keel.SpanRetrieval:
+		n = opRetrieval + " " + sp.Name
 	default:
 		n = string(sp.Kind)
 	}
@@ -447,6 +449,19 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		if a.CallID != "" {
 			b = appendStr(b, keyToolCallID, a.CallID)
 		}
+	case keel.SpanRetrieval:
+		b = appendStr(b, keyOperation, opRetrieval)
+		b = appendStr(b, keyDataSource, sp.Name)
+		if a.CallID != "" {
+			b = appendStr(b, keyToolCallID, a.CallID)
+		}
+		if len(a.Scopes) > 0 {
+			b = appendStrs(b, keyScopes, a.Scopes...)
+		}
+		if a.Limit > 0 {
+			b = appendInt(b, keyRetrievalTopK, a.Limit)
+		}
+		b = appendInt(b, keyHitCount, len(a.Hits))
 	}
 	if sp.Kind == keel.SpanToolCall || sp.Kind == keel.SpanHuman {
 		if pd := a.Policy.Decision; pd != nil && pd.Outcome != "" {
@@ -477,7 +492,7 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		b = appendBool(b, keyContentOmitted, true)
 	}
 	if c != nil {
-		b = appendNonEmpty(b, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result)
+		b = appendNonEmpty(b, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result, keyRetrievalText, c.query, keyRetrievalDocs, c.docs)
 	}
 
 	status := 0

@@ -263,6 +263,8 @@ func FuzzDecodeAttrs(f *testing.F) {
 		`{"labels":"pii","attempt":"3","policy":"allow","call_id":5,"egress":{}}`,
 		`{"call_id":"a","call_id":"b","labels":["x"],"labels":["y"]}`,
 		` { "call_id" : "c" , "attempt" : -2 , "x" : [ true , false , null , 1.5e3 ] } `,
+		`{"query":"lease \"renewal\"","scopes":["user","workspace:/src",7],"limit":5,"hits":[{"n":1,"source":"/src/a.go","lines":"3-9","scope":"user","score":0.0325,"bm25_rank":1,"shown":true},{"source":"b.md","score":1e400},3,{"score":"x"}],"call_id":"call_9"}`,
+		`{"hits":{},"scopes":"user","limit":"5","query":["q"]}`,
 		`{"attempt":1.5}`, `[]`, `null`, `"x"`, `{}`, `{"call_id":`, `{"a":tru}`, `{"a":"\ud83d\ude00"}`,
 	} {
 		f.Add(s)
@@ -308,6 +310,31 @@ func refAttrs(t *testing.T, in string) spanAttrs {
 					a.EgressRefused++
 				}
 			}
+		}
+	}
+	a.Query = str(m["query"])
+	if l, ok := m["scopes"].([]any); ok {
+		for _, v := range l {
+			if s, ok := v.(string); ok {
+				a.Scopes = append(a.Scopes, s)
+			}
+		}
+	}
+	if n, ok := m["limit"].(json.Number); ok {
+		a.Limit, _ = strconv.Atoi(n.String())
+	}
+	if hs, ok := m["hits"].([]any); ok {
+		for _, v := range hs {
+			var h retrievalHit
+			if o, ok := v.(map[string]any); ok {
+				h.Source, h.Lines = str(o["source"]), str(o["lines"])
+				if n, ok := o["score"].(json.Number); ok {
+					if f, err := strconv.ParseFloat(n.String(), 64); err == nil {
+						h.Score = f
+					}
+				}
+			}
+			a.Hits = append(a.Hits, h)
 		}
 	}
 	switch p := m["policy"].(type) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -944,5 +945,63 @@ func TestJournalCarriesTheRun(t *testing.T) {
 	}
 	if s := attrsOf(rootR)[keyRunStatus].AsString(); s != "succeeded" {
 		t.Errorf("run_r's root span: %s = %q, want succeeded (read)", keyRunStatus, s)
+	}
+}
+
+// TestRetrievalSpan: a search of the knowledge store is exported as the
+// GenAI conventions' retrieval span, under its tool call; its query and
+// hits only as content, and never when its hits are labelled.
+func TestRetrievalSpan(t *testing.T) {
+	t.Parallel()
+	const attrs = `{"query":"swordfish lease","scopes":["user","workspace:/src"],"limit":5,"hits":[` +
+		`{"n":1,"source":"/src/lease.go","lines":"3-9","scope":"user","score":0.0325,"bm25_rank":1,"shown":true},` +
+		`{"n":2,"source":"notes.md","scope":"user","score":0.016,"vector_rank":2,"shown":false}],"call_id":"call_1"%s}`
+	for _, tc := range []struct {
+		name    string
+		content bool
+		labels  string // the span's labels attribute
+		want    bool   // the query and documents exported
+	}{
+		{"content", true, "", true},
+		{"no content", false, "", false},
+		{"labelled hits", true, `,"labels":["private"]`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			run := keel.Run{ID: "run_r", Status: keel.RunSucceeded, Goal: "find it"}
+			runs := &fakeRuns{runs: map[keel.RunID]keel.Run{run.ID: run}}
+			x, mem, tr := newTest(t, Config{FlushIntervalMS: 10, Content: tc.content}, runs, nil)
+			spans := agentRun(run.ID)
+			ret := keel.Span{ID: "ret_r", RunID: run.ID, ParentID: spans[2].ID, Kind: keel.SpanRetrieval, Name: "knowledge", Step: 1,
+				Start: t0.Add(1101 * time.Millisecond), Duration: time.Millisecond, Status: keel.SpanOK, Attrs: json.RawMessage(fmt.Sprintf(attrs, tc.labels))}
+			finish(t, tr, append([]keel.Span{ret}, spans...)...)
+			if err := x.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := byName(mem.GetSpans())
+			s, ok := got["retrieval knowledge"]
+			if !ok {
+				t.Fatalf("no span named %q among %v", "retrieval knowledge", slices.Collect(maps.Keys(got)))
+			}
+			if tool := got["execute_tool echo"]; s.Parent.SpanID() != tool.SpanContext.SpanID() {
+				t.Errorf("retrieval's parent = %v, want the tool call %v", s.Parent.SpanID(), tool.SpanContext.SpanID())
+			}
+			a := attrsOf(s)
+			if a[keyOperation].AsString() != opRetrieval || a[keyDataSource].AsString() != "knowledge" || a[keyToolCallID].AsString() != "call_1" ||
+				a[keyRetrievalTopK].AsInt64() != 5 || a[keyHitCount].AsInt64() != 2 ||
+				!slices.Equal(a[keyScopes].AsStringSlice(), []string{"user", "workspace:/src"}) {
+				t.Errorf("retrieval attributes = %v", a)
+			}
+			text, docs := a[keyRetrievalText].AsString(), a[keyRetrievalDocs].AsString()
+			if !tc.want {
+				if text != "" || docs != "" {
+					t.Errorf("content exported: query %q, documents %q", text, docs)
+				}
+				return
+			}
+			if text != "swordfish lease" || docs != `[{"id":"/src/lease.go:3-9","score":0.0325},{"id":"notes.md","score":0.016}]` {
+				t.Errorf("query %q, documents %s", text, docs)
+			}
+		})
 	}
 }
