@@ -12,7 +12,6 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/models/scripted"
-	"github.com/keel-runtime/keel/store"
 )
 
 // TestAdopt: an engine adopts a run another engine left running (it
@@ -23,7 +22,7 @@ func TestAdopt(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(ctx, filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

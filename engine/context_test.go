@@ -203,7 +203,7 @@ func stepText(req models.ChatRequest) string {
 
 func fitHarness(t *testing.T, m engine.Model) (*store.Store, *engine.Engine) {
 	t.Helper()
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

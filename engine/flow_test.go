@@ -183,7 +183,7 @@ type flowHarness struct {
 
 func newFlowHarness(t *testing.T, m engine.Model, cfg engine.Config) *flowHarness {
 	t.Helper()
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -670,7 +670,7 @@ func TestPlannerReplanBound(t *testing.T) {
 func TestDAGResumeAfterShutdown(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "keel.db"))
+	st, err := openDB(ctx, filepath.Join(dir, "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1074,7 +1074,7 @@ func (c *crashAfterFirstWrite) AppendAll(ctx context.Context, id keel.RunID, evs
 // there with its plan.
 func TestDAGRunIsStoredWithItsPlan(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(ctx, filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

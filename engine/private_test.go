@@ -14,7 +14,6 @@ import (
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
-	"github.com/keel-runtime/keel/store"
 )
 
 // privateEcho is echoTools whose echo reads a directory marked private.
@@ -54,7 +53,7 @@ func TestPrivateToolMakesRunPrivate(t *testing.T) {
 		}
 		return models.ChatResponse{Message: models.Message{Content: "done"}}, nil
 	})))
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,7 @@ func TestPlanPrivateSubAgent(t *testing.T) {
 		}
 		return text("result of " + step), nil
 	}}
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
+	st, err := openDB(context.Background(), filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/models/scripted"
-	"github.com/keel-runtime/keel/store"
 )
 
 // TestRecoverClosesSpansOfEndedRuns: a crash right after runs ended (a
@@ -22,7 +21,7 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "keel.db")
-	st, err := store.Open(ctx, path)
+	st, err := openDB(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +107,7 @@ func TestRecoverClosesSpansOfEndedRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	st, err = store.Open(ctx, path)
+	st, err = openDB(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
