@@ -230,7 +230,9 @@ func TestLabelsFromEachSourceReachTheContext(t *testing.T) {
 	ctx := context.Background()
 	said := make(chan error, 1)
 	var id keel.RunID
+	started := make(chan struct{}) // closed once id is set
 	tools.onCall = func(inv keel.ToolInvocation) {
+		<-started               // the call can come before Start has returned the run's ID
 		if inv.CallID == "m1" { // a person speaks while the run works
 			_, err := eng.SayLabeled(ctx, id, "use the 2025 list", []string{"mine"})
 			said <- err
@@ -241,6 +243,7 @@ func TestLabelsFromEachSourceReachTheContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	id = run.ID
+	close(started)
 	if r := waitRun(t, eng, st, run.ID); r.Status != keel.RunSucceeded {
 		t.Fatalf("run = %s %q", r.Status, r.Error)
 	}
@@ -735,8 +738,10 @@ func TestLiveLabelsMatchTheFoldUnderConcurrency(t *testing.T) {
 	st, eng := newEngine(t, engine.Config{Model: p, Tools: tools})
 	ctx := context.Background()
 	var id keel.RunID
+	started := make(chan struct{}) // closed once id is set
 	errs := make(chan error, 64)
 	tools.onCall = func(inv keel.ToolInvocation) {
+		<-started // the call can come before Start has returned the run's ID
 		var wg sync.WaitGroup
 		for i := range 16 {
 			wg.Add(2)
@@ -760,6 +765,7 @@ func TestLiveLabelsMatchTheFoldUnderConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	id = run.ID
+	close(started)
 	if r := waitRun(t, eng, st, run.ID); r.Status != keel.RunSucceeded {
 		t.Fatalf("run = %s %q", r.Status, r.Error)
 	}
