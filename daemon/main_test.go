@@ -55,7 +55,10 @@ func testMain(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(tmp)
 	bundledDir = filepath.Join(tmp, "bundled")
-	if err := builtin.Install(bundledDir); err != nil {
+	// The tools unpacked once, kept in the user cache directory (unpacking
+	// them takes seconds of CPU under -race).
+	builtinDir := filepath.Join("..", "wasmtools", "builtin")
+	if err := testcache.Installed("bundled-test", builtinDir, []string{filepath.Join(builtinDir, "embedded")}, bundledDir, builtin.Install); err != nil {
 		return 0, err
 	}
 	orig, err := os.ReadFile(filepath.Join(bundledDir, "writefile.wasm"))

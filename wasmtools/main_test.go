@@ -111,7 +111,7 @@ func testMain(m *testing.M) (int, error) {
 	}
 
 	toolsDir = filepath.Join(tmp, "tools")
-	if err := builtin.Install(toolsDir); err != nil {
+	if err := installBundled(toolsDir); err != nil {
 		return 0, err
 	}
 
@@ -244,6 +244,13 @@ func testMain(m *testing.M) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+// installBundled writes the bundled tools into dir as builtin.Install
+// does, copied from their unpacked form kept in the user cache directory:
+// unpacking them takes seconds of CPU under -race.
+func installBundled(dir string) error {
+	return testcache.Installed("bundled-test", "builtin", []string{filepath.Join("builtin", "embedded")}, dir, builtin.Install)
 }
 
 // cloneCache returns a new cache directory holding keel's part of
