@@ -53,6 +53,10 @@ func (t tickTools) Call(context.Context, keel.ToolInvocation) (json.RawMessage, 
 // wait is asked of Sleep and lasts what it asked, and span IDs carry the
 // injected clock's time.
 func TestInjectedClockAndSleep(t *testing.T) {
+	// Not parallel: the times in span IDs only increase, process-wide
+	// (keel.NewSpanID), so once another test's engine has made one at the
+	// real time, this run's IDs would carry times after it, not the
+	// injected clock's.
 	t0 := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	clock := &fakeClock{now: t0}
 	var calls int

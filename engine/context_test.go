@@ -23,6 +23,7 @@ import (
 // request fits, and a replay rebuilds the same events without asking for
 // a summary.
 func TestContextSummarized(t *testing.T) {
+	t.Parallel()
 	const ctxLen = 1200 // tokens; each echo result is ~340
 	big := strings.Repeat("lorem ipsum ", 85)
 	var mu sync.Mutex

@@ -18,6 +18,7 @@ import (
 // resume; the person runs a tool for it and hands it back with a note;
 // the run goes on and the model reads what the person did and said, once.
 func TestTakeOverAndHandBack(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	p := scripted.New(nil,
 		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {

@@ -206,6 +206,7 @@ func eqTypes(a, b []keel.EventType) bool {
 }
 
 func TestToolThenAnswer(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("echo", `{"text":"hello wasm"}`), scripted.Answer("the tool said hello wasm"))
 	h := newHarness(t, p)
 	r := h.runToEnd(t, "say hello")
@@ -261,6 +262,7 @@ func TestToolThenAnswer(t *testing.T) {
 }
 
 func TestToolErrorGoesBackToModel(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("echo", `{"wrong":1}`), scripted.Answer("sorry"))
 	h := newHarness(t, p)
 	r := h.runToEnd(t, "bad args")
@@ -282,6 +284,7 @@ func TestToolErrorGoesBackToModel(t *testing.T) {
 }
 
 func TestEndings(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		steps  []scripted.Step
@@ -308,6 +311,7 @@ func TestEndings(t *testing.T) {
 }
 
 func TestStartValidation(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, scripted.New(nil))
 	ctx := context.Background()
 	if _, err := h.eng.Start(ctx, engine.StartRequest{Goal: "  "}); !errors.Is(err, keel.ErrInvalid) {
@@ -325,6 +329,7 @@ func TestStartValidation(t *testing.T) {
 }
 
 func TestCancelStopsModelAndTool(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name  string
 		steps []scripted.Step
@@ -366,6 +371,7 @@ func TestCancelStopsModelAndTool(t *testing.T) {
 }
 
 func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	st, err := openDB(ctx, filepath.Join(dir, "keel.db"))
@@ -431,6 +437,7 @@ func TestShutdownInterruptsAndRecoverMarksLeftovers(t *testing.T) {
 }
 
 func TestManyConcurrentRuns(t *testing.T) {
+	t.Parallel()
 	p := scripted.ByGoal(nil, func(goal string) []scripted.Step {
 		return []scripted.Step{scripted.CallTool("echo", fmt.Sprintf(`{"text":%q}`, goal)), scripted.Answer("done " + goal)}
 	})
@@ -504,6 +511,7 @@ func waitUntil(t *testing.T, eng *engine.Engine, cond func() bool) {
 // Cloud only when the run allows it, never for a private run, the run's
 // budget enforced, and the serving provider and cost on the span.
 func TestRunPolicyThroughRouter(t *testing.T) {
+	t.Parallel()
 	local := scripted.New(nil, scripted.Repeat(scripted.Answer("local answer")))
 	cloud := scripted.New(nil, scripted.Repeat(scripted.Answer("cloud answer")))
 	r, err := models.NewRouter(models.RouterConfig{
@@ -576,6 +584,7 @@ func (o *onDisk) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawMes
 // result) is then one commit, which a crash loses whole. Either way,
 // when the model is asked again, all of the step is on disk.
 func TestResultsAreOnDiskBeforeUse(t *testing.T) {
+	t.Parallel()
 	all := []keel.EventType{keel.EventRunStarted, keel.EventModelResult, keel.EventToolCall, keel.EventToolResult}
 	for _, tc := range []struct {
 		tool          string
@@ -644,6 +653,7 @@ func (p *peek) Chat(ctx context.Context, req models.ChatRequest, onDelta func(mo
 // one commit (an fsync), one that calls a tool that must not run twice
 // two: its intent is on disk before the tool starts.
 func TestReadOnlyStepIsOneCommit(t *testing.T) {
+	t.Parallel()
 	const steps = 6
 	for _, tc := range []struct {
 		tool    string
@@ -704,6 +714,7 @@ func (t *loadingTools) Specs(context.Context) []keel.ToolSpec {
 // does not wait for them: the run is returned queued and its loop
 // journals run.started once they are there.
 func TestStartJournalsTheStartWithTheCreation(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st := &writeCounter{Store: openStore(t)}
 	tools := &loadingTools{loaded: make(chan struct{})}
@@ -854,6 +865,7 @@ func (t *classTools) SideEffects(name string) (keel.SideEffect, bool) {
 // spec: a run of six read-only calls lists the specs once, at its start,
 // and still commits each step once.
 func TestToolStepsAskOneToolsClass(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st := openStore(t)
 	const steps = 6

@@ -259,6 +259,7 @@ func childIDs(t *testing.T, st *store.Store, parent keel.RunID) []string {
 }
 
 func TestDAGStartValidation(t *testing.T) {
+	t.Parallel()
 	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{})
 	s := func(id string, deps ...string) keel.PlanStep {
 		return keel.PlanStep{ID: id, Goal: "do " + id, DependsOn: deps}
@@ -304,6 +305,7 @@ func TestDAGStartValidation(t *testing.T) {
 // flight with it: the steps overlap. The journal never has more than two
 // steps started and not finished.
 func TestDAGParallelUnderLimit(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
 		if out, ok := lastTool(req); ok {
 			return text(step + " met: " + out), nil
@@ -350,6 +352,7 @@ func TestDAGParallelUnderLimit(t *testing.T) {
 // succeeded, and its goal carries their results; the run's result is its
 // sinks' results, labelled.
 func TestDAGDependencies(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
 		if step == "c" {
 			return text("c saw: " + scripted.Goal(req)), nil
@@ -402,6 +405,7 @@ func childRunID(parent keel.RunID, step string, attempt int) keel.RunID {
 // call of another fails), with its own budget, linked to its parent and
 // step, and its result reaches the parent.
 func TestDAGSubAgents(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	offered := map[string][]string{}
 	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
@@ -485,6 +489,7 @@ func TestDAGSubAgents(t *testing.T) {
 // budgets, a step whose budget is too small fails while the same step
 // without one succeeds.
 func TestDAGSubAgentBudgetIsItsOwn(t *testing.T) {
+	t.Parallel()
 	local := (&fakeModel{}).provider()
 	router, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"local": {Provider: local}}})
 	if err != nil {
@@ -510,6 +515,7 @@ func TestDAGSubAgentBudgetIsItsOwn(t *testing.T) {
 // TestDAGStepRetries: a step that fails once succeeds on its retry, as a
 // second sub-agent; without retries the run fails naming the step.
 func TestDAGStepRetries(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		retries  int
 		status   keel.RunStatus
@@ -554,6 +560,7 @@ func TestDAGStepRetries(t *testing.T) {
 // the failure and the results so far; the succeeded step is reused, not
 // run again; the answer is composed from the results.
 func TestPlannerReplans(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{
 		plan: func(n int, req models.ChatRequest) string {
 			switch n {
@@ -633,6 +640,7 @@ func TestPlannerReplans(t *testing.T) {
 // TestPlannerReplanBound: a planner whose steps keep failing stops after
 // Config.MaxReplans re-plans, naming the step.
 func TestPlannerReplanBound(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{
 		plan: func(int, models.ChatRequest) string { return `{"steps":[{"id":"x","goal":"always fails"}]}` },
 		step: func(context.Context, string, models.ChatRequest) (models.ChatResponse, error) {
@@ -668,6 +676,7 @@ func TestPlannerReplanBound(t *testing.T) {
 // finished step is not run again, the started one gets no second
 // sub-agent, and every journal is gapless.
 func TestDAGResumeAfterShutdown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	st, err := openDB(ctx, filepath.Join(dir, "keel.db"))
@@ -780,6 +789,7 @@ func receive(t *testing.T, ch <-chan string, n int) []string {
 // TestDAGCancelStopsChildren: cancelling the parent cancels its running
 // sub-agents, and the parent journals their endings before its own.
 func TestDAGCancelStopsChildren(t *testing.T) {
+	t.Parallel()
 	m, started := blockingSteps(make(chan struct{}))
 	h := newFlowHarness(t, m.provider(), engine.Config{})
 	ctx := context.Background()
@@ -807,6 +817,7 @@ func TestDAGCancelStopsChildren(t *testing.T) {
 // TestDAGPauseStopsNewSteps: a paused parent starts no new step; the
 // sub-agent already running finishes; after Unpause the next step runs.
 func TestDAGPauseStopsNewSteps(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	m, started := blockingSteps(release)
 	h := newFlowHarness(t, m.provider(), engine.Config{})
@@ -859,6 +870,7 @@ func TestDAGPauseStopsNewSteps(t *testing.T) {
 // approval leaves its parent running (blocked, not failed); once approved
 // the sub-agent and then the parent finish.
 func TestDAGChildWaitsForApproval(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
 		if out, ok := lastTool(req); ok {
 			return text("wrote: " + out), nil
@@ -893,6 +905,7 @@ func TestDAGChildWaitsForApproval(t *testing.T) {
 // one loop: replay refuses it, or (until Replay checks the kind first)
 // replays to a failure that says so; it never creates a run.
 func TestReplayRefusesFlow(t *testing.T) {
+	t.Parallel()
 	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{})
 	r := h.dag(t, keel.PlanStep{ID: "a", Goal: "g"})
 	if r.Status != keel.RunSucceeded {
@@ -918,6 +931,7 @@ func TestReplayRefusesFlow(t *testing.T) {
 // planner again; a step.started whose sub-agent was never created gets
 // that sub-agent, under the journaled ID, not a second attempt.
 func TestFlowResumeReusesJournal(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name     string
 		kind     keel.RunKind
@@ -977,6 +991,7 @@ func TestFlowResumeReusesJournal(t *testing.T) {
 // goroutine of its own runs it) still cancels the sub-agent it left
 // running.
 func TestDAGCancelPausedParent(t *testing.T) {
+	t.Parallel()
 	blocked, release := make(chan struct{}, 1), make(chan struct{})
 	m := &fakeModel{step: func(ctx context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
 		switch step {
@@ -1073,6 +1088,7 @@ func (c *crashAfterFirstWrite) AppendAll(ctx context.Context, id keel.RunID, evs
 // right after the first write of Start, the run is either not there or
 // there with its plan.
 func TestDAGRunIsStoredWithItsPlan(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st, err := openDB(ctx, filepath.Join(t.TempDir(), "keel.db"))
 	if err != nil {
@@ -1103,6 +1119,7 @@ func TestDAGRunIsStoredWithItsPlan(t *testing.T) {
 // that named a budget as big as the run's) waits until that sibling ends
 // and gives back what it did not spend.
 func TestDAGSubAgentsShareTheBudget(t *testing.T) {
+	t.Parallel()
 	const budget = 900
 	for _, tt := range []struct {
 		name    string

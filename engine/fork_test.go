@@ -16,6 +16,7 @@ import (
 // the model only for the steps after N, and replays to its own journal;
 // the source is untouched.
 func TestFork(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTool("write", `{"n":1}`),
 		scripted.CallTool("echo", `{"text":"two"}`),
@@ -80,6 +81,7 @@ func TestFork(t *testing.T) {
 // fork ends with the source's answer); max_steps gives the turn room; a
 // fork asked for again with the same idempotency key is the same run.
 func TestForkWithMessage(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTool("echo", `{"text":"one"}`),
 		scripted.Answer("first answer"),

@@ -49,6 +49,7 @@ func (f *forcedTools) Chat(ctx context.Context, req models.ChatRequest, onDelta 
 // model call's prompt reaches num_ctx (Ollama reports exactly num_ctx
 // for a prompt it cut).
 func TestRealOllamaContextFit(t *testing.T) {
+	t.Parallel()
 	host := os.Getenv("OLLAMA_HOST")
 	if host == "" {
 		t.Skip("OLLAMA_HOST is unset; start a test server with ../shared/ollama/start")

@@ -32,6 +32,7 @@ func eventsOf(t *testing.T, st *store.Store, id keel.RunID, typ keel.EventType) 
 // tried again as the run's policy allows, each retry journaled and
 // traced, and a replay reproduces it; without retries the run fails.
 func TestModelRetries(t *testing.T) {
+	t.Parallel()
 	for _, retries := range []int{0, 2} {
 		t.Run(map[int]string{0: "none", 2: "two"}[retries], func(t *testing.T) {
 			var calls atomic.Int32
@@ -85,6 +86,7 @@ func TestModelRetries(t *testing.T) {
 // timeout fails as timeout; a read-only tool is tried again as the policy
 // allows, a non-idempotent one never.
 func TestToolStepTimeoutAndRetries(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		tool, args   string
 		wantAttempts int
@@ -124,6 +126,7 @@ func TestToolStepTimeoutAndRetries(t *testing.T) {
 // TestRunDeadline: a run still going at its deadline fails saying so,
 // and a resumed run past its deadline fails at once.
 func TestRunDeadline(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("slow", `{}`), scripted.Answer("never"))
 	st, eng, _ := resumeHarness(t, p)
 	ctx := context.Background()
@@ -159,6 +162,7 @@ func TestRunDeadline(t *testing.T) {
 
 // TestStartRefusesBadPolicy: out-of-range step limits are refused.
 func TestStartRefusesBadPolicy(t *testing.T) {
+	t.Parallel()
 	_, eng, _ := resumeHarness(t, scripted.New(nil))
 	for name, pol := range map[string]keel.RunPolicy{
 		"negative timeout": {StepTimeout: -time.Second},

@@ -27,6 +27,7 @@ func (privateEcho) ReadsPrivate(name string) bool { return name == "echo" }
 // the first step, before the read, is not. The journal marks the result
 // private, so a replay and a fork from a later step agree.
 func TestPrivateToolMakesRunPrivate(t *testing.T) {
+	t.Parallel()
 	const ctxLen = 1200 // tokens; each echo result is ~340
 	big := strings.Repeat("lorem ipsum ", 85)
 	var mu sync.Mutex
@@ -120,6 +121,7 @@ func (privateFlowTools) ReadsPrivate(name string) bool { return name == "echo" }
 // parent private: the step that depends on it (whose goal carries its
 // result) and the composition of the answer send only private requests.
 func TestPlanPrivateSubAgent(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	private := map[string][]bool{} // by step, whether each request was private
 	m := &fakeModel{plan: func(int, models.ChatRequest) string {

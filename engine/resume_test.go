@@ -108,6 +108,7 @@ func waitRun(t *testing.T, eng *engine.Engine, st *store.Store, id keel.RunID) k
 // a step it journaled, and re-runs a read-only call whose outcome was
 // not journaled, or a call that never started.
 func TestResumeReusesJournal(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name   string
 		call   keel.ToolCall
@@ -157,6 +158,7 @@ func TestResumeReusesJournal(t *testing.T) {
 // intent was journaled but whose result was not is never run again by
 // itself; the run waits, and the human's decision releases it.
 func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
+	t.Parallel()
 	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
 	for _, tt := range []struct {
 		decision   string
@@ -202,6 +204,7 @@ func TestResumeWaitsForHumanOnUnknownSideEffect(t *testing.T) {
 // waiting, and Decide would refuse a second decision, so the next start
 // must go on by itself, once.
 func TestResumeAfterDecisionBeforeGoingOn(t *testing.T) {
+	t.Parallel()
 	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
 	p := scripted.New(nil, scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
 		return models.ChatResponse{Message: models.Message{Content: "model saw: " + req.Messages[len(req.Messages)-1].Content}}, nil
@@ -233,6 +236,7 @@ func TestResumeAfterDecisionBeforeGoingOn(t *testing.T) {
 // TestStartIdempotencyKey: retried starts with one key, even concurrent,
 // make one run; the key with another goal is a conflict.
 func TestStartIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.Repeat(scripted.Answer("ok")))
 	st, eng, _ := resumeHarness(t, p)
 	ctx := context.Background()
@@ -277,6 +281,7 @@ func TestStartIdempotencyKey(t *testing.T) {
 // paused until Unpause, then goes on from its journal without asking the
 // model again for that step.
 func TestPauseAtStepBoundary(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	p := scripted.New(nil,
 		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
@@ -329,6 +334,7 @@ func TestPauseAtStepBoundary(t *testing.T) {
 // gives the same events without calling the model or a tool — a run with
 // a tool call and a tool error, and a run resumed after an interruption.
 func TestReplayReproducesEvents(t *testing.T) {
+	t.Parallel()
 	p := scripted.ByGoal(nil, func(goal string) []scripted.Step {
 		return []scripted.Step{
 			scripted.CallTool("echo", `{"text":"one"}`),
@@ -381,6 +387,7 @@ func TestReplayReproducesEvents(t *testing.T) {
 // approve runs it (with edited arguments when given), deny gives the model
 // the reason; the wait is a span of its own.
 func TestApprovalBoundToPayload(t *testing.T) {
+	t.Parallel()
 	args := json.RawMessage(`{"n":1}`)
 	sum := sha256.Sum256(args)
 	hash := hex.EncodeToString(sum[:])
@@ -439,6 +446,7 @@ func TestApprovalBoundToPayload(t *testing.T) {
 // it at the next step, once; one said to a paused run reaches it when
 // the run goes on (read back from the journal).
 func TestSayReachesTheModel(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	p := scripted.New(nil,
 		scripted.ReplyFunc(func(ctx context.Context, req models.ChatRequest) (models.ChatResponse, error) {
@@ -501,6 +509,7 @@ func TestSayReachesTheModel(t *testing.T) {
 // model only those, and a call to any other fails with permission_denied
 // without running.
 func TestToolSubset(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.CallTool("write", `{}`), scripted.Answer("done"))
 	st, eng, tools := resumeHarness(t, p)
 	run, err := eng.Start(context.Background(), engine.StartRequest{Goal: "write it", Policy: keel.RunPolicy{Tools: []string{"echo"}}})
@@ -528,6 +537,7 @@ func TestToolSubset(t *testing.T) {
 // attempt, its outcome is unknown again: the run waits for a new
 // decision instead of running the call a third time by itself.
 func TestRetryDecisionIsUsedOnce(t *testing.T) {
+	t.Parallel()
 	call := keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{}`)}
 	p := scripted.New(nil, scripted.Answer("done"))
 	st, eng, tools := resumeHarness(t, p)
@@ -567,6 +577,7 @@ func TestRetryDecisionIsUsedOnce(t *testing.T) {
 // journaled step used its whole budget, with no span left, is refused
 // its next model call on resume.
 func TestResumedBudgetCountsJournaledUsage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	local := scripted.New(nil, scripted.Answer("too late"))
 	r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"local": {Provider: local}}})

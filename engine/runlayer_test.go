@@ -205,6 +205,7 @@ func TestRunRulesSurviveRestart(t *testing.T) {
 // the write of a DAG run's step waits on the parent's rule (named as
 // run.start), though the engine asks for nothing itself.
 func TestDAGChildInheritsRunRules(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{step: func(_ context.Context, step string, req models.ChatRequest) (models.ChatResponse, error) {
 		if out, ok := lastTool(req); ok {
 			return text("wrote: " + out), nil

@@ -74,6 +74,7 @@ func spansOf(t *testing.T, st *store.Store, id keel.RunID) []keel.Span {
 // once it ends. Each model span carries the model's digest and the
 // hashes of the prompt template and of the whole prompt it was sent.
 func TestTraceIsATree(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil,
 		scripted.CallTools(keel.ToolCall{ID: "c1", Name: "write", Arguments: json.RawMessage(`{"n":1}`)}),
 		scripted.AnswerFunc(func(req models.ChatRequest) (models.ChatResponse, error) {
@@ -143,6 +144,7 @@ func (q *quickTools) Call(ctx context.Context, inv keel.ToolInvocation) (json.Ra
 // was in are opened again, not duplicated, and the call run again hangs
 // under the same step as the one cut off.
 func TestTraceTreeSurvivesAResume(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st := openStore(t)
 	p := scripted.New(nil, scripted.CallTool("slow", `{}`))
@@ -191,6 +193,7 @@ func TestTraceTreeSurvivesAResume(t *testing.T) {
 // per sub-agent, and each sub-agent's root span names that step span as
 // its parent.
 func TestTraceOfDAGRun(t *testing.T) {
+	t.Parallel()
 	m := &fakeModel{}
 	h := newFlowHarness(t, m.provider(), engine.Config{})
 	r := h.dag(t, keel.PlanStep{ID: "a", Goal: "first"}, keel.PlanStep{ID: "b", Goal: "second", DependsOn: []string{"a"}})
@@ -236,6 +239,7 @@ func TestTraceOfDAGRun(t *testing.T) {
 // under it; the resumed run writes the step span with the ID its
 // children name, so the trace is one tree again.
 func TestTraceStepLostInACrash(t *testing.T) {
+	t.Parallel()
 	p := scripted.New(nil, scripted.Answer("done"))
 	st, eng, _ := resumeHarness(t, p)
 	ctx := context.Background()
