@@ -196,7 +196,7 @@ func ownPage(r *http.Request) bool {
 	switch {
 	case len(origins) > 1:
 		return false
-	case len(origins) == 1 && strings.ToLower(origins[0]) == ownOrigin(r.Host):
+	case len(origins) == 1 && strings.ToLower(origins[0]) == ownOrigin(r):
 		return true
 	case len(origins) == 0 || origins[0] == "null":
 		return r.Header.Get("Sec-Fetch-Site") == "same-origin"

@@ -38,6 +38,16 @@ type Config struct {
 	// (with a session) and clients that send no Origin header (native
 	// programs) can connect.
 	AllowedOrigins []string
+	// AllowedHosts lists the Host header values requests may carry
+	// beside the loopback names (127.0.0.1, localhost, [::1]) with the
+	// listener's port and the address it is bound to: the names a server
+	// reached from other machines is known by. An entry "HOST:PORT"
+	// allows exactly that; "HOST" allows HOST with the listener's port
+	// or with none (the scheme's default port, as behind a proxy on 443).
+	// Names compare case-insensitively. A request with any other Host is
+	// refused (403), which stops DNS rebinding. Default: none, loopback
+	// only.
+	AllowedHosts []string
 	// Logger receives the server's log: rejected handshakes and dropped
 	// clients at Warn, unexpected errors (with the detail clients do not
 	// get) at Error. Default: logs are discarded.
@@ -161,6 +171,12 @@ func NewServer(svc Services, cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.AllowedOrigins = append([]string(nil), cfg.AllowedOrigins...)
+	cfg.AllowedHosts = append([]string(nil), cfg.AllowedHosts...)
+	for _, h := range cfg.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, "/ *@") {
+			return nil, fmt.Errorf("ipc: allowed host %q: want HOST or HOST:PORT", h)
+		}
+	}
 	cfg.Routes = append([]Route(nil), cfg.Routes...)
 	for _, rt := range cfg.Routes {
 		if rt.Handler == nil || rt.Pattern == "" {
@@ -236,23 +252,21 @@ func (s *Server) URL(ln net.Listener) string {
 }
 
 // Run serves on ln, which must be a TCP listener (normally bound to a
-// loopback address), until ctx is done or ln fails, then closes ln and
-// every client connection (with status 1001, "server shutting down") and
-// returns once every goroutine it started has exited, including every
-// Services call in flight. It returns nil after ctx is done. A Server runs
-// once; a second Run fails.
+// loopback address) or a TLS listener over one (tls.NewListener: the
+// server then speaks wss:// and https://), until ctx is done or ln
+// fails, then closes ln and every client connection (with status 1001,
+// "server shutting down") and returns once every goroutine it started
+// has exited, including every Services call in flight. It returns nil
+// after ctx is done. A Server runs once (Run or Handler); a second Run
+// fails.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
-	if s.ran.Swap(true) {
-		return errors.New("ipc: Server.Run called more than once")
-	}
-	hosts, err := allowedHosts(ln.Addr())
+	h, stop, err := s.Handler(ln.Addr())
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	s.cookie = protocol.SessionCookiePrefix + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	hs := &http.Server{
-		Handler:           s.handler(hosts),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    64 << 10,
@@ -262,22 +276,6 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		},
 	}
 	s.log.Info("ipc: serving", logkey.Addr, ln.Addr().String())
-	if s.svc.Tools != nil {
-		stop := s.svc.Tools.SubscribeTools(s.broadcastToolsChanged)
-		defer stop()
-	}
-
-	if s.svc.Runs != nil && s.svc.History != nil {
-		// Each watcher is removed as its connection ends (closeConns),
-		// which ends the watch's subscription to the runs.
-		wctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Go(func() { s.watch.loop(wctx) })
-		defer func() {
-			cancel()
-			wg.Wait()
-		}()
-	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
@@ -292,7 +290,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 
 	// Stop accepting and finish plain HTTP requests (rejections). Shutdown
-	// does not wait for upgraded connections; closeConns does.
+	// does not wait for upgraded connections; stop does.
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	if err := hs.Shutdown(sctx); err != nil {
 		hs.Close()
@@ -301,8 +299,53 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	if !served {
 		<-serveErr
 	}
-	s.closeConns()
+	stop()
 	return runErr
+}
+
+// Handler starts the server for serving inside an http.Server of the
+// caller's, listening on addr (a TCP address: the Host names allowed
+// and the session cookie's name come from it), and returns its handler:
+// for a composition root that serves several Servers behind one
+// listener (the cloud's tenants, each a Server with its own token and
+// Services). It starts what Run starts before it serves; stop, called
+// once the caller's http.Server no longer accepts requests, closes
+// every connection the handler upgraded and returns once every
+// goroutine the server started has exited. A Server serves once (Run or
+// Handler).
+func (s *Server) Handler(addr net.Addr) (h http.Handler, stop func(), err error) {
+	if s.ran.Swap(true) {
+		return nil, nil, errors.New("ipc: Server.Run called more than once")
+	}
+	hosts, err := allowedHosts(addr, s.cfg.AllowedHosts)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.cookie = protocol.SessionCookiePrefix + strconv.Itoa(addr.(*net.TCPAddr).Port)
+	var stops []func()
+	if s.svc.Tools != nil {
+		stops = append(stops, s.svc.Tools.SubscribeTools(s.broadcastToolsChanged))
+	}
+	if s.svc.Runs != nil && s.svc.History != nil {
+		// Each watcher is removed as its connection ends (closeConns),
+		// which ends the watch's subscription to the runs.
+		wctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { s.watch.loop(wctx) })
+		stops = append(stops, func() {
+			cancel()
+			wg.Wait()
+		})
+	}
+	var once sync.Once
+	return s.handler(hosts), func() {
+		once.Do(func() {
+			s.closeConns()
+			for i := len(stops) - 1; i >= 0; i-- {
+				stops[i]()
+			}
+		})
+	}, nil
 }
 
 type netConnKey struct{}
@@ -363,9 +406,9 @@ func (s *Server) closeConns() {
 }
 
 // allowedHosts returns the Host header values a request may carry: the
-// loopback names with the listener's port and, if the listener is bound
-// to one address, that address.
-func allowedHosts(addr net.Addr) (map[string]bool, error) {
+// loopback names with the listener's port, if the listener is bound to
+// one address that address, and extra (Config.AllowedHosts).
+func allowedHosts(addr net.Addr, extra []string) (map[string]bool, error) {
 	a, ok := addr.(*net.TCPAddr)
 	if !ok {
 		return nil, fmt.Errorf("ipc: listener address %q is not TCP", addr)
@@ -378,6 +421,15 @@ func allowedHosts(addr net.Addr) (map[string]bool, error) {
 	}
 	if a.IP != nil && !a.IP.IsUnspecified() {
 		hosts[strings.ToLower(net.JoinHostPort(a.IP.String(), port))] = true
+	}
+	for _, h := range extra {
+		h = strings.ToLower(h)
+		if _, _, err := net.SplitHostPort(h); err == nil {
+			hosts[h] = true
+			continue
+		}
+		hosts[h] = true
+		hosts[net.JoinHostPort(strings.Trim(h, "[]"), port)] = true
 	}
 	if port == "80" { // browsers omit the default port
 		for h := range hosts {
@@ -469,7 +521,7 @@ func (s *Server) check(r *http.Request) (caller, int) {
 	if hasOrigin {
 		origin = origins[0]
 	}
-	own := hasOrigin && strings.ToLower(origin) == ownOrigin(r.Host)
+	own := hasOrigin && strings.ToLower(origin) == ownOrigin(r)
 	originOK := !hasOrigin || own || s.origins.match(origin)
 	who, found := s.tokenCaller(r)
 	if found && !originOK && who.origins.match(origin) {
@@ -490,11 +542,14 @@ func (s *Server) check(r *http.Request) (caller, int) {
 	return caller{}, http.StatusUnauthorized
 }
 
-// ownOrigin is the origin of the daemon's own pages reached with Host
-// host (which the handler checked): "http://" + host, without a default
-// port, as browsers write it.
-func ownOrigin(host string) string {
-	return "http://" + strings.TrimSuffix(strings.ToLower(host), ":80")
+// ownOrigin is the origin of the daemon's own pages as r reached them
+// (its Host, which the handler checked): "http://" + host, or
+// "https://" over TLS, without a default port, as browsers write it.
+func ownOrigin(r *http.Request) string {
+	if r.TLS != nil {
+		return "https://" + strings.TrimSuffix(strings.ToLower(r.Host), ":443")
+	}
+	return "http://" + strings.TrimSuffix(strings.ToLower(r.Host), ":80")
 }
 
 // sessionCookie reports whether r carries a live session cookie, marks
@@ -544,9 +599,10 @@ func (s *Server) serveWebSocket() http.Handler {
 // maxPresented bounds the tokens of one request that are looked up.
 const maxPresented = 4
 
-// presented returns the tokens r carries, as bearer headers or token
-// subprotocols, at most maxPresented.
-func presented(r *http.Request) []string {
+// PresentedTokens returns the tokens r carries, as bearer headers or
+// token subprotocols (protocol.TokenSubprotocolPrefix), at most 4: what
+// a Server checks, for a front that picks which Server serves r.
+func PresentedTokens(r *http.Request) []string {
 	var toks []string
 	for _, h := range r.Header.Values("Authorization") {
 		scheme, tok, found := strings.Cut(strings.TrimSpace(h), " ")

@@ -35,7 +35,7 @@ var tokenName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 // tokenCaller returns the caller of the first token r presents that is
 // the daemon's own or a live client token.
 func (s *Server) tokenCaller(r *http.Request) (caller, bool) {
-	for _, tok := range presented(r) {
+	for _, tok := range PresentedTokens(r) {
 		if s.tokenMatches(tok) {
 			return caller{via: viaToken, scopes: allScopes}, true
 		}

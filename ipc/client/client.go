@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,9 +68,16 @@ type Client struct {
 // "ws://127.0.0.1:PORT/v1/ws") with token, which it sends as a bearer
 // token. ctx bounds the handshake only.
 func Dial(ctx context.Context, url, token string) (*Client, error) {
+	return DialTLS(ctx, url, token, nil)
+}
+
+// DialTLS is Dial with the TLS configuration of a wss:// URL (a server
+// whose certificate a private CA signed: its RootCAs); nil uses the
+// system's roots.
+func DialTLS(ctx context.Context, url, token string, cfg *tls.Config) (*Client, error) {
 	// A transport of its own, never proxied, whose idle connections (left
 	// by a refused handshake) are closed before Dial returns.
-	tr := &http.Transport{}
+	tr := &http.Transport{TLSClientConfig: cfg}
 	defer tr.CloseIdleConnections()
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		HTTPClient:   &http.Client{Transport: tr},
