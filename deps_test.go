@@ -88,8 +88,9 @@ func TestDependencyDirection(t *testing.T) {
 		// The cloud (JetStream) side: a second store behind the engine's
 		// seam and workers of the engine. It builds on the engine and
 		// what the engine imports, never on the edge daemon's rooms
-		// (store, ipc, daemon, cli); its composition root
-		// (cloud/cloudcmd) adds the tool runtime and model providers.
+		// (store, daemon, cli); its composition root (cloud/cloudcmd)
+		// adds the tool runtime and model providers, and its WebSocket
+		// endpoint (cloud/gateway) serves keel/1 with ipc's own server.
 		// Only cmd/ and bench/ import it (checked below).
 		"cloud":          except("engine", "models", "intercept", "policy", "schema", "cloud"),
 		"cloud/natstest": except(),
@@ -102,7 +103,8 @@ func TestDependencyDirection(t *testing.T) {
 		// filter (root types), routing. Never the engine (the daemon hands
 		// it functions), the store or the cloud's workers.
 		"cloud/edge":     except("capabilities", "cloud"),
-		"cloud/cloudcmd": except("engine", "models", "intercept", "policy", "schema", "capabilities", "wasmtools", "cloud"),
+		"cloud/gateway":  except("engine", "models", "intercept", "policy", "schema", "capabilities", "ipc", "cloud"),
+		"cloud/cloudcmd": except("engine", "models", "intercept", "policy", "schema", "capabilities", "wasmtools", "ipc", "cloud"),
 	}
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {

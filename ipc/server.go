@@ -271,9 +271,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		ConnContext: func(ctx context.Context, nc net.Conn) context.Context {
-			return context.WithValue(ctx, netConnKey{}, nc)
-		},
+		ConnContext:       ConnContext,
 	}
 	s.log.Info("ipc: serving", logkey.Addr, ln.Addr().String())
 
@@ -304,11 +302,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 }
 
 // Handler starts the server for serving inside an http.Server of the
-// caller's, listening on addr (a TCP address: the Host names allowed
-// and the session cookie's name come from it), and returns its handler:
-// for a composition root that serves several Servers behind one
-// listener (the cloud's tenants, each a Server with its own token and
-// Services). It starts what Run starts before it serves; stop, called
+// caller's (whose ConnContext must be ConnContext), listening on addr
+// (a TCP address: the Host names allowed and the session cookie's name
+// come from it), and returns its handler: for a composition root that
+// serves several Servers behind one listener (the cloud's tenants, each
+// a Server with its own token and Services). It starts what Run starts before it serves; stop, called
 // once the caller's http.Server no longer accepts requests, closes
 // every connection the handler upgraded and returns once every
 // goroutine the server started has exited. A Server serves once (Run or
@@ -349,6 +347,13 @@ func (s *Server) Handler(addr net.Addr) (h http.Handler, stop func(), err error)
 }
 
 type netConnKey struct{}
+
+// ConnContext is the http.Server.ConnContext of a server that serves a
+// Handler: it lets the Handler's stop close the connections of clients
+// that do not finish the close handshake in time.
+func ConnContext(ctx context.Context, nc net.Conn) context.Context {
+	return context.WithValue(ctx, netConnKey{}, nc)
+}
 
 // closeConns refuses new connections, asks every open one to close and
 // waits for their goroutines; connections that do not finish the close

@@ -29,6 +29,7 @@ const (
 	Server    = "server"    // an MCP server keel is a client of (its configured name)
 	Call      = "call"      // a tool call's ID (keel.ToolCall.ID)
 	Worker    = "worker"    // a cloud worker's name
+	Tenant    = "tenant"    // a cloud tenant's name
 	RunKey    = "run_key"   // a run's idempotency key (keel.StartRequest.IdempotencyKey)
 )
 
@@ -65,6 +66,7 @@ const (
 	PeakRSSKiB       = "peak_rss_kib"      // a process's peak resident memory, KiB
 	Spans            = "spans"             // a number of trace spans
 	Servers          = "servers"           // a number of MCP servers
+	Tenants          = "tenants"           // a number of cloud tenants
 	Content          = "content"           // whether exported spans carry prompts and outputs
 )
 
