@@ -102,6 +102,7 @@ func serveCmd(c *conn) *cobra.Command {
 		workers, maxRuns, embedded          int
 		tools, dataDir, ollamaHost, tenants string
 		lease                               time.Duration
+		listen                              listenFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -110,6 +111,10 @@ func serveCmd(c *conn) *cobra.Command {
 
 With --embedded N, start an N-node JetStream cluster in this process first
 (its stores under --data-dir), on loopback: a trial on one machine.
+
+With --listen ADDR (and --tenants), serve keel/1 over WebSocket to the
+tenants' clients, each with its tenant's token (--tls-cert and --tls-key for
+wss://, required off loopback; --allow-host for the names clients use).
 
 With --tenants FILE, serve each tenant of the file (a JSON array of
 {"name", "token", "limits": {"budget_tokens", "budget_usd", "tools"},
@@ -120,6 +125,9 @@ is configured so; an external one must be, see docs/cloud.md).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			if err := listen.check(tenants); err != nil {
+				return err
+			}
 			ts := []cloud.Tenant{{}} // none: one fleet, no authentication
 			if tenants != "" {
 				var err error
@@ -203,10 +211,18 @@ is configured so; an external one must be, see docs/cloud.md).`,
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "%d workers serving namespace %s\n", workers, c.ns)
 			}
+			if listen.addr != "" {
+				wait, err := listen.serve(ctx, c, ts, cmd.OutOrStdout(), log)
+				if err != nil {
+					return err
+				}
+				defer wait()
+			}
 			<-ctx.Done()
 			return nil
 		},
 	}
+	listen.add(cmd)
 	f := cmd.Flags()
 	f.IntVar(&workers, "workers", 3, "workers to run")
 	f.IntVar(&maxRuns, "max-runs", 4, "runs each worker runs at once")
