@@ -17,4 +17,8 @@
 // (the engine, the store, the tool runtime) and put together by the
 // daemon; a nil group is not served. The wire types live
 // in ipc/protocol and the protocol is specified in docs/protocol.md.
+//
+// The same server fronts the cloud (cloud/gateway): on a TLS listener,
+// reached by the Host names of Config.AllowedHosts, one Server per tenant
+// behind one listener (Server.Handler).
 package ipc

@@ -313,7 +313,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 // Handler).
 func (s *Server) Handler(addr net.Addr) (h http.Handler, stop func(), err error) {
 	if s.ran.Swap(true) {
-		return nil, nil, errors.New("ipc: Server.Run called more than once")
+		return nil, nil, errors.New("ipc: a Server serves once (Run or Handler)")
 	}
 	hosts, err := allowedHosts(addr, s.cfg.AllowedHosts)
 	if err != nil {
