@@ -70,6 +70,10 @@ type ToolBuild struct {
 	// Grants are what the tool was given, rendered "fs:/workspace=ro",
 	// "fs:/notes=rw+private", "net:https://example.com:443", "env:NAME".
 	Grants []string
+	// SideEffects is the class the tool declares (its manifest's);
+	// empty when it declares none. The audit trail syncs the record of a
+	// direct call of a read-only tool less eagerly (store.AuditTrail).
+	SideEffects keel.SideEffect
 }
 
 // ToolOutcome is how a tool call ended.

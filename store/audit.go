@@ -18,19 +18,26 @@ import (
 // RecordToolCall appends one record to the tool audit trail and returns
 // its ID once it is on disk.
 func (s *Store) RecordToolCall(ctx context.Context, a keel.ToolAudit) (int64, error) {
+	return s.recordToolCall(ctx, a, false)
+}
+
+// recordToolCall appends a to the audit trail and returns its ID once it
+// is committed: synced (on disk) unless unsynced, then in the WAL only
+// (see writer.synced).
+func (s *Store) recordToolCall(ctx context.Context, a keel.ToolAudit, unsynced bool) (int64, error) {
 	ins, err := auditInsert(a)
 	if err != nil {
 		return 0, err
 	}
 	var id int64
-	err = s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
+	err = s.wr.writeOp(ctx, op{fn: func(ctx context.Context, tx *wtx) error {
 		res, err := ins(ctx, tx)
 		if err != nil {
 			return err
 		}
 		id, err = res.LastInsertId()
 		return err
-	})
+	}, atomic: true, unsynced: unsynced}, carryNone)
 	if err != nil {
 		return 0, fmt.Errorf("record tool call %s: %w", a.Tool, mapErr(err))
 	}
@@ -64,8 +71,22 @@ func (s *Store) queueToolCall(a keel.ToolAudit) error {
 // interceptor sees, it records through ToolDenied (engine.DeniedCalls). Put it first in the chain, so
 // it records the decision of every interceptor after it.
 //
-// Durability: a direct call's record is on disk before the call returns
-// to its caller. A run's call's record commits in the transaction of the
+// Durability: a direct call's record is committed before the call
+// returns to its caller. It is on disk (synced) then, unless the tool
+// that ran declares itself read-only (o.Build.SideEffects is
+// keel.SideEffectReadOnly) and the call reached no network host (nor
+// had a request refused): such a call's record is committed without an
+// fsync of its own, at synchronous=NORMAL (see Options.Synchronous).
+// It is in the WAL when the call returns, so it survives a crash or kill
+// of keel; only a crash of the machine or a power cut before the next
+// synced commit (a run's step, another call's synced record, any write)
+// or checkpoint can lose it, and then only it: the WAL is written in
+// order, so every later synced commit carries it to the disk. A call
+// that changes nothing outside itself leaves nothing unaccounted for
+// when its record is lost that way; a call that may (any other class,
+// or none declared) keeps its synced record, as does a denied call. The
+// fsync was most of such a call's time (docs/PERFORMANCE.md, issue 18).
+// A run's call's record commits in the transaction of the
 // store's next write of any kind (or on its own within lazyDelay if none
 // comes), without an fsync of its own. AfterTool runs before the call
 // returns, and the engine journals a call's result with a write of this
@@ -113,7 +134,7 @@ func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ i
 			rec.Labels = inv.LabelsOf(t)
 		}
 	}
-	a.record(ctx, inv, rec)
+	a.record(ctx, inv, rec, o.Build.SideEffects == keel.SideEffectReadOnly && len(rec.Hosts)+len(rec.Refused) == 0)
 }
 
 // ToolDenied records a call a decision kept from the tools (the
@@ -124,7 +145,7 @@ func (a *AuditTrail) AfterTool(ctx context.Context, inv keel.ToolInvocation, _ i
 func (a *AuditTrail) ToolDenied(ctx context.Context, inv keel.ToolInvocation, err *keel.ToolError) {
 	rec := auditRecord(inv, time.Now())
 	rec.Outcome, rec.Error = string(err.Code), err.Error()
-	a.record(ctx, inv, rec)
+	a.record(ctx, inv, rec, false)
 }
 
 // auditRecord is the record of inv started at start, outcome ok.
@@ -135,13 +156,13 @@ func auditRecord(inv keel.ToolInvocation, start time.Time) keel.ToolAudit {
 }
 
 // record writes rec, the record of inv: a run's call's with the next
-// write, a direct call's now.
-func (a *AuditTrail) record(ctx context.Context, inv keel.ToolInvocation, rec keel.ToolAudit) {
+// write, a direct call's now, synced unless readOnly (see AuditTrail).
+func (a *AuditTrail) record(ctx context.Context, inv keel.ToolInvocation, rec keel.ToolAudit, readOnly bool) {
 	var err error
 	if inv.Run != "" {
 		err = a.s.queueToolCall(rec)
 	} else {
-		_, err = a.s.RecordToolCall(context.WithoutCancel(ctx), rec)
+		_, err = a.s.recordToolCall(context.WithoutCancel(ctx), rec, readOnly)
 	}
 	if err != nil {
 		a.log.Error("record tool audit", logkey.Tool, inv.Name, logkey.Run, inv.Run, logkey.Err, err)

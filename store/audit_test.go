@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -103,3 +104,59 @@ func TestAuditTrail(t *testing.T) {
 }
 
 var _ intercept.Tool = (*store.AuditTrail)(nil)
+
+// TestAuditTrailSyncs: a direct call's record is committed without an
+// fsync of its own (synchronous=NORMAL for its transaction) only when
+// the tool declares itself read-only and the call reached no host; the
+// writer's next transaction is synced again; every record is readable
+// once the call returns.
+func TestAuditTrailSyncs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "keel.db"))
+	audit := intercept.Tools{s.AuditTrail(nil)}
+	for i, tc := range []struct {
+		name     string
+		class    keel.SideEffect
+		hosts    []string
+		denied   bool
+		unsynced bool
+	}{
+		{name: "read-only", class: keel.SideEffectReadOnly, unsynced: true},
+		{name: "read-only, reached a host", class: keel.SideEffectReadOnly, hosts: []string{"example.com:443"}},
+		{name: "idempotent write", class: keel.SideEffectIdempotentWrite},
+		{name: "non-idempotent write", class: keel.SideEffectNonIdempotentWrite},
+		{name: "external", class: keel.SideEffectExternal},
+		{name: "no class declared"},
+		{name: "read-only, denied", class: keel.SideEffectReadOnly, denied: true},
+		{name: "read-only again", class: keel.SideEffectReadOnly, unsynced: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chain := audit
+			if tc.denied {
+				chain = intercept.Tools{s.AuditTrail(nil), denyAll{}}
+			}
+			before := s.UnsyncedCommits()
+			args := fmt.Sprintf(`{"case":%d}`, i)
+			chain.Call(ctx, keel.ToolInvocation{Name: "t", Args: json.RawMessage(args), Touched: &keel.Touched{Hosts: tc.hosts}}, func(context.Context) intercept.ToolOutcome {
+				return intercept.ToolOutcome{Build: intercept.ToolBuild{SideEffects: tc.class}, Output: json.RawMessage(`{}`)}
+			})
+			if got := s.UnsyncedCommits() - before; got != map[bool]int64{true: 1}[tc.unsynced] {
+				t.Errorf("unsynced commits = %d, want %d", got, map[bool]int64{true: 1}[tc.unsynced])
+			}
+			recs, err := s.ToolCalls(ctx, "t", 1)
+			sum := sha256.Sum256([]byte(args))
+			if err != nil || len(recs) != 1 || recs[0].ArgsSHA256 != hex.EncodeToString(sum[:]) {
+				t.Errorf("newest record = %+v, %v; want this call's", recs, err)
+			}
+		})
+	}
+	// After an unsynced commit, the writer's next transaction is synced
+	// again, and an unsynced one is not.
+	for _, unsynced := range []bool{true, false, true, true, false} {
+		want := map[bool]int{false: 2, true: 1}[unsynced]
+		if got, err := s.WriteSynchronous(ctx, unsynced); err != nil || got != want {
+			t.Errorf("a write (unsynced %t) ran under synchronous %d, %v; want %d", unsynced, got, err, want)
+		}
+	}
+}

@@ -29,7 +29,12 @@
 // before its start was committed is written once. The audit trail is a
 // tool interceptor (AuditTrail): a direct call's record is on disk when
 // the call returns, a run's call's commits with the next write of any
-// kind, at the latest the run's journal of the call's result. Reads use a
+// kind, at the latest the run's journal of the call's result. The one
+// exception to synchronous=FULL: a direct call of a tool that declares
+// itself read-only, and reached no host, has its record committed (in
+// the WAL: it survives a crash of the process) but not synced, in a
+// transaction run at synchronous=NORMAL; the next synced commit takes it
+// to the disk (see AuditTrail, UnsyncedCommits). Reads use a
 // separate pool and see committed data only.
 //
 // Driver errors are mapped to keel.ErrNotFound and keel.ErrConflict;

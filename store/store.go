@@ -131,7 +131,7 @@ func OpenWith(ctx context.Context, path string, o Options) (*Store, error) {
 		s.r.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
-	if s.wr, err = newWriter(ctx, w, hotStatements, o.OnLazyError); err != nil {
+	if s.wr, err = newWriter(ctx, w, hotStatements, syncMode == "FULL", o.OnLazyError); err != nil {
 		s.w.Close()
 		s.r.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -658,8 +658,15 @@ func (s *Store) finishSpan(sp keel.Span, withNext bool) error {
 }
 
 // Commits returns how many write transactions the store has committed
-// since it was opened (each costs an fsync at synchronous=FULL).
+// since it was opened (each costs an fsync at synchronous=FULL, but
+// those UnsyncedCommits counts).
 func (s *Store) Commits() int64 { return s.wr.commits.Load() }
+
+// UnsyncedCommits returns how many of Commits were committed without an
+// fsync of their own at synchronous=FULL: transactions that held only
+// the audit records of direct calls of read-only tools (see AuditTrail)
+// and what rode with them.
+func (s *Store) UnsyncedCommits() int64 { return s.wr.unsynced.Load() }
 
 // Sync commits every lazy write queued so far and returns once they are
 // on disk.

@@ -35,11 +35,15 @@ import (
 // never a journaled event. A span that starts and finishes while it
 // waits is written once.
 
-// The writer's transaction statements (see wtx).
+// The writer's transaction statements (see wtx), and those that switch
+// its connection's synchronous setting between batches (see
+// writer.synced).
 const (
-	qBegin    = "BEGIN IMMEDIATE"
-	qCommit   = "COMMIT"
-	qRollback = "ROLLBACK"
+	qBegin      = "BEGIN IMMEDIATE"
+	qCommit     = "COMMIT"
+	qRollback   = "ROLLBACK"
+	qSyncFull   = "PRAGMA synchronous = FULL"
+	qSyncNormal = "PRAGMA synchronous = NORMAL"
 )
 
 // maxBatch bounds how many writes one transaction carries.
@@ -70,6 +74,10 @@ type op struct {
 	// span is set for a lazy span insert (fn inserts it alone): the
 	// writer inserts consecutive ones several rows to a statement.
 	span *keel.Span
+	// unsynced says the write's caller needs it committed, not synced
+	// (see writer.synced): it is in the WAL when the write returns,
+	// and reaches the disk with the next synced commit or checkpoint.
+	unsynced bool
 }
 
 // wtx is the writer's transaction as writes see it. The writer holds its
@@ -125,6 +133,8 @@ type writeReq struct {
 	// carried is set when fns holds lazy or next writes (see waiting):
 	// the request is counted in writer.carrying until it is committed.
 	carried bool
+	// unsynced is the caller's write's op.unsynced.
+	unsynced bool
 }
 
 // writer is the state of group commit.
@@ -136,6 +146,16 @@ type writer struct {
 	heads map[keel.RunID]runHead
 
 	commits atomic.Int64 // transactions committed
+	// unsynced counts the transactions committed without a sync (see
+	// synced).
+	unsynced atomic.Int64
+
+	// full says the store's synchronous setting is FULL: a batch whose
+	// writes all asked for no sync (op.unsynced) is then committed with
+	// synchronous=NORMAL, and the setting put back for the next batch
+	// that needs it. relaxed is the writer connection's current
+	// setting: NORMAL while set. Both are the leader's only.
+	full, relaxed bool
 
 	mu sync.Mutex
 	// pending holds the writes queued for the next commit, in the order
@@ -169,7 +189,7 @@ type writer struct {
 // newWriter sets up group commit on db (one connection, idle), preparing
 // the hot statements first: while a transaction holds the connection
 // nothing else can prepare on it.
-func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error)) (*writer, error) {
+func newWriter(ctx context.Context, db *sql.DB, hot []string, full bool, onErr func(error)) (*writer, error) {
 	if onErr == nil {
 		onErr = func(error) {}
 	}
@@ -177,10 +197,10 @@ func newWriter(ctx context.Context, db *sql.DB, hot []string, onErr func(error))
 	if err != nil {
 		return nil, fmt.Errorf("writer connection: %w", mapErr(err))
 	}
-	w := &writer{conn: conn, onErr: onErr, delay: lazyDelay, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
+	w := &writer{conn: conn, full: full, onErr: onErr, delay: lazyDelay, stmts: map[string]*sql.Stmt{}, heads: map[keel.RunID]runHead{}, open: map[spanKey]*keel.Span{}}
 	w.idle = sync.NewCond(&w.mu)
 	w.kick = make(chan struct{}, 1)
-	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w", qBegin, qCommit, qRollback) {
+	for _, q := range append(hot, "SAVEPOINT w", "RELEASE w", "ROLLBACK TO w", qBegin, qCommit, qRollback, qSyncFull, qSyncNormal) {
 		st, err := conn.PrepareContext(ctx, q)
 		if err != nil {
 			for _, st := range w.stmts {
@@ -237,7 +257,7 @@ func (w *writer) writeOp(ctx context.Context, o op, c carry) error {
 	default:
 		fns, w.next = w.next, nil
 	}
-	req := writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o)}
+	req := writeReq{ctx: context.WithoutCancel(ctx), fns: append(fns, o), unsynced: o.unsynced}
 	w.carry(&req, len(fns))
 	return w.submit(req, after)
 }
@@ -473,6 +493,9 @@ func (w *writer) commit(batch []writeReq) {
 	ctx := context.Background()
 	err := func() error {
 		tx := &wtx{conn: w.conn, stmts: w.stmts, heads: w.heads}
+		if err := w.synced(ctx, tx, batch); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, qBegin); err != nil {
 			return err
 		}
@@ -519,6 +542,9 @@ func (w *writer) commit(batch []writeReq) {
 		}
 		committed = true
 		w.commits.Add(1)
+		if w.relaxed {
+			w.unsynced.Add(1)
+		}
 		return nil
 	}()
 	if err != nil {
@@ -551,6 +577,35 @@ func (w *writer) commit(batch []writeReq) {
 		w.carrying -= carried
 		w.mu.Unlock()
 	}
+}
+
+// synced sets the writer connection's synchronous setting for batch,
+// before its transaction begins: NORMAL when the store's is FULL and
+// every request in batch asked for no sync (writeReq.unsynced), else the
+// store's own. Under NORMAL, in WAL mode, a commit writes its frames to
+// the WAL (the operating system has them: a crash of keel loses
+// nothing) without waiting for the disk; the next synced commit's fsync
+// of the WAL, or a checkpoint, takes them to the disk along with its
+// own, as the WAL is written in order. Only a crash of the machine
+// before then can lose them. Switching costs one statement each way,
+// and only when the setting changes.
+func (w *writer) synced(ctx context.Context, tx *wtx, batch []writeReq) error {
+	relax := w.full
+	for _, req := range batch {
+		relax = relax && req.unsynced
+	}
+	if relax == w.relaxed {
+		return nil
+	}
+	q := qSyncFull
+	if relax {
+		q = qSyncNormal
+	}
+	if _, err := tx.ExecContext(ctx, q); err != nil {
+		return err
+	}
+	w.relaxed = relax
+	return nil
 }
 
 // spanRun is how many span inserts fns starts with, up to

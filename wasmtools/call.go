@@ -87,7 +87,7 @@ func (r *Registry) Call(ctx context.Context, inv keel.ToolInvocation) (json.RawM
 		out, t, terr := r.call(ctx, inv)
 		o := intercept.ToolOutcome{Output: out, Err: terr}
 		if t != nil {
-			o.Build = intercept.ToolBuild{Version: t.info.Spec.Version, SHA256: t.info.SHA256, Grants: grantStrings(t.info.Grants)}
+			o.Build = intercept.ToolBuild{Version: t.info.Spec.Version, SHA256: t.info.SHA256, Grants: grantStrings(t.info.Grants), SideEffects: t.info.Spec.SideEffects}
 		}
 		return o
 	})

@@ -99,20 +99,20 @@ func TestInterceptors(t *testing.T) {
 				"policy after wordcount deny=false by=",
 				"audit after wordcount deny=false by=",
 			},
-			wantBuild: intercept.ToolBuild{Version: wc.Spec.Version, SHA256: wc.SHA256},
+			wantBuild: intercept.ToolBuild{Version: wc.Spec.Version, SHA256: wc.SHA256, SideEffects: keel.SideEffectReadOnly},
 			wantRan:   true,
 		},
 		{
 			name:      "a direct call with its grants",
 			inv:       keel.ToolInvocation{Name: "readfile", Args: json.RawMessage(`{"path":"notes.txt"}`)},
-			wantBuild: intercept.ToolBuild{Version: rf.Spec.Version, SHA256: rf.SHA256, Grants: []string{"fs:/workspace=ro"}},
+			wantBuild: intercept.ToolBuild{Version: rf.Spec.Version, SHA256: rf.SHA256, Grants: []string{"fs:/workspace=ro"}, SideEffects: keel.SideEffectReadOnly},
 			wantRan:   true,
 		},
 		{
 			name:      "invalid input",
 			inv:       keel.ToolInvocation{Name: "wordcount", Args: json.RawMessage(`{"text":3}`)},
 			wantCode:  keel.ToolInvalidInput,
-			wantBuild: intercept.ToolBuild{Version: wc.Spec.Version, SHA256: wc.SHA256},
+			wantBuild: intercept.ToolBuild{Version: wc.Spec.Version, SHA256: wc.SHA256, SideEffects: keel.SideEffectReadOnly},
 		},
 		{
 			name:     "no such tool",
