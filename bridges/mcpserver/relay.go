@@ -27,8 +27,12 @@ type RelayConfig struct {
 	// error (ErrMessageTooLarge's). Default 4 MiB, the HTTP handler's
 	// own bound.
 	MaxMessageBytes int
-	// HTTPClient makes the requests. Default: a client of its own that
-	// keeps its connections to URL open.
+	// HTTPClient makes the requests. Default: for a plain-HTTP URL, the
+	// relay writes each message's POST on a connection of its own (one
+	// per request in flight, kept open) and reads the answer on the same
+	// goroutine, without net/http's client; the notification stream and
+	// the session's end go through a client of its own that keeps its
+	// connections to URL open.
 	HTTPClient *http.Client
 }
 
@@ -67,7 +71,8 @@ func Relay(ctx context.Context, cfg RelayConfig, in io.Reader, out io.Writer) er
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = 4 << 20
 	}
-	if cfg.HTTPClient == nil {
+	own := cfg.HTTPClient == nil
+	if own {
 		cfg.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -76,11 +81,17 @@ func Relay(ctx context.Context, cfg RelayConfig, in io.Reader, out io.Writer) er
 	if u, err := url.Parse(cfg.URL); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
 		r.url = u
 	}
+	if own {
+		// The messages go on connections of the relay's own (see
+		// poster); the notification stream and the session's end
+		// through the client.
+		r.poster = newPoster(r.url, cfg.Token)
+	}
 	r.listenCtx, r.stopListen = context.WithCancel(ctx)
 	// The reader stays blocked in in's Read if ctx ends first: the
 	// caller owns in (a command's stdin ends with the process).
 	lines := make(chan error, 1)
-	go func() { lines <- r.read(bufio.NewReaderSize(in, 64<<10)) }()
+	go r.read(bufio.NewReaderSize(in, 64<<10), lines)
 	var err error
 	select {
 	case err = <-lines:
@@ -90,6 +101,9 @@ func Relay(ctx context.Context, cfg RelayConfig, in io.Reader, out io.Writer) er
 	r.stopListen()
 	r.listening.Wait()
 	r.end()
+	if r.poster != nil {
+		r.poster.close()
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -100,10 +114,13 @@ func Relay(ctx context.Context, cfg RelayConfig, in io.Reader, out io.Writer) er
 }
 
 type relay struct {
-	cfg  RelayConfig
-	url  *url.URL // cfg.URL parsed, nil if it does not parse: each request says why
-	ctx  context.Context
-	fail context.CancelCauseFunc
+	cfg RelayConfig
+	url *url.URL // cfg.URL parsed, nil if it does not parse: each request says why
+	// poster, when not nil, sends the client's messages (POSTs) instead
+	// of cfg.HTTPClient: a plain-HTTP URL and no client given.
+	poster *poster
+	ctx    context.Context
+	fail   context.CancelCauseFunc
 	// posts are the requests in flight; listening, the session's
 	// notification stream, which stopListen ends.
 	posts      sync.WaitGroup
@@ -119,8 +136,14 @@ type relay struct {
 	version string // the protocol version it negotiated
 }
 
-// read relays each line of in until it ends.
-func (r *relay) read(in *bufio.Reader) error {
+// read relays each line of in until it ends, then sends the outcome
+// to done. A request other than initialize is relayed concurrently
+// with what follows it (an elicitation's answer must reach the server
+// while the call that asked waits): read then leaves the reading to a
+// new goroutine, which takes over done, and relays the request itself,
+// so that the request goes out at once, without waiting for another
+// goroutine to be scheduled.
+func (r *relay) read(in *bufio.Reader, done chan<- error) {
 	for {
 		line, err := readLine(in, r.cfg.MaxMessageBytes)
 		if errors.Is(err, ErrMessageTooLarge) {
@@ -128,16 +151,25 @@ func (r *relay) read(in *bufio.Reader) error {
 			continue
 		}
 		if line = bytes.TrimSpace(line); len(line) > 0 {
-			r.send(line)
+			if h, ok := r.send(line); !ok {
+				r.posts.Add(1)
+				go r.read(in, done)
+				r.post(line, h)
+				r.posts.Done()
+				return
+			}
 		}
 		if err == io.EOF {
-			return nil
+			done <- nil
+			return
 		}
 		if err != nil {
-			return fmt.Errorf("mcpserver: read from the client: %w", err)
+			done <- fmt.Errorf("mcpserver: read from the client: %w", err)
+			return
 		}
 		if r.ctx.Err() != nil {
-			return nil
+			done <- nil
+			return
 		}
 	}
 }
@@ -170,38 +202,45 @@ type head struct {
 	Method string          `json:"method"`
 }
 
-// send relays one message of the client.
-func (r *relay) send(msg []byte) {
+// send relays one message of the client, in order, unless it is a
+// request other than initialize: that it leaves to its caller to relay
+// concurrently with the next messages (ok false).
+func (r *relay) send(msg []byte) (_ head, ok bool) {
 	var h head
 	if err := json.Unmarshal(msg, &h); err != nil {
 		r.writeError(nil, -32700, "parse error: "+err.Error())
-		return
+		return h, true
 	}
 	isRequest := len(h.ID) > 0 && h.Method != ""
 	if !isRequest || h.Method == "initialize" {
 		// In order: the session's start, notifications, and answers to
 		// the server's requests, which are quick.
 		r.post(msg, h)
-		return
+		return h, true
 	}
-	r.posts.Add(1)
-	go func() {
-		defer r.posts.Done()
-		r.post(msg, h)
-	}()
+	return h, false
 }
 
 // post sends msg to the server and relays what comes back.
 func (r *relay) post(msg []byte, h head) {
-	req, err := r.newPost(msg)
-	if err != nil {
-		r.writeError(h.ID, -32603, err.Error())
-		return
+	var resp *http.Response
+	var err error
+	if r.poster != nil {
+		r.mu.Lock()
+		session, version := r.session, r.version
+		r.mu.Unlock()
+		resp, err = r.poster.post(r.ctx, msg, session, version)
+	} else {
+		req, rerr := r.newPost(msg)
+		if rerr != nil {
+			r.writeError(h.ID, -32603, rerr.Error())
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		r.headers(req)
+		resp, err = r.cfg.HTTPClient.Do(req)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	r.headers(req)
-	resp, err := r.cfg.HTTPClient.Do(req)
 	if err != nil {
 		if r.ctx.Err() == nil {
 			r.fail(fmt.Errorf("%w: %w", ErrSessionEnded, err))
