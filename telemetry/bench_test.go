@@ -113,7 +113,7 @@ func BenchmarkFlush(b *testing.B) {
 			}
 			defer x.Close(context.Background())
 			spans := agentRun("run_bench")[:4] // no root: the run's state stays
-			batch := make([]queued, 512)
+			batch := make([]queued, 2048)      // a few requests' worth, however large they are
 			for i := range batch {
 				batch[i].span = spans[i%len(spans)]
 			}

@@ -277,7 +277,7 @@ func New(opts Options) (*Exporter, error) {
 }
 
 func (x *Exporter) startLoop() {
-	x.q = &queue{size: x.cfg.queueSize(), wakeAt: min(maxBatch, x.cfg.queueSize())}
+	x.q = &queue{size: x.cfg.queueSize(), wakeAt: min(wakeBatch, x.cfg.queueSize())}
 	x.wake = make(chan struct{}, 1)
 	go x.loop()
 }
