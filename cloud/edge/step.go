@@ -246,9 +246,24 @@ func journal(ctx context.Context, js jetstream.JetStream, ns, step, typ string, 
 
 // Handoffs reads the cross-environment events of step, in order.
 func Handoffs(ctx context.Context, js jetstream.JetStream, ns, step string) ([]HandoffEvent, error) {
-	cons, err := js.OrderedConsumer(ctx, HandoffStream(ns), jetstream.OrderedConsumerConfig{FilterSubjects: []string{ns + ".handoff." + step}})
-	if err != nil {
-		return nil, err
+	// A consumer's creation finds no responder while the stream or the
+	// cluster's meta group has no leader (an election under way, a node
+	// going down): it is tried again until ctx ends.
+	var cons jetstream.Consumer
+	var err error
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		cons, err = js.OrderedConsumer(ctx, HandoffStream(ns), jetstream.OrderedConsumerConfig{FilterSubjects: []string{ns + ".handoff." + step}})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read the hand-off events of step %s: %w (%w)", step, ctx.Err(), err)
+		case <-time.After(delay):
+		}
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
