@@ -212,6 +212,10 @@ const (
 	EventHumanTool      EventType = "human.tool"          // data: HumanToolData
 	EventDeclassified   EventType = "labels.declassified" // data: DeclassifyData
 	EventPolicyChanged  EventType = "policy.changed"      // data: PolicyChangeData
+	// A plan step handed to another environment (handoff.go).
+	EventStepHandedOff          EventType = "step.handed_off"          // data: StepHandedOffData
+	EventStepAccepted           EventType = "step.accepted"            // data: StepAcceptedData
+	EventStepCompletedElsewhere EventType = "step.completed_elsewhere" // data: StepCompletedElsewhereData
 )
 
 // HumanToolData is the payload of EventHumanTool: a tool call a person
@@ -631,6 +635,11 @@ const (
 	// (the knowledge_search tool), under that call's span: its Attrs
 	// hold the query, the scopes searched and the hits with their scores.
 	SpanRetrieval SpanKind = "retrieval"
+	// SpanHandOff is a plan step carried out in another environment,
+	// under the step's span, from the hand-off to the result's return;
+	// the spans of the run there that cross back are under it (Name:
+	// the environment).
+	SpanHandOff SpanKind = "handoff"
 )
 
 // SpanStatus is the outcome of a span.

@@ -182,6 +182,14 @@ type Config struct {
 	// are recorded there, by its interceptors (store.AuditTrail is both).
 	// A replay records nothing. Nil: denied calls are only journaled.
 	Audit DeniedCalls
+	// Placer, if set, runs elsewhere the plan steps this environment
+	// cannot: a step of a plan or DAG run that names a tool no tool
+	// here provides is handed to the environment Placer names (another
+	// daemon joined to the same cloud, the cloud), and the parent waits
+	// for its end, durably (place.go). A plan may then name tools that
+	// some environment declares. Nil (the default): every step is a
+	// local sub-agent, and a plan naming a tool not here is invalid.
+	Placer Placer
 }
 
 // DeniedCalls records the tool calls a decision kept from running (see

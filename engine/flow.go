@@ -56,7 +56,9 @@ type flowRun struct {
 	e    *Engine
 	run  keel.Run
 	st   *flowState
-	wake chan struct{} // a sub-agent of the run ended
+	wake chan struct{} // a sub-agent of the run ended, or a waiter learned something
+	// waiters are the hand-offs under way (place.go).
+	waiters *waiters
 }
 
 // appendEvent journals an event of the parent and applies it to its state.
@@ -92,6 +94,8 @@ func (e *Engine) flow(ctx context.Context, run keel.Run) {
 		}
 	})
 	defer unsub()
+	f.startWaiters(ctx)
+	defer f.stopWaiters()
 
 	var err error
 	if f.st, err = e.restoreFlow(ctx, run.ID); err != nil {
@@ -235,7 +239,7 @@ func (f *flowRun) startStep(ctx context.Context, s keel.PlanStep, share int) err
 		return err
 	}
 	f.startStepSpan(ctx, d)
-	return f.startChild(ctx, s, d, policy)
+	return f.launchStep(ctx, s, d, policy)
 }
 
 // startChild creates and launches the sub-agent d names, unless it
@@ -298,6 +302,12 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 	slices.Sort(ids)
 	for _, id := range ids {
 		d := f.st.running[id]
+		if h := f.st.handed[d.Run]; h != nil {
+			if err := f.reconcileRemote(ctx, d, h); err != nil {
+				return err
+			}
+			continue
+		}
 		child, err := f.e.cfg.Store.GetRun(ctx, d.Run)
 		if errors.Is(err, keel.ErrNotFound) {
 			s, ok := f.st.step(id)
@@ -311,7 +321,7 @@ func (f *flowRun) reconcile(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if err := f.startChild(ctx, s, d, policy); err != nil {
+			if err := f.launchStep(ctx, s, d, policy); err != nil {
 				return err
 			}
 			continue
@@ -345,6 +355,19 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 		return
 	}
 	bg := context.WithoutCancel(ctx)
+	// A step handed off ends here; its run elsewhere is not stopped
+	// (no cancel crosses environments yet).
+	for _, d := range f.st.running {
+		if h := f.st.handed[d.Run]; h != nil {
+			d.Status, d.Error = keel.RunCancelled, "cancelled here; its run on "+h.data.Placement.Env+" goes on"
+			if err := f.appendEvent(bg, keel.EventStepFinished, d, nil); err != nil {
+				f.e.log.Warn("record a hand-off's end", logkey.Run, f.run.ID, logkey.Err, err)
+				return
+			}
+			f.endHandOffSpan(bg, h, d)
+			f.endStepSpan(bg, d)
+		}
+	}
 	for _, d := range f.st.running {
 		if _, err := f.e.Cancel(bg, d.Run); err != nil && !errors.Is(err, keel.ErrConflict) && !errors.Is(err, keel.ErrNotFound) {
 			f.e.log.Warn("cancel sub-agent", logkey.Run, f.run.ID, logkey.Child, d.Run, logkey.Err, err)

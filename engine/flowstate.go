@@ -37,11 +37,14 @@ type flowState struct {
 	failErr    string
 	children   []keel.RunID             // every sub-agent started, in order
 	startedAt  map[keel.RunID]time.Time // sub-agent → when its step.started was journaled
+	handed     map[keel.RunID]*handoff  // step attempt → its hand-off to another environment (place.go)
+	handedAt   map[keel.RunID]time.Time // step attempt → when its step.handed_off was journaled
 }
 
 func newFlowState() *flowState {
 	return &flowState{attempts: map[string]int{}, tries: map[string]int{}, running: map[string]keel.StepData{},
-		goals: map[keel.RunID]string{}, succeeded: map[string]stepResult{}, startedAt: map[keel.RunID]time.Time{}}
+		goals: map[keel.RunID]string{}, succeeded: map[string]stepResult{}, startedAt: map[keel.RunID]time.Time{},
+		handed: map[keel.RunID]*handoff{}, handedAt: map[keel.RunID]time.Time{}}
 }
 
 // restoreFlow rebuilds a plan or DAG run's state from its journal.
@@ -98,6 +101,29 @@ func (st *flowState) apply(ev keel.Event) error {
 		}
 		st.children = append(st.children, d.Run)
 		st.startedAt[d.Run] = ev.Time
+	case keel.EventStepHandedOff:
+		var d keel.StepHandedOffData
+		if err := decode(&d); err != nil {
+			return err
+		}
+		st.handed[d.Run] = &handoff{data: d}
+		st.handedAt[d.Run] = ev.Time
+	case keel.EventStepAccepted:
+		var d keel.StepAcceptedData
+		if err := decode(&d); err != nil {
+			return err
+		}
+		if h := st.handed[d.Run]; h != nil {
+			h.remote = d.RemoteRun
+		}
+	case keel.EventStepCompletedElsewhere:
+		var d keel.StepCompletedElsewhereData
+		if err := decode(&d); err != nil {
+			return err
+		}
+		if h := st.handed[d.Run]; h != nil {
+			h.done = &d
+		}
 	case keel.EventStepFinished:
 		var d keel.StepData
 		if err := decode(&d); err != nil {

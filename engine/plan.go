@@ -57,12 +57,27 @@ func (e *Engine) checkKind(ctx context.Context, req StartRequest) (*keel.Plan, e
 			return nil, fmt.Errorf("a %q run needs a plan: %w", keel.KindDAG, keel.ErrInvalid)
 		}
 		p := clonePlan(*req.Plan)
-		if err := validatePlan(p, e.cfg.Tools.Specs(ctx), req.Policy.Tools); err != nil {
+		if err := e.checkPlan(ctx, p, req.Policy.Tools); err != nil {
 			return nil, err
 		}
 		return &p, nil
 	}
 	return nil, fmt.Errorf("kind %q: want %q, %q or %q: %w", req.Kind, keel.KindAgent, keel.KindPlan, keel.KindDAG, keel.ErrInvalid)
+}
+
+// checkPlan is validatePlan over the tools of this environment and,
+// with a Placer, those another environment declares for the steps that
+// need them (placeable).
+func (e *Engine) checkPlan(ctx context.Context, p keel.Plan, allowed []string) error {
+	specs := e.cfg.Tools.Specs(ctx)
+	elsewhere, err := e.placeable(ctx, p, specs)
+	if err != nil {
+		return err
+	}
+	for _, t := range elsewhere {
+		specs = append(specs, keel.ToolSpec{Name: t})
+	}
+	return validatePlan(p, specs, allowed)
 }
 
 // validatePlan checks that p is a DAG of at most MaxPlanSteps steps with

@@ -40,7 +40,7 @@ func (f *flowRun) propose(ctx context.Context, why string) error {
 		if err := json.Unmarshal([]byte(p.Content), &plan); err != nil {
 			return fmt.Errorf("the journaled plan of model step %d: %w", p.Step, err)
 		}
-		if err := validatePlan(plan, f.e.cfg.Tools.Specs(ctx), f.run.Policy.Tools); err != nil {
+		if err := f.e.checkPlan(ctx, plan, f.run.Policy.Tools); err != nil {
 			return fmt.Errorf("the journaled plan of model step %d: %w", p.Step, err)
 		}
 	} else {
@@ -102,7 +102,7 @@ func (f *flowRun) askPlanner(ctx context.Context, specs []keel.ToolSpec, why str
 		problem := ""
 		if err := json.Unmarshal(res.Value, &plan); err != nil {
 			problem = err.Error()
-		} else if err := validatePlan(plan, f.e.cfg.Tools.Specs(ctx), f.run.Policy.Tools); err != nil {
+		} else if err := f.e.checkPlan(ctx, plan, f.run.Policy.Tools); err != nil {
 			problem = strings.TrimSuffix(err.Error(), ": "+keel.ErrInvalid.Error())
 		}
 		if problem == "" {
