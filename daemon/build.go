@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/bridges/mcpclient"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
@@ -43,6 +44,11 @@ type layers struct {
 	mcpRuns mcpRuns
 	// know is the knowledge store and what uses it.
 	know *knowledgeLayer
+	// placer places plan steps in other environments: set when the
+	// daemon joins a cloud (joinCloud).
+	placer *placerSlot
+	// spans reads a run's spans from the store.
+	spans func(context.Context, keel.RunID) ([]keel.Span, error)
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -183,7 +189,13 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	l.closers = append(l.closers, func() { know.close(log) })
 	l.know = know
 	runTools := recall.RunTools{Next: mcpclient.RunTools{Local: reg.RunTools(), MCP: mcp}, Knowledge: know.tool}
-	eng, err := engine.New(engine.Config{Store: engineStore{tel.Journal(st), tracer}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")})
+	ecfg := engine.Config{Store: engineStore{tel.Journal(st), tracer}, Model: router, Tools: runTools, Policy: pol, Audit: audit, RequireApproval: cfg.RequireApproval, DefaultModel: cfg.DefaultModel, Logger: log.With(logkey.Component, "engine")}
+	if cfg.Join != "" {
+		l.placer = &placerSlot{}
+		ecfg.Placer = l.placer
+	}
+	l.spans = st.Spans
+	eng, err := engine.New(ecfg)
 	if err != nil {
 		return l, err
 	}

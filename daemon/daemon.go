@@ -278,7 +278,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	// An edge joins once its declaration is whole; it leaves after the
 	// engine has closed (the runs' last events are in its outbox).
 	if cfg.Join != "" {
-		leave, err := d.joinCloud(ctx, l.env, l.eng)
+		leave, err := d.joinCloud(ctx, l)
 		defer leave()
 		if err != nil {
 			return err

@@ -65,6 +65,10 @@ type Sources struct {
 	// Start starts a run for a step the cloud hands off (engine.Start).
 	// Nil: the edge accepts no steps.
 	Start func(context.Context, keel.StartRequest) (keel.Run, error)
+	// Spans is a run's trace spans (engine.Store's Spans), which the
+	// edge gives the origin of a step it ran, as the run's labels allow
+	// (SpansSubject). Nil: no spans cross.
+	Spans func(context.Context, keel.RunID) ([]keel.Span, error)
 }
 
 // DefaultDomain is the cloud cluster's JetStream domain, which an edge
@@ -92,6 +96,8 @@ type Edge struct {
 	cloud  jetstream.JetStream
 	filter *Filter
 	sub    *nats.Subscription
+	// spansSub answers the origins of steps for their runs' spans.
+	spansSub *nats.Subscription
 
 	mu    sync.Mutex
 	queue []keel.Event
@@ -215,6 +221,12 @@ func (e *Edge) connect(ctx context.Context) error {
 	}
 	if e.src.Start != nil {
 		if e.sub, err = nc.Subscribe(StepSubject(e.cfg.Namespace, e.cfg.Name), e.serveStep); err != nil {
+			nc.Close()
+			return err
+		}
+	}
+	if e.src.Spans != nil {
+		if e.spansSub, err = nc.Subscribe(SpansSubject(e.cfg.Namespace, e.cfg.Name), e.serveSpans); err != nil {
 			nc.Close()
 			return err
 		}
@@ -425,6 +437,9 @@ func (e *Edge) Close(ctx context.Context) error {
 	e.closed.Do(func() {
 		if e.sub != nil {
 			e.sub.Unsubscribe()
+		}
+		if e.spansSub != nil {
+			e.spansSub.Unsubscribe()
 		}
 		e.cancel()
 		e.wg.Wait()

@@ -26,6 +26,11 @@ type Step struct {
 	// Need is what the step needs (route.Decide); its Labels are the
 	// labels of the step's inputs, which the run starts with.
 	Need route.Need `json:"need"`
+	// TraceParent is the W3C trace context of the hand-off, and
+	// ParentSpan the keel ID of the hand-off span in the origin's trace:
+	// the run's spans, as they cross back (Spans), go under it.
+	TraceParent string `json:"traceparent,omitempty"`
+	ParentSpan  string `json:"parent_span,omitempty"`
 }
 
 // Accepted is an edge's answer to a step handed to it.
@@ -44,6 +49,8 @@ type Completion struct {
 	Status keel.RunStatus `json:"status"`
 	// Result is the run's result, when it crossed.
 	Result string `json:"result,omitempty"`
+	// Error is why it failed, when it crossed.
+	Error string `json:"error,omitempty"`
 	// Withheld: the run's data may not cross (its labels); the cloud
 	// knows how it ended, not what it found.
 	Withheld bool `json:"withheld,omitempty"`
@@ -178,7 +185,7 @@ func Await(ctx context.Context, js jetstream.JetStream, ns, edge string, run kee
 		var w Withheld
 		json.Unmarshal(ev.Data, &end)
 		json.Unmarshal(ev.Data, &w)
-		c.Status, c.Result, c.Withheld = end.Status, end.Result, w.Withheld
+		c.Status, c.Result, c.Error, c.Withheld = end.Status, end.Result, end.Reason, w.Withheld
 		return false
 	})
 	return c, err

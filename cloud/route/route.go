@@ -85,6 +85,10 @@ type Need struct {
 	// Origin is the environment the step's inputs come from (the edge
 	// whose run hands the step off); empty: the cloud.
 	Origin string `json:"origin,omitempty"`
+	// Kind, when set, is the only kind of environment (KindEdge,
+	// KindCloud) the step may go to, the origin excepted: what the
+	// origin can hand steps to.
+	Kind string `json:"kind,omitempty"`
 }
 
 // Decision is where a step runs, and why.
@@ -252,6 +256,9 @@ func Decide(need Need, envs []Env) (Decision, error) {
 
 // can reports whether en can run a step with need (fails says why not).
 func (en *entry) can(need Need) bool {
+	if need.Kind != "" && en.env.Kind != need.Kind && en.env.Name != need.Origin {
+		return false
+	}
 	for _, tl := range need.Tools {
 		if !en.tools[tl] {
 			return false
@@ -277,6 +284,9 @@ func (en *entry) can(need Need) bool {
 
 // fails says why en cannot run a step with need; "" if it can.
 func (en *entry) fails(need Need) string {
+	if need.Kind != "" && en.env.Kind != need.Kind && en.env.Name != need.Origin {
+		return "not an environment of kind " + need.Kind
+	}
 	for _, tl := range need.Tools {
 		if !en.tools[tl] {
 			return "no tool " + tl

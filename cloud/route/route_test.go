@@ -42,6 +42,9 @@ func TestDecide(t *testing.T) {
 		{"an unknown model", Need{Model: "huge-400b"}, ""},
 		{"a model too small", Need{Model: "small-3b", MinContext: 9000}, ""},
 		{"needs nothing: the cloud", Need{}, "cloud"},
+		{"edges only: the cloud is passed over", Need{Tools: []string{"fetch"}, Origin: "nas", Kind: KindEdge}, "laptop"},
+		{"edges only, the origin can: the origin", Need{Tools: []string{"readfile"}, Origin: "nas", Kind: KindEdge}, "nas"},
+		{"edges only, a cloud-only model: nowhere", Need{Model: "big-70b", Origin: "laptop", Kind: KindEdge}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,229 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cloud/route"
+	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/nats-io/nats.go"
+)
+
+// A joined daemon's plans hand steps to other edges by themselves: the
+// engine asks a Placer (engine.Placer, which Placer implements over root
+// types only) when a step needs a tool the daemon lacks; the Placer
+// decides over the edges' declarations, offers the step to the edge
+// chosen (Offer, the same request/reply as Handoff), follows the run in
+// that edge's mirror (Await) and asks that edge for the run's spans
+// (SpansSubject), which cross as the run's journal did.
+
+// SpansSubject is where edge answers for the spans of a run of its own
+// (request/reply, SpansRequest → SpansReply).
+func SpansSubject(ns, edge string) string { return ns + ".edge." + edge + ".spans" }
+
+// SpansRequest asks an edge for the spans of one of its runs.
+type SpansRequest struct {
+	Run keel.RunID `json:"run"`
+	// ParentSpan is the span of the asker's trace that the run's root
+	// span goes under.
+	ParentSpan string `json:"parent_span,omitempty"`
+}
+
+// SpansReply is an edge's answer to a SpansRequest.
+type SpansReply struct {
+	Spans []keel.Span `json:"spans,omitempty"`
+	// Withheld: the run's journal did not cross whole (its labels), so
+	// its spans do not either; Spans holds one stub, the root's timing.
+	Withheld bool   `json:"withheld,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// serveSpans answers a SpansRequest: the run's spans if its journal
+// crossed whole, else a stub of its root span. What crossed is read
+// from the outbox, after the events taken so far are in it: the run's
+// last event there is whole or a stub.
+func (e *Edge) serveSpans(m *nats.Msg) {
+	reply := func(r SpansReply) {
+		b, _ := json.Marshal(r)
+		m.Respond(b)
+	}
+	var req SpansRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.Run == "" {
+		reply(SpansReply{Error: "not a spans request"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	spans, err := e.src.Spans(ctx, req.Run)
+	if err != nil {
+		reply(SpansReply{Error: err.Error()})
+		return
+	}
+	for i := range spans {
+		if spans[i].ParentID == "" {
+			spans[i].ParentID = req.ParentSpan
+		}
+	}
+	if e.crossed(ctx, req.Run) {
+		reply(SpansReply{Spans: spans})
+		return
+	}
+	out := SpansReply{Withheld: true}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanRun {
+			out.Spans = []keel.Span{{ID: sp.ID, RunID: sp.RunID, ParentID: sp.ParentID, Kind: keel.SpanRun, Name: "withheld",
+				Start: sp.Start, Duration: sp.Duration, Status: sp.Status}}
+			break
+		}
+	}
+	reply(out)
+}
+
+// crossed reports whether run's last event in the outbox crossed whole.
+func (e *Edge) crossed(ctx context.Context, run keel.RunID) bool {
+	if err := e.Flush(ctx); err != nil {
+		return false
+	}
+	st, err := e.local.Stream(ctx, OutboxStream)
+	if err != nil {
+		return false
+	}
+	msg, err := st.GetLastMsgForSubject(ctx, outboxSubject+string(run))
+	if err != nil {
+		return false
+	}
+	var ev keel.Event
+	var w Withheld
+	if json.Unmarshal(msg.Data, &ev) != nil || json.Unmarshal(ev.Data, &w) != nil {
+		return false
+	}
+	return !w.Withheld
+}
+
+// Placer places a joined daemon's plan steps on the other edges that
+// declare what they need: it implements engine.Placer. Its methods are
+// safe for concurrent use; Close stops its watch of the declarations.
+type Placer struct {
+	e *Edge
+
+	mu     sync.Mutex
+	reg    *Registry
+	closed bool
+}
+
+// NewPlacer returns the Placer of e's steps. It watches the cloud's
+// edges bucket from its first decision on (the link may be down until
+// then).
+func NewPlacer(e *Edge) *Placer { return &Placer{e: e} }
+
+// registry returns the watch of the declarations, made on first use.
+func (p *Placer) registry(ctx context.Context) (*Registry, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("edge: the placer is closed")
+	}
+	if p.reg == nil {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		reg, err := Watch(wctx, p.e.cloud, p.e.cfg.Namespace, p.e.log)
+		if err != nil {
+			return nil, fmt.Errorf("the cloud's declarations (is the link up?): %w", err)
+		}
+		p.reg = reg
+	}
+	return p.reg, nil
+}
+
+// Place decides which other edge runs a step with need: route.Decide
+// over the declarations, this edge the origin, edges only (the cloud
+// takes no hand-off from an edge yet).
+func (p *Placer) Place(ctx context.Context, need keel.StepNeed) (keel.Placement, error) {
+	reg, err := p.registry(ctx)
+	if err != nil {
+		return keel.Placement{}, err
+	}
+	d, err := reg.Table.Decide(route.Need{Tools: need.Tools, Model: need.Model, Labels: need.Labels, Origin: p.e.cfg.Name, Kind: route.KindEdge})
+	if err != nil {
+		return keel.Placement{}, err
+	}
+	if d.Env == p.e.cfg.Name {
+		return keel.Placement{}, fmt.Errorf("%w: only %s declares what it needs, and it does not run it now", route.ErrNoEnvironment, d.Env)
+	}
+	return keel.Placement{Env: d.Env, Kind: d.Kind, Reason: d.Reason}, nil
+}
+
+// offerTimeout bounds one offer of a step: an answer lost leaves its
+// outcome unknown, and the engine offers it again (the same run).
+const offerTimeout = 30 * time.Second
+
+// HandOff offers the step to edge env (Offer) and returns its run there.
+// A refusal, or no edge listening, wraps keel.ErrUnavailable.
+func (p *Placer) HandOff(ctx context.Context, env string, h keel.HandOff) (keel.RunID, error) {
+	step := Step{ID: string(h.Key), Goal: h.Goal, Model: h.Model, MaxSteps: h.MaxSteps, Tools: h.Tools,
+		Need:        route.Need{Tools: h.Need.Tools, Model: h.Need.Model, Labels: h.Need.Labels, Origin: p.e.cfg.Name},
+		TraceParent: h.TraceParent, ParentSpan: h.ParentSpan}
+	octx, cancel := context.WithTimeout(ctx, offerTimeout)
+	defer cancel()
+	a, err := Offer(octx, p.e.nc, p.e.cfg.Namespace, env, step)
+	if errors.Is(err, ErrRefused) || errors.Is(err, nats.ErrNoResponders) {
+		return "", fmt.Errorf("%w: %w", keel.ErrUnavailable, err)
+	}
+	if err != nil {
+		return "", err
+	}
+	return a.RunID, nil
+}
+
+// Await follows run in env's mirror until it ends (Await), then asks env
+// for its spans, under parentSpan. Spans that do not come are logged and
+// left out: the step's outcome does not wait on its trace.
+func (p *Placer) Await(ctx context.Context, env string, run keel.RunID, parentSpan string) (keel.StepOutcome, error) {
+	c, err := Await(ctx, p.e.cloud, p.e.cfg.Namespace, env, run)
+	if err != nil {
+		return keel.StepOutcome{}, err
+	}
+	o := keel.StepOutcome{Status: c.Status, Result: c.Result, Error: c.Error, Withheld: c.Withheld}
+	if o.Spans, err = RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan}); err != nil {
+		p.e.log.Warn("edge: the spans of a step run elsewhere", logkey.Edge, env, logkey.Run, run, logkey.Err, err)
+	}
+	return o, nil
+}
+
+// RemoteSpans asks edge for the spans of one of its runs.
+func RemoteSpans(ctx context.Context, nc *nats.Conn, ns, edge string, req SpansRequest) ([]keel.Span, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := nc.RequestWithContext(rctx, SpansSubject(ns, edge), b)
+	if err != nil {
+		return nil, err
+	}
+	var r SpansReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, err
+	}
+	if r.Error != "" {
+		return nil, errors.New(r.Error)
+	}
+	return r.Spans, nil
+}
+
+// Close stops the watch of the declarations.
+func (p *Placer) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.reg != nil {
+		p.reg.Close()
+		p.reg = nil
+	}
+}
