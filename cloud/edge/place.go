@@ -129,13 +129,20 @@ func (p *Placer) registry(ctx context.Context) (*Registry, error) {
 		return nil, errors.New("edge: the placer is closed")
 	}
 	if p.reg == nil {
+		// The link may be coming up: no responder yet is tried again,
+		// for a few seconds.
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		reg, err := Watch(wctx, p.e.cloud, p.e.cfg.Namespace, p.e.log)
-		if err != nil {
-			return nil, fmt.Errorf("the cloud's declarations (is the link up?): %w", err)
+		for {
+			reg, err := Watch(wctx, p.e.cloud, p.e.cfg.Namespace, p.e.log)
+			if err == nil {
+				p.reg = reg
+				break
+			}
+			if !errors.Is(err, nats.ErrNoResponders) || !sleep(wctx, 100*time.Millisecond) {
+				return nil, fmt.Errorf("the cloud's declarations (is the link up?): %w", err)
+			}
 		}
-		p.reg = reg
 	}
 	return p.reg, nil
 }

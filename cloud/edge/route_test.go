@@ -231,3 +231,83 @@ func descends(byID map[string]keel.Span, sp keel.Span, ancestor string) bool {
 	}
 	return false
 }
+
+// TestPlanStepWaitsAcrossRestart: the daemon that handed a step off stops
+// while the step's run on the other edge waits for a person (its call of
+// tick, non-idempotent, needs approval there). Started again on its data
+// directory, it resumes the plan and waits for that run, without handing
+// the step off again; once the call is approved there, the plan
+// finishes, and tick ran once. (Each test's tools are its own: the
+// cloud routes a step to any edge that declares its tool.)
+func TestPlanStepWaitsAcrossRestart(t *testing.T) {
+	t.Parallel()
+	files := map[string][]byte{}
+	canned(files, "tick", "non_idempotent_write", false)
+	b := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+		EdgeName: "resume-b", EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
+		Provider: byPrefix(map[string][]scripted.Step{
+			"tick the clock": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "tick", Arguments: json.RawMessage(`{}`)}), scripted.Answer("ticked once")},
+		})})
+	cb := daemontest.Dial(t, b.Dir)
+	daemontest.WaitTools(t, cb, "resume-b's tools", daemontest.HasTool("tick"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg, err := edge.Watch(ctx, js, ns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if err := reg.Wait(ctx, func(tab *route.Table) bool {
+		_, err := tab.Decide(route.Need{Tools: []string{"tick"}, Origin: "resume-a", Kind: route.KindEdge})
+		return err == nil
+	}); err != nil {
+		t.Fatalf("resume-b was not declared with bump: %v", err)
+	}
+	dirA := daemontest.EmptyDataDir(t)
+	cfgA := daemon.Config{DataDir: dirA, Provider: byPrefix(nil), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+		EdgeName: "resume-a", EdgeHeartbeat: 100 * time.Millisecond}
+	a := daemontest.Start(t, cfgA)
+	ca := daemontest.Dial(t, a.Dir)
+	waitEdge(t, "resume-a", true)
+	run, err := ca.StartRun(ctx, protocol.RunStartParams{Kind: keel.KindDAG, Goal: "count", Plan: &keel.Plan{Steps: []keel.PlanStep{
+		{ID: "far", Goal: "tick the clock", Tools: []string{"tick"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := daemontest.Follow(t, ca, run.ID, keel.EventStepAccepted)
+	var acc keel.StepAcceptedData
+	json.Unmarshal(evs[len(evs)-1].Data, &acc)
+	asked := daemontest.Follow(t, cb, acc.RemoteRun, keel.EventApprovalAsked)
+	var req keel.ApprovalRequestData
+	json.Unmarshal(asked[len(asked)-1].Data, &req)
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	a2 := daemontest.Start(t, cfgA)
+	ca2 := daemontest.Dial(t, a2.Dir)
+	if _, err := cb.ApproveRun(ctx, protocol.RunApproveParams{RunID: acc.RemoteRun, CallID: "c1", ArgsSHA256: req.ArgsSHA256, Approved: true}); err != nil {
+		t.Fatal(err)
+	}
+	daemontest.Follow(t, ca2, run.ID)
+	got, err := ca2.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Status != keel.RunSucceeded || !strings.Contains(got.Run.Result, "ticked once") {
+		t.Fatalf("resumed run = %s %q %q; events %v", got.Run.Status, got.Run.Result, got.Run.Error, daemontest.Types(got.Events))
+	}
+	for typ, want := range map[keel.EventType]int{keel.EventStepHandedOff: 1, keel.EventStepAccepted: 1, keel.EventStepCompletedElsewhere: 1,
+		keel.EventRunResumed: 1} {
+		if n := countType(got.Events, typ); n != want {
+			t.Errorf("%d %s events, want %d: %v", n, typ, want, daemontest.Types(got.Events))
+		}
+	}
+	audit, err := cb.ToolAudit(ctx, "tick", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(audit) != 1 {
+		t.Errorf("tick ran %d times on resume-b, want once", len(audit))
+	}
+}
