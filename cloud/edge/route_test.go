@@ -62,7 +62,7 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	dirB := daemontest.DataDir(t, files)
 	b := daemontest.Start(t, daemon.Config{DataDir: dirB, Join: cluster.LeafURLs(), JoinCredentials: credentials(t), EdgeName: "route-b",
 		EdgeHeartbeat: 100 * time.Millisecond, Provider: byPrefix(map[string][]scripted.Step{
-			"bump the counter": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "bump", Arguments: json.RawMessage(`{}`)}), scripted.Answer("bumped once")},
+			"bump the counter":  {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "bump", Arguments: json.RawMessage(`{}`)}), scripted.Answer("bumped once")},
 			"peek at the diary": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "peek", Arguments: json.RawMessage(`{}`)}), scripted.Answer("the diary says " + canary)},
 		})})
 	cb := daemontest.Dial(t, b.Dir)
