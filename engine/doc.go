@@ -44,7 +44,9 @@
 // fails. The parent's state is its journal, so it resumes like any run.
 // Its files: flow.go (the parent's goroutine), flowstate.go (its state,
 // rebuilt from the journal), plan.go (validation and schema), planner.go
-// (the planner's model step) and budget.go (what each sub-agent may spend).
+// (the planner's model step), budget.go (what each sub-agent may spend)
+// and place.go (a step whose tool this environment lacks handed to
+// another through Config.Placer, and waited for durably).
 //
 // The engine consumes small interfaces defined here (a Journal and a
 // Tracer, together its Store; Model; Tools) and takes its clock, its

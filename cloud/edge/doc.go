@@ -21,6 +21,12 @@
 // declarations in step with the bucket, and the hand-off of a step to
 // the edge a route.Decision names.
 //
+// Between edges (Placer, place.go): a joined daemon's engine hands the
+// plan steps it cannot run to the edge that declares their tools, by the
+// same offer, follows the run in that edge's mirror, and asks that edge
+// for the run's spans, which it gives as the run's journal crossed
+// (whole, or one stub).
+//
 // An Edge's goroutines are started by Join and stopped by Close; a
 // Registry's by Watch and Close. docs/cloud.md ("Edges") has the design.
 package edge

@@ -3,6 +3,10 @@ package edge_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -75,7 +79,20 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	if out, errs, code := daemontest.CLI(ctx, b.Dir, "tools", "grant", "peek", "fs:/workspace="+secrets, "--private"); code != 0 {
 		t.Fatalf("keel tools grant peek --private = %d:\n%s%s", code, out, errs)
 	}
-	a := joined(t, "route-a", cluster.LeafURLs(), byPrefix(nil))
+	// With a Jaeger at hand, route-a exports its trace there.
+	dirA := daemontest.EmptyDataDir(t)
+	jaeger, service := os.Getenv("KEEL_TEST_JAEGER_QUERY"), fmt.Sprintf("keel-route-%d", time.Now().UnixNano())
+	if jaeger != "" && os.Getenv("KEEL_TEST_OTLP_GRPC") != "" {
+		cfg, _ := json.Marshal(map[string]any{"protocol": "grpc", "endpoint": os.Getenv("KEEL_TEST_OTLP_GRPC"), "insecure": true,
+			"service_name": service, "flush_interval_ms": 100})
+		if err := os.WriteFile(filepath.Join(dirA, daemon.TelemetryConfigFile), cfg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		jaeger = ""
+	}
+	a := daemontest.Start(t, daemon.Config{DataDir: dirA, Provider: byPrefix(nil), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+		EdgeName: "route-a", EdgeHeartbeat: 100 * time.Millisecond})
 	ca := daemontest.Dial(t, a.Dir)
 
 	// Both declared, route-b with its tools (and peek's private grant).
@@ -164,6 +181,10 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	}
 	if _, spanID, err := keel.ParseTraceParent(hand.TraceParent); err != nil || spanID != keel.OTelSpanID(handSpan.ID) {
 		t.Errorf("traceparent %q (%v): want the hand-off span %s", hand.TraceParent, err, handSpan.ID)
+	}
+
+	if jaeger != "" {
+		jaegerJoined(t, jaeger, keel.TraceID(got.Run.ID))
 	}
 
 	// The private step.
@@ -310,4 +331,65 @@ func TestPlanStepWaitsAcrossRestart(t *testing.T) {
 	if len(audit) != 1 {
 		t.Errorf("tick ran %d times on resume-b, want once", len(audit))
 	}
+}
+
+// jaegerJoined waits until Jaeger holds trace traceID with route-b's
+// call of bump in it, under route-b's root span, under the hand-off
+// span: one trace for both sides. It polls (Jaeger offers nothing to wait
+// on) and fails after a minute.
+func jaegerJoined(t *testing.T, query, traceID string) {
+	t.Helper()
+	type span struct {
+		SpanID        string `json:"spanID"`
+		OperationName string `json:"operationName"`
+		References    []struct {
+			RefType string `json:"refType"`
+			SpanID  string `json:"spanID"`
+		} `json:"references"`
+	}
+	var last []span
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		resp, err := http.Get(query + "/api/traces/" + traceID)
+		if err != nil {
+			continue
+		}
+		var body struct {
+			Data []struct {
+				Spans []span `json:"spans"`
+			} `json:"data"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if err != nil || len(body.Data) != 1 {
+			continue
+		}
+		last = body.Data[0].Spans
+		byID := map[string]span{}
+		for _, sp := range last {
+			byID[sp.SpanID] = sp
+		}
+		parent := func(sp span) span {
+			for _, r := range sp.References {
+				if r.RefType == "CHILD_OF" {
+					return byID[r.SpanID]
+				}
+			}
+			return span{}
+		}
+		for _, sp := range last {
+			if sp.OperationName != "execute_tool bump" {
+				continue
+			}
+			for p, i := parent(sp), 0; p.SpanID != "" && i < 8; p, i = parent(p), i+1 {
+				if p.OperationName == string(keel.SpanHandOff) {
+					return
+				}
+			}
+		}
+	}
+	var names []string
+	for _, sp := range last {
+		names = append(names, sp.OperationName)
+	}
+	t.Fatalf("Jaeger's trace %s has no call of bump under the hand-off span within a minute; its spans: %v", traceID, names)
 }
