@@ -88,6 +88,9 @@ type StepOutcome struct {
 	// Withheld: the run's data may not leave its environment; only its
 	// status crossed.
 	Withheld bool `json:"withheld,omitempty"`
+	// Labels are the labels of what crossed (its events'): they enter
+	// the parent's context with the result.
+	Labels []string `json:"labels,omitempty"`
 	// Spans are the run's spans, its root's parent the hand-off span
 	// (HandOff.ParentSpan); a withheld run's cross as one stub span,
 	// its timing only.
@@ -105,6 +108,7 @@ type StepCompletedElsewhereData struct {
 	Result    string    `json:"result,omitempty"`
 	Error     string    `json:"error,omitempty"`
 	Withheld  bool      `json:"withheld,omitempty"`
+	Labels    []string  `json:"labels,omitempty"`
 	// Spans is how many of its spans crossed back.
 	Spans int `json:"spans,omitempty"`
 }

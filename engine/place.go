@@ -194,13 +194,15 @@ func (f *flowRun) reconcileRemote(ctx context.Context, d keel.StepData, h *hando
 			f.importSpans(ctx, h, o.Spans)
 			if err := f.appendEvent(ctx, keel.EventStepCompletedElsewhere, keel.StepCompletedElsewhereData{StepID: d.StepID, Run: d.Run,
 				Env: h.data.Placement.Env, RemoteRun: h.remote, Status: o.Status, Result: o.Result, Error: o.Error,
-				Withheld: o.Withheld, Spans: len(o.Spans)}, nil); err != nil {
+				Withheld: o.Withheld, Labels: o.Labels, Spans: len(o.Spans)}, nil); err != nil {
 				return err
 			}
 		}
 	}
 	if c := h.done; c != nil {
-		d.Status, d.Result, d.Error = c.Status, c.Result, c.Error
+		// What crossed brings its labels into the parent's context.
+		d.Status, d.Result, d.Error, d.Labels = c.Status, c.Result, c.Error, c.Labels
+		d.Private = slices.Contains(c.Labels, keel.LabelPrivate)
 		if c.Withheld && c.Status == keel.RunSucceeded {
 			d.Result = fmt.Sprintf("(step %q ran on %s; its result may not leave it)", d.StepID, c.Env)
 		}

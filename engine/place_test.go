@@ -69,7 +69,7 @@ func (p *fakePlacer) Await(ctx context.Context, env string, run keel.RunID, pare
 		return keel.StepOutcome{Status: keel.RunSucceeded, Withheld: true, Spans: []keel.Span{root}}, nil
 	}
 	tool := keel.Span{ID: "span_there_tool", RunID: run, ParentID: root.ID, Kind: keel.SpanToolCall, Name: "far", Start: start, Duration: time.Millisecond, Status: keel.SpanOK}
-	return keel.StepOutcome{Status: keel.RunSucceeded, Result: "found far away", Spans: []keel.Span{root, tool}}, nil
+	return keel.StepOutcome{Status: keel.RunSucceeded, Result: "found far away", Labels: []string{"work"}, Spans: []keel.Span{root, tool}}, nil
 }
 
 func (p *fakePlacer) handOffs() []keel.HandOff {
@@ -107,6 +107,12 @@ func TestDAGStepHandedOff(t *testing.T) {
 	finished := stepEvents(t, evs, keel.EventStepFinished)
 	if len(finished) != 2 || finished[0].StepID != "a" || finished[0].Result != "found far away" || finished[0].Status != keel.RunSucceeded {
 		t.Errorf("step.finished = %+v, want a's result from the other environment first", finished)
+	}
+	if !slices.Contains(finished[0].Labels, "work") {
+		t.Errorf("step a finished with labels %v, want those of what crossed (work)", finished[0].Labels)
+	}
+	if ls, err := h.eng.ContextLabels(context.Background(), run.ID); err != nil || !slices.Contains(ls, "work") {
+		t.Errorf("the parent's context labels = %v, %v; want work, from the result that crossed", ls, err)
 	}
 	if m.calls("a") != 0 || m.calls("b") != 1 {
 		t.Errorf("model calls: a %d, b %d; want 0 (it ran elsewhere) and 1", m.calls("a"), m.calls("b"))

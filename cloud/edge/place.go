@@ -195,7 +195,7 @@ func (p *Placer) Await(ctx context.Context, env string, run keel.RunID, parentSp
 	if err != nil {
 		return keel.StepOutcome{}, err
 	}
-	o := keel.StepOutcome{Status: c.Status, Result: c.Result, Error: c.Error, Withheld: c.Withheld}
+	o := keel.StepOutcome{Status: c.Status, Result: c.Result, Error: c.Error, Withheld: c.Withheld, Labels: c.Labels}
 	if o.Spans, err = RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan}); err != nil {
 		p.e.log.Warn("edge: the spans of a step run elsewhere", logkey.Edge, env, logkey.Run, run, logkey.Err, err)
 	}

@@ -183,6 +183,10 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 		t.Errorf("traceparent %q (%v): want the hand-off span %s", hand.TraceParent, err, handSpan.ID)
 	}
 
+	// keel trace draws the same tree.
+	if out, errs, code := daemontest.CLI(ctx, a.Dir, "trace", "--json", string(got.Run.ID)); code != 0 || !strings.Contains(out, handSpan.ID) || !strings.Contains(out, toolThere.ID) {
+		t.Errorf("keel trace --json %s = %d, stderr %q; want the hand-off span and route-b's call of bump in:\n%s", got.Run.ID, code, errs, out)
+	}
 	if jaeger != "" {
 		jaegerJoined(t, jaeger, keel.TraceID(got.Run.ID))
 	}

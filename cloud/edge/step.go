@@ -54,6 +54,9 @@ type Completion struct {
 	// Withheld: the run's data may not cross (its labels); the cloud
 	// knows how it ended, not what it found.
 	Withheld bool `json:"withheld,omitempty"`
+	// Labels are the labels of the run's events that crossed (those its
+	// edge lets cross): its result carries them.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // The cross-environment events of a step, in the hand-off stream
@@ -178,6 +181,13 @@ func Offer(ctx context.Context, nc *nats.Conn, ns, edge string, step Step) (Acce
 func Await(ctx context.Context, js jetstream.JetStream, ns, edge string, run keel.RunID) (Completion, error) {
 	c := Completion{Edge: edge, RunID: run}
 	err := Follow(ctx, js, ns, edge, run, func(ev keel.Event) bool {
+		var el eventLabels
+		if json.Unmarshal(ev.Data, &el) == nil {
+			c.Labels = keel.UnionLabels(c.Labels, el.Labels)
+			if el.Private {
+				c.Labels = keel.UnionLabels(c.Labels, []string{keel.LabelPrivate})
+			}
+		}
 		if !terminal(ev.Type) {
 			return true
 		}
