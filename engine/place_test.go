@@ -256,3 +256,26 @@ func TestDAGHandOffResumes(t *testing.T) {
 		t.Errorf("journal %v: want one hand-off, acceptance and completion, two steps finished", types(evs))
 	}
 }
+
+// TestDAGCancelEndsHandOff: cancelling a parent whose step runs
+// elsewhere ends the step here at once (step.finished, cancelled), and
+// the parent is cancelled; the waiter stops.
+func TestDAGCancelEndsHandOff(t *testing.T) {
+	t.Parallel()
+	pl := newFakePlacer()
+	pl.release = make(chan struct{}) // never released
+	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{Placer: pl})
+	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "far", Goal: "far away", Tools: []string{"far"}}}}})
+	waitUntil(t, h.eng, func() bool { return slices.Contains(types(journal(t, h.st, r.ID)), keel.EventStepAccepted) })
+	if _, err := h.eng.Cancel(context.Background(), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := waitRun(t, h.eng, h.st, r.ID)
+	if got.Status != keel.RunCancelled {
+		t.Fatalf("parent = %s, want cancelled", got.Status)
+	}
+	finished := stepEvents(t, journal(t, h.st, r.ID), keel.EventStepFinished)
+	if len(finished) != 1 || finished[0].Status != keel.RunCancelled || !strings.Contains(finished[0].Error, "other") {
+		t.Errorf("step.finished = %+v, want far cancelled here, naming where it runs", finished)
+	}
+}
