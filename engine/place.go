@@ -131,8 +131,11 @@ func (e *Engine) placeable(ctx context.Context, p keel.Plan, specs []keel.ToolSp
 // to the environment the Placer names. A step no environment can run
 // ends at once, failed with what was missing.
 func (f *flowRun) launchStep(ctx context.Context, s keel.PlanStep, d keel.StepData, policy keel.RunPolicy) error {
+	if f.e.cfg.Placer == nil || len(s.Tools) == 0 {
+		return f.startChild(ctx, s, d, policy)
+	}
 	miss := missing(s, f.e.localTools(ctx))
-	if len(miss) == 0 || f.e.cfg.Placer == nil {
+	if len(miss) == 0 {
 		return f.startChild(ctx, s, d, policy)
 	}
 	need := keel.StepNeed{Tools: slices.Clone(s.Tools), Labels: policy.Labels}
