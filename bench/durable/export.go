@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -121,11 +122,32 @@ type exportResult struct {
 	// and down/metrics: what export adds to the daemon's default.
 	exportRatio, cpuExport [2]float64
 	up, down               telemetry.Stats
+	// split is where each mode's CPU went, summed over its blocks.
+	split [numModes]cpuSplit
+}
+
+// cpuSplit is the CPU of a mode's blocks, in parts: the runs and the
+// store's commit of what they left waiting, then the exporter's flush at
+// the end of the block; and the GC cycles that ended during the blocks.
+type cpuSplit struct {
+	blocks      int
+	runs, flush time.Duration
+	gc          uint64
+}
+
+// gcCycles is the number of GC cycles completed so far.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // measureExport times reps sets of single runs of n steps on one engine
 // and database file, the modes taking turns in a rotating order.
-func measureExport(ctx context.Context, dir, synchronous string, n, reps, block int, upEndpoint string) (exportResult, error) {
+//
+// With only set (a mode's name), it times that mode alone, reps blocks
+// one after another: res.step and res.cpu hold its medians, at its index.
+func measureExport(ctx context.Context, dir, synchronous string, n, reps, block int, upEndpoint, only string) (exportResult, error) {
 	res := exportResult{sync: synchronous}
 	st, err := store.OpenWith(ctx, filepath.Join(dir, "keel-export-"+synchronous+".db"), store.Options{Synchronous: synchronous})
 	if err != nil {
@@ -214,20 +236,35 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 		defer cancel()
 		eng.Close(cctx)
 	}()
+	onlyMode := slices.Index(exportModes, only)
 	for i := 0; st.Commits() < warmCommits; i++ {
-		sw.cur.Store(choices[i%4])
+		if onlyMode >= 0 {
+			sw.cur.Store(choices[onlyMode])
+		} else {
+			sw.cur.Store(choices[i%4])
+		}
 		if _, err := runAll(ctx, b, fmt.Sprintf("warm-up-%d", i), 1, n); err != nil {
 			return res, fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	var oneIn func(ctx context.Context, mode, i int) (wall, cpu time.Duration, err error)
 	// one times block runs of mode back to back, then the flush of what
 	// they left in the exporter's queue: each mode's measurement carries
 	// the whole of its own export, and none of another's (the export
 	// goroutine works beside the runs, so without the flush a batch from
 	// one mode's runs would be sent during the next mode's).
 	one := func(mode, i int) (wall, cpu time.Duration, err error) {
+		// The runs' goroutines carry the mode too (pprof -tagfocus
+		// mode=up), so that a profile splits the runs' work by mode.
+		pprof.Do(ctx, pprof.Labels("mode", exportModes[mode]), func(ctx context.Context) {
+			wall, cpu, err = oneIn(ctx, mode, i)
+		})
+		return wall, cpu, err
+	}
+	oneIn = func(ctx context.Context, mode, i int) (wall, cpu time.Duration, err error) {
 		ch := choices[mode]
 		sw.cur.Store(ch)
+		gc0 := gcCycles()
 		c0 := cpuTime()
 		t0 := time.Now()
 		for j := range block {
@@ -239,20 +276,53 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 				return 0, 0, fmt.Errorf("the run made %d steps, want %d", bt.steps, n)
 			}
 		}
+		// The store's writes the runs left waiting (their last spans)
+		// are committed before the flush, in every mode: else a flush
+		// that waits for the collector's answer ("up") has them
+		// committed in its window, and the other modes after theirs.
+		if err := st.Sync(ctx); err != nil {
+			return 0, 0, err
+		}
+		c1 := cpuTime()
 		if ch.x != nil {
 			if err := ch.x.Flush(ctx); err != nil {
 				return 0, 0, err
 			}
 		}
+		c2 := cpuTime()
 		steps := time.Duration(block * n)
-		wall, cpu = time.Since(t0)/steps, (cpuTime()-c0)/steps
-		return wall, cpu, st.Sync(ctx)
+		wall, cpu = time.Since(t0)/steps, (c2-c0)/steps
+		sp := &res.split[mode]
+		sp.blocks++
+		sp.runs += c1 - c0
+		sp.flush += c2 - c1
+		sp.gc += gcCycles() - gc0
+		return wall, cpu, nil
 	}
 	// Each rep takes the modes in an order of its own, drawn from a
 	// seeded source: a rotation keeps neighbours together, and whatever
 	// one mode leaves behind (GC debt, a batch) would always fall on
 	// the same next one.
 	collector0 := processCPU(os.Getenv("KEEL_TEST_JAEGER_PID"))
+	if onlyMode >= 0 {
+		walls, cpus := make([]time.Duration, reps), make([]time.Duration, reps)
+		for i := range reps {
+			if walls[i], cpus[i], err = one(onlyMode, i); err != nil {
+				return res, err
+			}
+		}
+		slices.Sort(walls)
+		slices.Sort(cpus)
+		res.step[onlyMode], res.cpu[onlyMode] = walls[reps/2], cpus[reps/2]
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err = errors.Join(up.Close(cctx), down.Close(cctx))
+		res.up, res.down = up.Stats(), down.Stats()
+		if c := processCPU(os.Getenv("KEEL_TEST_JAEGER_PID")); c > 0 && collector0 > 0 {
+			res.collectorCPU = c - collector0
+		}
+		return res, err
+	}
 	rng := rand.New(rand.NewPCG(17, uint64(reps)))
 	var walls, cpus [numModes][]time.Duration
 	var ratios, cpuRatios [numModes][]float64
@@ -315,9 +385,20 @@ func runExport(ctx context.Context, cfg config, dir string) error {
 		cfg.exportBlock, cfg.n, cfg.reps)
 	for _, s := range cfg.syncs {
 		progress("%s: keel, telemetry off / metrics / up / down, %d reps of 5 blocks of %d runs of %d steps", s, cfg.reps, cfg.exportBlock, cfg.n)
-		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, cfg.exportBlock, os.Getenv("KEEL_TEST_OTLP_GRPC"))
+		r, err := measureExport(ctx, dir, s, cfg.n, cfg.reps, cfg.exportBlock, os.Getenv("KEEL_TEST_OTLP_GRPC"), cfg.exportOnly)
 		if err != nil {
 			return fmt.Errorf("synchronous=%s: %w", s, err)
+		}
+		if m := slices.Index(exportModes, cfg.exportOnly); m >= 0 {
+			fmt.Printf("collector up: %s; down: a closed port\n", r.collector)
+			fmt.Printf("synchronous=%-6s %s alone, per step: %s wall, %s CPU (median of %d blocks)\n", r.sync, cfg.exportOnly, dur(r.step[m]), dur(r.cpu[m]), cfg.reps)
+			if r.collectorCPU > 0 && r.up.Exported > 0 {
+				fmt.Printf("synchronous=%-6s the collector's own CPU (same machine): %s a span exported\n", r.sync, dur(r.collectorCPU/time.Duration(r.up.Exported)))
+			}
+			fmt.Printf("synchronous=%-6s spans: up %d exported, %d dropped, %d failed; down %d exported, %d dropped, %d failed\n",
+				r.sync, r.up.Exported, r.up.Dropped, r.up.Failed, r.down.Exported, r.down.Dropped, r.down.Failed)
+			printSplit(r, cfg.n*cfg.exportBlock)
+			continue
 		}
 		fmt.Printf("collector up: %s; down: a closed port\n", r.collector)
 		fmt.Printf("synchronous=%-6s per step: off %s, metrics %s, up %s, down %s; metrics/off %+.1f%%, up/off %+.1f%%, down/off %+.1f%%; noise floor off/off %+.1f%%\n",
@@ -334,6 +415,7 @@ func runExport(ctx context.Context, cfg config, dir string) error {
 		}
 		fmt.Printf("synchronous=%-6s spans: up %d exported, %d dropped, %d failed; down %d exported, %d dropped, %d failed\n",
 			r.sync, r.up.Exported, r.up.Dropped, r.up.Failed, r.down.Exported, r.down.Dropped, r.down.Failed)
+		printSplit(r, cfg.n*cfg.exportBlock)
 	}
 	return nil
 }
@@ -391,3 +473,16 @@ type rawCodec struct{}
 func (rawCodec) Marshal(any) (mem.BufferSlice, error) { return mem.BufferSlice{}, nil }
 func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
 func (rawCodec) Name() string                         { return "proto" }
+
+// printSplit prints where each mode's CPU went, as means per step.
+func printSplit(r exportResult, steps int) {
+	fmt.Printf("synchronous=%-6s CPU per step, means: the runs (their commits included) + the exporter's flush; GC cycles per block:", r.sync)
+	for m, sp := range r.split {
+		if sp.blocks == 0 {
+			continue
+		}
+		k := time.Duration(sp.blocks * steps)
+		fmt.Printf(" %s %s + %s, %.2f;", exportModes[m], dur(sp.runs/k), dur(sp.flush/k), float64(sp.gc)/float64(sp.blocks))
+	}
+	fmt.Println()
+}
