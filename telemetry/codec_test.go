@@ -1,8 +1,10 @@
 package telemetry
 
 import (
+	"bytes"
 	"testing"
 
+	"github.com/keel-runtime/keel"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -52,5 +54,41 @@ func TestRequestCodecKeepsItsBuffer(t *testing.T) {
 	}
 	if c.Name() != "proto" {
 		t.Errorf("Name() = %q, want proto (the content subtype on the wire)", c.Name())
+	}
+}
+
+// TestRequestCodecSendsTheEncodersBuffer: a request the encoder made is
+// handed to gRPC as the bytes protobuf would write, its spans as the
+// encoder's own buffer, not a copy; after a failure the encoder starts
+// a new buffer, as gRPC may still hold the old one.
+func TestRequestCodecSendsTheEncodersBuffer(t *testing.T) {
+	c := newRequestCodec()
+	e := newEncoder("keel", "v1", scopeName)
+	ri := runInfo{run: keel.Run{ID: "r", Model: "m"}, trace: traceIDOf("r")}
+	for _, sp := range agentRun("r") {
+		a := decodeAttrs(&sp)
+		e.add(&sp, &a, &ri, nil, nil, false)
+	}
+	req := &collectortrace.ExportTraceServiceRequest{ResourceSpans: e.request()}
+	want, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.Materialize(); !bytes.Equal(got, want) {
+		t.Fatalf("Marshal = %x, want %x", got, want)
+	}
+	spans := out[len(out)-1].ReadOnlyData()
+	if end := e.buf[len(e.buf)-1:]; &spans[len(spans)-1] != &end[0] {
+		t.Error("the request's spans are a copy, want the encoder's buffer")
+	}
+	sent := e.buf
+	e.lost()
+	e.reset()
+	if &e.buf[:1][0] == &sent[:1][0] {
+		t.Error("after lost, the encoder writes into the buffer gRPC may still hold")
 	}
 }

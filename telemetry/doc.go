@@ -38,9 +38,10 @@
 // goroutine competes with the runs for those cores. The encoding is
 // checked against what the SDK's path sent (TestOTLPGolden, decoded by
 // an in-process collector over both transports). Over gRPC the client
-// marshals each request with a codec of keel's (requestCodec) into a
-// buffer kept from request to request, instead of a fresh, zeroed 1 MiB
-// from gRPC's pool per batch.
+// marshals each request with a codec of keel's (requestCodec), which
+// hands gRPC the encoder's buffer as it is, after a head of a few bytes,
+// instead of a copy into a fresh, zeroed 1 MiB from gRPC's pool per
+// batch.
 //
 // The OTel SDK (go.opentelemetry.io/otel) is the official one: its OTLP
 // clients (otlptracegrpc, otlptracehttp) speak both transports with

@@ -570,6 +570,15 @@ func (x *Exporter) loop() {
 	}
 	// sendAll sends ready and pending, and empties them.
 	sendAll := func(ctx context.Context, final bool) {
+		if len(ready) == 0 {
+			// Without content, always: pending alone, not a copy of it.
+			if len(pending) > 0 {
+				x.flush(ctx, pending, final)
+			}
+			clear(pending)
+			pending = pending[:0]
+			return
+		}
 		all := append(ready, pending...)
 		if len(all) > 0 {
 			x.flush(ctx, all, final)
@@ -782,6 +791,7 @@ func (x *Exporter) send(ctx context.Context, e *encoder) {
 	if err != nil {
 		if x.codec != nil {
 			x.codec.lost()
+			e.lost()
 		}
 		x.backoff = min(max(2*x.backoff, x.minBackoff), maxBackoff)
 		x.retryAt = now.Add(x.backoff)

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"encoding/binary"
 	"math"
 	"slices"
 	"strconv"
@@ -28,8 +29,9 @@ import (
 // collector over gRPC, on a loaded 2-core machine (BenchmarkFlush);
 // building the messages directly and reusing them, ~5 µs, of which
 // protobuf's encoding was 60%; written here, 3-4 µs, most of it gRPC's
-// own work and the decode of the span's JSON attributes
-// (docs/PERFORMANCE.md).
+// own work and the decode of the span's JSON attributes; with the keys
+// and tags encoded once and each span written in place, the encoding
+// itself is about half what it was (docs/PERFORMANCE.md).
 //
 // The clients' optional self-observability (an experimental SDK
 // feature, off by default) counts the spans of a request from its
@@ -42,8 +44,7 @@ type encoder struct {
 	// (filled in by request), the scope, then every span encoded since
 	// the last reset.
 	buf      []byte
-	scopeEnd int    // the end of the scope in buf: where the spans start
-	body     []byte // scratch: one span's fields
+	scopeEnd int // the end of the scope in buf: where the spans start
 	n        int
 
 	names   map[nameKey]string      // span names, made once
@@ -142,13 +143,10 @@ func (e *encoder) request() []*tracepb.ResourceSpans {
 	return []*tracepb.ResourceSpans{rs}
 }
 
-// reset empties the encoder for the next batch. Its buffers are kept,
-// unless a batch with content made them larger than keepBuffer.
+// reset empties the encoder for the next batch. Its buffer is kept,
+// unless a batch with content made it larger than keepBuffer.
 func (e *encoder) reset() {
 	e.n = 0
-	if cap(e.body) > keepBuffer {
-		e.body = nil
-	}
 	if e.scopeEnd == 0 {
 		e.buf = append(e.buf[:0], make([]byte, headRoom)...)
 		return
@@ -157,6 +155,13 @@ func (e *encoder) reset() {
 		e.buf = slices.Clone(e.buf[:e.scopeEnd])
 	}
 	e.buf = e.buf[:e.scopeEnd]
+}
+
+// lost gives up the encoder's buffer after a request that failed: the
+// gRPC client, which sends it without a copy (requestCodec), may still
+// hold it.
+func (e *encoder) lost() {
+	e.buf = slices.Clone(e.buf[:e.scopeEnd])
 }
 
 // keepBuffer is the largest buffer an encoder keeps between batches: a
@@ -170,91 +175,180 @@ const keepBuffer = 1 << 20
 // whenever a collection was under way, which, in a busy daemon, is most
 // of the time; it cost about as much as the encoding itself.
 
+// Tags of one byte (field number < 16), written as constants rather
+// than computed at every field.
+const (
+	tagAttributes  = fieldAttributes<<3 | byte(protowire.BytesType)
+	tagString      = fieldString<<3 | byte(protowire.BytesType)
+	tagInt         = fieldInt<<3 | byte(protowire.VarintType)
+	tagBool        = fieldBool<<3 | byte(protowire.VarintType)
+	tagDouble      = fieldDouble<<3 | byte(protowire.Fixed64Type)
+	tagArray       = fieldArray<<3 | byte(protowire.BytesType)
+	tagArrayValues = fieldArrayValues<<3 | byte(protowire.BytesType)
+	tagScopeSpans  = fieldScopeSpans<<3 | byte(protowire.BytesType)
+)
+
+// attrKey is an attribute's key encoded once, as the start of a
+// KeyValue after its length: the key's field, then the tag of the value.
+// The keys are constants: encoding them at every span was a third of a
+// span's encoding.
+type attrKey string
+
+func newAttrKey(key string) attrKey {
+	b := protowire.AppendTag(nil, fieldKey, protowire.BytesType)
+	b = protowire.AppendString(b, key)
+	return attrKey(protowire.AppendTag(b, fieldValue, protowire.BytesType))
+}
+
+// The keys written on spans (see mapping.go).
+var (
+	akOperation      = newAttrKey(keyOperation)
+	akProvider       = newAttrKey(keyProvider)
+	akRequestModel   = newAttrKey(keyRequestModel)
+	akResponseModel  = newAttrKey(keyResponseModel)
+	akInputTokens    = newAttrKey(keyInputTokens)
+	akOutputTokens   = newAttrKey(keyOutputTokens)
+	akFinishReasons  = newAttrKey(keyFinishReasons)
+	akToolName       = newAttrKey(keyToolName)
+	akToolCallID     = newAttrKey(keyToolCallID)
+	akToolArgs       = newAttrKey(keyToolArgs)
+	akToolResult     = newAttrKey(keyToolResult)
+	akAgentName      = newAttrKey(keyAgentName)
+	akAgentID        = newAttrKey(keyAgentID)
+	akInput          = newAttrKey(keyInput)
+	akOutput         = newAttrKey(keyOutput)
+	akErrorType      = newAttrKey(keyErrorType)
+	akDataSource     = newAttrKey(keyDataSource)
+	akRetrievalTopK  = newAttrKey(keyRetrievalTopK)
+	akRetrievalText  = newAttrKey(keyRetrievalText)
+	akRetrievalDocs  = newAttrKey(keyRetrievalDocs)
+	akRunID          = newAttrKey(keyRunID)
+	akParentRun      = newAttrKey(keyParentRun)
+	akRunKind        = newAttrKey(keyRunKind)
+	akRunStatus      = newAttrKey(keyRunStatus)
+	akSpanID         = newAttrKey(keySpanID)
+	akSpanKind       = newAttrKey(keySpanKind)
+	akStep           = newAttrKey(keyStep)
+	akLabels         = newAttrKey(keyLabels)
+	akCost           = newAttrKey(keyCost)
+	akRetries        = newAttrKey(keyRetries)
+	akTTFT           = newAttrKey(keyTTFT)
+	akRoute          = newAttrKey(keyRoute)
+	akVariant        = newAttrKey(keyVariant)
+	akModelDigest    = newAttrKey(keyModelDigest)
+	akPromptHash     = newAttrKey(keyPromptHash)
+	akTemplateHash   = newAttrKey(keyTemplateHash)
+	akPolicyOutcome  = newAttrKey(keyPolicyOutcome)
+	akPolicyExplain  = newAttrKey(keyPolicyExplain)
+	akPolicyList     = newAttrKey(keyPolicyList)
+	akEgressCount    = newAttrKey(keyEgressCount)
+	akEgressRefused  = newAttrKey(keyEgressRefused)
+	akHumanWait      = newAttrKey(keyHumanWait)
+	akPlanStep       = newAttrKey(keyPlanStep)
+	akSubagent       = newAttrKey(keySubagent)
+	akAttempt        = newAttrKey(keyAttempt)
+	akContentOmitted = newAttrKey(keyContentOmitted)
+	akScopes         = newAttrKey(keyScopes)
+	akHitCount       = newAttrKey(keyHitCount)
+)
+
+// appendVarint is protowire.AppendVarint, with the lengths and numbers
+// of a span (under 2^14, mostly) written inline.
+func appendVarint(b []byte, v uint64) []byte {
+	switch {
+	case v < 1<<7:
+		return append(b, byte(v))
+	case v < 1<<14:
+		return append(b, byte(v)|0x80, byte(v>>7))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+// sizeBytes is protowire.SizeBytes: a length and n bytes.
+func sizeBytes(n int) int { return protowire.SizeVarint(uint64(n)) + n }
+
 // appendKV appends the head of attribute key, whose AnyValue is size
 // bytes.
-func appendKV(b []byte, key string, size int) []byte {
-	b = protowire.AppendTag(b, fieldAttributes, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(protowire.SizeTag(fieldKey)+protowire.SizeBytes(len(key))+protowire.SizeTag(fieldValue)+protowire.SizeBytes(size)))
-	b = protowire.AppendTag(b, fieldKey, protowire.BytesType)
-	b = protowire.AppendString(b, key)
-	b = protowire.AppendTag(b, fieldValue, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(size))
+func appendKV(b []byte, key attrKey, size int) []byte {
+	b = append(b, tagAttributes)
+	b = appendVarint(b, uint64(len(key)+sizeBytes(size)))
+	b = append(b, key...)
+	return appendVarint(b, uint64(size))
 }
 
-func appendStr(b []byte, key, val string) []byte {
-	b = appendKV(b, key, protowire.SizeTag(fieldString)+protowire.SizeBytes(len(val)))
-	b = protowire.AppendTag(b, fieldString, protowire.BytesType)
-	return protowire.AppendString(b, val)
+func appendStr(b []byte, key attrKey, val string) []byte {
+	b = appendKV(b, key, 1+sizeBytes(len(val)))
+	b = append(b, tagString)
+	b = appendVarint(b, uint64(len(val)))
+	return append(b, val...)
 }
 
-func appendInt(b []byte, key string, val int) []byte {
-	b = appendKV(b, key, protowire.SizeTag(fieldInt)+protowire.SizeVarint(uint64(val)))
-	b = protowire.AppendTag(b, fieldInt, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(val))
+func appendInt(b []byte, key attrKey, val int) []byte {
+	b = appendKV(b, key, 1+protowire.SizeVarint(uint64(val)))
+	b = append(b, tagInt)
+	return appendVarint(b, uint64(val))
 }
 
-func appendFloat(b []byte, key string, val float64) []byte {
-	b = appendKV(b, key, protowire.SizeTag(fieldDouble)+protowire.SizeFixed64())
-	b = protowire.AppendTag(b, fieldDouble, protowire.Fixed64Type)
+func appendFloat(b []byte, key attrKey, val float64) []byte {
+	b = appendKV(b, key, 1+protowire.SizeFixed64())
+	b = append(b, tagDouble)
 	return protowire.AppendFixed64(b, math.Float64bits(val))
 }
 
-func appendBool(b []byte, key string, val bool) []byte {
-	b = appendKV(b, key, protowire.SizeTag(fieldBool)+protowire.SizeVarint(protowire.EncodeBool(val)))
-	b = protowire.AppendTag(b, fieldBool, protowire.VarintType)
-	return protowire.AppendVarint(b, protowire.EncodeBool(val))
+func appendBool(b []byte, key attrKey, val bool) []byte {
+	b = appendKV(b, key, 1+protowire.SizeVarint(protowire.EncodeBool(val)))
+	b = append(b, tagBool)
+	return appendVarint(b, protowire.EncodeBool(val))
 }
 
-func appendStrs(b []byte, key string, vals ...string) []byte {
-	elem := func(s string) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(len(s)) }
+func appendStrs(b []byte, key attrKey, vals ...string) []byte {
+	elem := func(s string) int { return 1 + sizeBytes(len(s)) }
 	arr := 0
 	for _, s := range vals {
-		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(s))
+		arr += 1 + sizeBytes(elem(s))
 	}
-	b = appendKV(b, key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
-	b = protowire.AppendTag(b, fieldArray, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(arr))
+	b = appendKV(b, key, 1+sizeBytes(arr))
+	b = append(b, tagArray)
+	b = appendVarint(b, uint64(arr))
 	for _, s := range vals {
-		b = protowire.AppendTag(b, fieldArrayValues, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(elem(s)))
-		b = protowire.AppendTag(b, fieldString, protowire.BytesType)
-		b = protowire.AppendString(b, s)
+		b = append(b, tagArrayValues)
+		b = appendVarint(b, uint64(elem(s)))
+		b = append(b, tagString)
+		b = appendVarint(b, uint64(len(s)))
+		b = append(b, s...)
 	}
 	return b
 }
 
 // appendDecisions appends attribute key: a model call's policy
 // decisions, a string each, "provider/model: explanation".
-func appendDecisions(b []byte, key string, ds []modelDecision) []byte {
+func appendDecisions(b []byte, key attrKey, ds []modelDecision) []byte {
 	text := func(d *modelDecision) int { return len(d.Provider) + 1 + len(d.Model) + 2 + len(d.Explanation) }
-	elem := func(d *modelDecision) int { return protowire.SizeTag(fieldString) + protowire.SizeBytes(text(d)) }
+	elem := func(d *modelDecision) int { return 1 + sizeBytes(text(d)) }
 	arr := 0
 	for i := range ds {
-		arr += protowire.SizeTag(fieldArrayValues) + protowire.SizeBytes(elem(&ds[i]))
+		arr += 1 + sizeBytes(elem(&ds[i]))
 	}
-	b = appendKV(b, key, protowire.SizeTag(fieldArray)+protowire.SizeBytes(arr))
-	b = protowire.AppendTag(b, fieldArray, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(arr))
+	b = appendKV(b, key, 1+sizeBytes(arr))
+	b = append(b, tagArray)
+	b = appendVarint(b, uint64(arr))
 	for i := range ds {
 		d := &ds[i]
-		b = protowire.AppendTag(b, fieldArrayValues, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(elem(d)))
-		b = protowire.AppendTag(b, fieldString, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(text(d)))
+		b = append(b, tagArrayValues)
+		b = appendVarint(b, uint64(elem(d)))
+		b = append(b, tagString)
+		b = appendVarint(b, uint64(text(d)))
 		b = append(append(append(append(append(b, d.Provider...), '/'), d.Model...), ": "...), d.Explanation...)
 	}
 	return b
 }
 
-// appendNonEmpty appends the string attributes of kv (key, value, ...)
-// whose value is not empty.
-func appendNonEmpty(b []byte, kv ...string) []byte {
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] != "" {
-			b = appendStr(b, kv[i], kv[i+1])
-		}
+// appendNonEmpty appends string attribute key unless val is empty.
+func appendNonEmpty(b []byte, key attrKey, val string) []byte {
+	if val == "" {
+		return b
 	}
-	return b
+	return appendStr(b, key, val)
 }
 
 // spanID is spanIDOf(id).
@@ -324,15 +418,21 @@ const (
 // as protobuf's own encoder writes them.
 func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string, c *spanContent, withheld bool) {
 	e.n++
-	b := e.body[:0]
+	// The span is written in place, after room for its tag and a length
+	// of two bytes (a span of 128 bytes to 16 KiB: nearly all of them);
+	// a length of another size moves it (see the end).
+	buf := e.buf
+	at := len(buf)
+	b := append(buf, tagScopeSpans, 0, 0)
+	body := len(b)
 	sid, ok := e.parents[sp.ID]
 	if !ok {
 		sid = e.spanID(sp.ID)
 	}
-	b = protowire.AppendTag(b, fieldTraceID, protowire.BytesType)
-	b = protowire.AppendBytes(b, ri.trace[:])
-	b = protowire.AppendTag(b, fieldSpanID, protowire.BytesType)
-	b = protowire.AppendBytes(b, sid[:])
+	b = append(b, fieldTraceID<<3|byte(protowire.BytesType), byte(len(ri.trace)))
+	b = append(b, ri.trace[:]...)
+	b = append(b, fieldSpanID<<3|byte(protowire.BytesType), byte(len(sid)))
+	b = append(b, sid[:]...)
 	flags := flagsLocal
 	if sp.ParentID != "" {
 		pid, ok := e.parents[sp.ParentID]
@@ -343,134 +443,125 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 			}
 			e.parents[sp.ParentID] = pid
 		}
-		b = protowire.AppendTag(b, fieldParentSpanID, protowire.BytesType)
-		b = protowire.AppendBytes(b, pid[:])
+		b = append(b, fieldParentSpanID<<3|byte(protowire.BytesType), byte(len(pid)))
+		b = append(b, pid[:]...)
 		if sp.Kind == keel.SpanRun {
 			flags = flagsRemote
 		}
 	}
-	b = protowire.AppendTag(b, fieldName, protowire.BytesType)
-	b = protowire.AppendString(b, e.name(sp))
+	name := e.name(sp)
+	b = append(b, fieldName<<3|byte(protowire.BytesType))
+	b = appendVarint(b, uint64(len(name)))
+	b = append(b, name...)
 	kind := tracepb.Span_SPAN_KIND_INTERNAL
 	if sp.Kind == keel.SpanModelCall {
 		kind = tracepb.Span_SPAN_KIND_CLIENT
 	}
-	b = protowire.AppendTag(b, fieldKind, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(kind))
+	b = append(b, fieldKind<<3|byte(protowire.VarintType), byte(kind))
 	if t := uint64(max(0, sp.Start.UnixNano())); t != 0 {
-		b = protowire.AppendTag(b, fieldStart, protowire.Fixed64Type)
+		b = append(b, fieldStart<<3|byte(protowire.Fixed64Type))
 		b = protowire.AppendFixed64(b, t)
 	}
 	if t := uint64(max(0, sp.Start.Add(sp.Duration).UnixNano())); t != 0 {
-		b = protowire.AppendTag(b, fieldEnd, protowire.Fixed64Type)
+		b = append(b, fieldEnd<<3|byte(protowire.Fixed64Type))
 		b = protowire.AppendFixed64(b, t)
 	}
 
-	b = appendStr(b, keyRunID, string(sp.RunID))
-	b = appendStr(b, keySpanID, sp.ID)
-	b = appendStr(b, keySpanKind, string(sp.Kind))
+	b = appendStr(b, akRunID, string(sp.RunID))
+	b = appendStr(b, akSpanID, sp.ID)
+	b = appendStr(b, akSpanKind, string(sp.Kind))
 	if sp.Step > 0 {
-		b = appendInt(b, keyStep, sp.Step)
+		b = appendInt(b, akStep, sp.Step)
 	}
 	if len(labels) > 0 {
-		b = appendStrs(b, keyLabels, labels...)
+		b = appendStrs(b, akLabels, labels...)
 	}
 	if sp.Retries > 0 {
-		b = appendInt(b, keyRetries, sp.Retries)
+		b = appendInt(b, akRetries, sp.Retries)
 	}
 	errType := ""
 	run := &ri.run
 	switch sp.Kind {
 	case keel.SpanRun:
-		b = appendStr(b, keyOperation, opInvokeAgent)
-		b = appendStr(b, keyAgentName, sp.Name)
-		b = appendStr(b, keyAgentID, string(sp.RunID))
-		b = appendStr(b, keyRunKind, string(run.KindOrAgent()))
-		if run.Model != "" {
-			b = appendStr(b, keyRequestModel, run.Model)
-		}
-		if run.Status != "" {
-			b = appendStr(b, keyRunStatus, string(run.Status))
-		}
-		if run.ParentID != "" {
-			b = appendStr(b, keyParentRun, string(run.ParentID))
-		}
+		b = appendStr(b, akOperation, opInvokeAgent)
+		b = appendStr(b, akAgentName, sp.Name)
+		b = appendStr(b, akAgentID, string(sp.RunID))
+		b = appendStr(b, akRunKind, string(run.KindOrAgent()))
+		b = appendNonEmpty(b, akRequestModel, run.Model)
+		b = appendNonEmpty(b, akRunStatus, string(run.Status))
+		b = appendNonEmpty(b, akParentRun, string(run.ParentID))
 		if run.Status.Terminal() && run.Status != keel.RunSucceeded || run.Status == keel.RunInterrupted {
 			errType = string(run.Status)
 		}
 	case keel.SpanStep:
 		if sp.Name != "step" {
-			b = appendStr(b, keyPlanStep, sp.Name)
+			b = appendStr(b, akPlanStep, sp.Name)
 		}
 		if a.Run != "" {
-			b = appendStr(b, keySubagent, string(a.Run))
-			b = appendInt(b, keyAttempt, a.Attempt)
+			b = appendStr(b, akSubagent, string(a.Run))
+			b = appendInt(b, akAttempt, a.Attempt)
 		}
 	case keel.SpanModelCall:
 		req := run.Model
 		if req == "" {
 			req = sp.Name
 		}
-		b = appendStr(b, keyOperation, opChat)
-		b = appendStr(b, keyRequestModel, req)
-		b = appendStr(b, keyResponseModel, sp.Name)
-		b = appendInt(b, keyInputTokens, sp.PromptTokens)
-		b = appendInt(b, keyOutputTokens, sp.CompletionTokens)
-		if sp.Provider != "" {
-			b = appendStr(b, keyProvider, sp.Provider)
-		}
+		b = appendStr(b, akOperation, opChat)
+		b = appendStr(b, akRequestModel, req)
+		b = appendStr(b, akResponseModel, sp.Name)
+		b = appendInt(b, akInputTokens, sp.PromptTokens)
+		b = appendInt(b, akOutputTokens, sp.CompletionTokens)
+		b = appendNonEmpty(b, akProvider, sp.Provider)
 		if sp.CostUSD != 0 {
-			b = appendFloat(b, keyCost, sp.CostUSD)
+			b = appendFloat(b, akCost, sp.CostUSD)
 		}
 		if sp.FinishReason != "" {
-			b = appendStrs(b, keyFinishReasons, sp.FinishReason)
+			b = appendStrs(b, akFinishReasons, sp.FinishReason)
 		}
 		if sp.TTFT > 0 {
-			b = appendFloat(b, keyTTFT, float64(sp.TTFT)/1e6)
+			b = appendFloat(b, akTTFT, float64(sp.TTFT)/1e6)
 		}
-		b = appendNonEmpty(b, keyRoute, a.Route, keyVariant, a.Variant, keyModelDigest, sp.ModelDigest, keyPromptHash, sp.PromptHash, keyTemplateHash, sp.TemplateHash)
+		b = appendNonEmpty(b, akRoute, a.Route)
+		b = appendNonEmpty(b, akVariant, a.Variant)
+		b = appendNonEmpty(b, akModelDigest, sp.ModelDigest)
+		b = appendNonEmpty(b, akPromptHash, sp.PromptHash)
+		b = appendNonEmpty(b, akTemplateHash, sp.TemplateHash)
 		if len(a.Policy.Decisions) > 0 {
-			b = appendDecisions(b, keyPolicyList, a.Policy.Decisions)
+			b = appendDecisions(b, akPolicyList, a.Policy.Decisions)
 		}
 		if sp.Status == keel.SpanError {
 			errType = errOther
 		}
 	case keel.SpanToolCall:
-		b = appendStr(b, keyOperation, opExecuteTool)
-		b = appendStr(b, keyToolName, sp.Name)
-		if a.CallID != "" {
-			b = appendStr(b, keyToolCallID, a.CallID)
-		}
+		b = appendStr(b, akOperation, opExecuteTool)
+		b = appendStr(b, akToolName, sp.Name)
+		b = appendNonEmpty(b, akToolCallID, a.CallID)
 		if sp.Status == keel.SpanError {
 			errType = cmpOr(a.ErrorType, errOther)
 		}
 	case keel.SpanHuman:
-		b = appendBool(b, keyHumanWait, true)
-		if a.CallID != "" {
-			b = appendStr(b, keyToolCallID, a.CallID)
-		}
+		b = appendBool(b, akHumanWait, true)
+		b = appendNonEmpty(b, akToolCallID, a.CallID)
 	case keel.SpanRetrieval:
-		b = appendStr(b, keyOperation, opRetrieval)
-		b = appendStr(b, keyDataSource, sp.Name)
-		if a.CallID != "" {
-			b = appendStr(b, keyToolCallID, a.CallID)
-		}
+		b = appendStr(b, akOperation, opRetrieval)
+		b = appendStr(b, akDataSource, sp.Name)
+		b = appendNonEmpty(b, akToolCallID, a.CallID)
 		if len(a.Scopes) > 0 {
-			b = appendStrs(b, keyScopes, a.Scopes...)
+			b = appendStrs(b, akScopes, a.Scopes...)
 		}
 		if a.Limit > 0 {
-			b = appendInt(b, keyRetrievalTopK, a.Limit)
+			b = appendInt(b, akRetrievalTopK, a.Limit)
 		}
-		b = appendInt(b, keyHitCount, len(a.Hits))
+		b = appendInt(b, akHitCount, len(a.Hits))
 	}
 	if sp.Kind == keel.SpanToolCall || sp.Kind == keel.SpanHuman {
 		if pd := a.Policy.Decision; pd != nil && pd.Outcome != "" {
-			b = appendStr(b, keyPolicyOutcome, pd.Outcome)
-			b = appendStr(b, keyPolicyExplain, pd.Explanation)
+			b = appendStr(b, akPolicyOutcome, pd.Outcome)
+			b = appendStr(b, akPolicyExplain, pd.Explanation)
 		}
 		if a.Egress > 0 {
-			b = appendInt(b, keyEgressCount, a.Egress)
-			b = appendInt(b, keyEgressRefused, a.EgressRefused)
+			b = appendInt(b, akEgressCount, a.Egress)
+			b = appendInt(b, akEgressRefused, a.EgressRefused)
 		}
 	}
 	code, msg := tracepb.Status_STATUS_CODE_UNSET, ""
@@ -481,7 +572,7 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		if errType == "" {
 			errType = errOther
 		}
-		b = appendStr(b, keyErrorType, errType)
+		b = appendStr(b, akErrorType, errType)
 		// The error's text may quote what was said: it goes with the content.
 		code, msg = tracepb.Status_STATUS_CODE_ERROR, errType
 		if c != nil && sp.Error != "" {
@@ -489,34 +580,52 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 		}
 	}
 	if withheld {
-		b = appendBool(b, keyContentOmitted, true)
+		b = appendBool(b, akContentOmitted, true)
 	}
 	if c != nil {
-		b = appendNonEmpty(b, keyInput, c.input, keyOutput, c.output, keyToolArgs, c.args, keyToolResult, c.result, keyRetrievalText, c.query, keyRetrievalDocs, c.docs)
+		b = appendNonEmpty(b, akInput, c.input)
+		b = appendNonEmpty(b, akOutput, c.output)
+		b = appendNonEmpty(b, akToolArgs, c.args)
+		b = appendNonEmpty(b, akToolResult, c.result)
+		b = appendNonEmpty(b, akRetrievalText, c.query)
+		b = appendNonEmpty(b, akRetrievalDocs, c.docs)
 	}
 
 	status := 0
 	if msg != "" {
-		status += protowire.SizeTag(fieldStatusMessage) + protowire.SizeBytes(len(msg))
+		status += 1 + sizeBytes(len(msg))
 	}
 	if code != 0 {
-		status += protowire.SizeTag(fieldStatusCode) + protowire.SizeVarint(uint64(code))
+		status += 1 + protowire.SizeVarint(uint64(code))
 	}
-	b = protowire.AppendTag(b, fieldStatus, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(status))
+	b = append(b, fieldStatus<<3|byte(protowire.BytesType))
+	b = appendVarint(b, uint64(status))
 	if msg != "" {
-		b = protowire.AppendTag(b, fieldStatusMessage, protowire.BytesType)
-		b = protowire.AppendString(b, msg)
+		b = append(b, fieldStatusMessage<<3|byte(protowire.BytesType))
+		b = appendVarint(b, uint64(len(msg)))
+		b = append(b, msg...)
 	}
 	if code != 0 {
-		b = protowire.AppendTag(b, fieldStatusCode, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(code))
+		b = append(b, fieldStatusCode<<3|byte(protowire.VarintType))
+		b = appendVarint(b, uint64(code))
 	}
 	b = protowire.AppendTag(b, fieldFlags, protowire.Fixed32Type)
 	b = protowire.AppendFixed32(b, flags)
-	e.body = b
 
-	buf := protowire.AppendTag(e.buf, fieldScopeSpans, protowire.BytesType)
-	buf = protowire.AppendVarint(buf, uint64(len(b)))
-	e.buf = append(buf, b...)
+	// The span's length, in the two bytes left for it; another size
+	// moves the span to fit its length.
+	n := len(b) - body
+	if n >= 1<<7 && n < 1<<14 {
+		b[at+1], b[at+2] = byte(n)|0x80, byte(n>>7)
+	} else {
+		var room [binary.MaxVarintLen64]byte
+		head := protowire.AppendVarint(room[:0], uint64(n))
+		if len(head) > 2 {
+			b = append(b, make([]byte, len(head)-2)...)
+		}
+		copy(b[at+1+len(head):], b[body:body+n]) // copy moves overlapping bytes
+		copy(b[at+1:], head)
+		b = b[:at+1+len(head)+n]
+	}
+	e.buf = b
 }

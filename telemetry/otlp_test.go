@@ -348,3 +348,46 @@ func refAttrs(t *testing.T, in string) spanAttrs {
 	}
 	return a
 }
+
+// TestEncodeSpanOfAnySize: a span is written in place after room for a
+// length of two bytes (128 bytes to 16 KiB); a shorter or longer span
+// is moved to fit its length. Each size of length, one after another in
+// one batch, decodes to the span written, with the spans around it
+// intact.
+func TestEncodeSpanOfAnySize(t *testing.T) {
+	ri := runInfo{run: keel.Run{ID: "r", Model: "m"}, trace: traceIDOf("r")}
+	sizes := []int{0, 200, 20_000, 3_000_000} // content: lengths of 1, 2, 3 and 4 bytes
+	e := newEncoder("keel", "v1", scopeName)
+	for i, n := range sizes {
+		sp := keel.Span{ID: "s" + strconv.Itoa(i), RunID: "r", Kind: "x", Status: keel.SpanOK}
+		var c *spanContent
+		if n > 0 {
+			c = &spanContent{output: strings.Repeat(strconv.Itoa(i), n)}
+		}
+		e.add(&sp, &spanAttrs{}, &ri, nil, c, false)
+	}
+	b, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: e.request()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req collectortrace.ExportTraceServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
+		t.Fatalf("the batch does not decode: %v", err)
+	}
+	spans := req.ResourceSpans[0].ScopeSpans[0].Spans
+	if len(spans) != len(sizes) {
+		t.Fatalf("%d spans decoded, want %d", len(spans), len(sizes))
+	}
+	for i, s := range spans {
+		attrs := map[string]string{}
+		for _, kv := range s.Attributes {
+			attrs[kv.Key] = kv.Value.GetStringValue()
+		}
+		if id := "s" + strconv.Itoa(i); attrs[keySpanID] != id || s.Name != "x" || s.Status.GetCode() != tracepb.Status_STATUS_CODE_OK {
+			t.Errorf("span %d: %s %q, status %v; want %s x, ok", i, attrs[keySpanID], s.Name, s.Status, id)
+		}
+		if want := strings.Repeat(strconv.Itoa(i), sizes[i]); attrs[keyOutput] != want {
+			t.Errorf("span %d: output of %d bytes, want %d", i, len(attrs[keyOutput]), len(want))
+		}
+	}
+}
