@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
@@ -128,18 +129,21 @@ type exportResult struct {
 
 // cpuSplit is the CPU of a mode's blocks, in parts: the runs and the
 // store's commit of what they left waiting, then the exporter's flush at
-// the end of the block; and the GC cycles that ended during the blocks.
+// the end of the block; the GC cycles that ended during the blocks, and
+// the heap allocations made.
 type cpuSplit struct {
-	blocks      int
-	runs, flush time.Duration
-	gc          uint64
+	blocks             int
+	runs, flush        time.Duration
+	gc                 uint64
+	allocs, allocBytes uint64
 }
 
-// gcCycles is the number of GC cycles completed so far.
-func gcCycles() uint64 {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+// gcStats are the runtime's counts so far: GC cycles completed, heap
+// allocations and their bytes.
+func gcStats() (cycles, allocs, bytes uint64) {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/allocs:objects"}, {Name: "/gc/heap/allocs:bytes"}}
 	metrics.Read(s)
-	return s[0].Value.Uint64()
+	return s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
 }
 
 // measureExport times reps sets of single runs of n steps on one engine
@@ -264,7 +268,13 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 	oneIn = func(ctx context.Context, mode, i int) (wall, cpu time.Duration, err error) {
 		ch := choices[mode]
 		sw.cur.Store(ch)
-		gc0 := gcCycles()
+		// Each block starts from a collected heap, so that the GC work a
+		// block does is that of its own garbage: else the flush's wait
+		// for the collector's answer ("up"), when the process is idle,
+		// would have the GC's idle workers finish the cycles other
+		// modes' blocks started.
+		runtime.GC()
+		gc0, allocs0, bytes0 := gcStats()
 		c0 := cpuTime()
 		t0 := time.Now()
 		for j := range block {
@@ -296,7 +306,10 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 		sp.blocks++
 		sp.runs += c1 - c0
 		sp.flush += c2 - c1
-		sp.gc += gcCycles() - gc0
+		gc1, allocs1, bytes1 := gcStats()
+		sp.gc += gc1 - gc0
+		sp.allocs += allocs1 - allocs0
+		sp.allocBytes += bytes1 - bytes0
 		return wall, cpu, nil
 	}
 	// Each rep takes the modes in an order of its own, drawn from a
@@ -476,13 +489,13 @@ func (rawCodec) Name() string                         { return "proto" }
 
 // printSplit prints where each mode's CPU went, as means per step.
 func printSplit(r exportResult, steps int) {
-	fmt.Printf("synchronous=%-6s CPU per step, means: the runs (their commits included) + the exporter's flush; GC cycles per block:", r.sync)
+	fmt.Printf("synchronous=%-6s CPU per step, means: the runs (their commits included) + the exporter's flush, allocations and bytes a step; GC cycles per block:", r.sync)
 	for m, sp := range r.split {
 		if sp.blocks == 0 {
 			continue
 		}
 		k := time.Duration(sp.blocks * steps)
-		fmt.Printf(" %s %s + %s, %.2f;", exportModes[m], dur(sp.runs/k), dur(sp.flush/k), float64(sp.gc)/float64(sp.blocks))
+		fmt.Printf(" %s %s + %s, %d, %d B, %.2f;", exportModes[m], dur(sp.runs/k), dur(sp.flush/k), sp.allocs/uint64(k), sp.allocBytes/uint64(k), float64(sp.gc)/float64(sp.blocks))
 	}
 	fmt.Println()
 }
