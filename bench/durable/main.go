@@ -70,6 +70,7 @@ type config struct {
 	export      bool     // measure the OTLP export's cost only (export.go)
 	exportBlock int      // -export: runs per timed block
 	exportOnly  string   // -export: "" all modes in turns, else that mode alone (export.go)
+	exportNoGC  bool     // -export: the GC off during each timed block
 	syncs       []string // synchronous settings, one column each
 }
 
@@ -92,6 +93,7 @@ func main() {
 	flag.BoolVar(&cfg.export, "export", false, "measure only a run's step time with OTLP export off vs on, collector up and down (issue 17); KEEL_TEST_OTLP_GRPC names the collector, else an in-process receiver")
 	flag.IntVar(&cfg.exportBlock, "export-block", 4, "with -export: runs of one mode timed back to back, with the flush of their spans")
 	flag.StringVar(&cfg.exportOnly, "export-only", "", "with -export: time only this mode (metrics, up or down), each block as in the comparison, so that each mode's whole cost can be profiled (-cpuprofile) in its own process and the profiles compared (pprof -diff_base)")
+	flag.BoolVar(&cfg.exportNoGC, "export-nogc", false, "with -export: turn the GC off during each timed block (and collect between blocks), so that the CPU figures are the runs' and the export's own work, with no GC cycle finishing in one mode's window that another's garbage started; the export's garbage shows in the allocations a step")
 	sink := flag.String("otlp-sink", "", "serve only an OTLP/gRPC receiver that takes export requests without decoding them, on this address (e.g. 127.0.0.1:0), and print its address: a collector in a process of its own that costs next to nothing, to tell the export's own cost from a collector's (KEEL_TEST_OTLP_GRPC=ADDR KEEL_TEST_JAEGER_PID=PID go run ./bench/durable -export)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole program to this file")
 	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole program to this file at its end (go tool pprof -sample_index=alloc_space; -tagfocus does not apply: allocations carry no labels)")
