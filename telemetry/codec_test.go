@@ -62,6 +62,7 @@ func TestRequestCodecKeepsItsBuffer(t *testing.T) {
 // encoder's own buffer, not a copy; after a failure the encoder starts
 // a new buffer, as gRPC may still hold the old one.
 func TestRequestCodecSendsTheEncodersBuffer(t *testing.T) {
+	t.Parallel()
 	c := newRequestCodec()
 	e := newEncoder("keel", "v1", scopeName)
 	ri := runInfo{run: keel.Run{ID: "r", Model: "m"}, trace: traceIDOf("r")}

@@ -355,6 +355,7 @@ func refAttrs(t *testing.T, in string) spanAttrs {
 // one batch, decodes to the span written, with the spans around it
 // intact.
 func TestEncodeSpanOfAnySize(t *testing.T) {
+	t.Parallel()
 	ri := runInfo{run: keel.Run{ID: "r", Model: "m"}, trace: traceIDOf("r")}
 	sizes := []int{0, 200, 20_000, 3_000_000} // content: lengths of 1, 2, 3 and 4 bytes
 	e := newEncoder("keel", "v1", scopeName)
