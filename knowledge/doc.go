@@ -20,8 +20,13 @@
 // Full-text search is SQLite FTS5 (built into modernc.org/sqlite) over
 // the chunks, an external-content index kept in step by triggers in the
 // same transaction as the chunk rows, porter-stemmed, ranked by BM25 with
-// headings weighing twice the text. Hybrid ranking fuses the BM25 list
-// and the vector list by reciprocal rank fusion (k = 60).
+// headings weighing twice the text. A BM25 search is one statement (the
+// best page by bm25() with a LIMIT, SQLite's top-N sort, then the page's
+// rows, text and labels); a second runs only when every word found too
+// few and any word is asked for. Hybrid ranking fuses the BM25 list and
+// the vector list by reciprocal rank fusion (k = 60); the query's
+// embedding is asked for first and the BM25 list is made while the
+// model computes it, and only the fused hits' text is read.
 //
 // Vector search is held in memory per scope: every vector, normalized.
 // Up to 16,384 vectors a query is a dot product with each; a larger set

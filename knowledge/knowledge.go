@@ -249,7 +249,7 @@ func (ix *Index) migrate(ctx context.Context) error {
 		// headings weigh twice the text.
 		for _, s := range []string{
 			`INSERT INTO kn_fts(kn_fts, rank) VALUES ('secure-delete', 1)`,
-			`INSERT INTO kn_fts(kn_fts, rank) VALUES ('rank', 'bm25(2.0, 1.0)')`,
+			`INSERT INTO kn_fts(kn_fts, rank) VALUES ('rank', 'bm25(` + headingWeight + `, 1.0)')`,
 			`INSERT INTO kn_meta(key, value) VALUES ('schema', '` + strconv.Itoa(schemaVersion) + `')`,
 		} {
 			if _, err := tx.ExecContext(ctx, s); err != nil {

@@ -132,13 +132,14 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 		if mode == ModeBM25 {
 			n = limit + 2 // room for duplicates
 		}
-		bm, err = ix.searchBM25(ctx, q.Text, f, n, limit)
+		bm, err = ix.searchBM25(ctx, q.Text, f, n, limit, mode == ModeBM25)
 	}
 	if mode == ModeBM25 {
 		if err != nil {
 			return nil, err
 		}
-		return ix.finish(ctx, dedupe(bm), limit)
+		bm = dedupe(bm)
+		return bm[:min(len(bm), limit)], nil
 	}
 	v := <-vch
 	if err != nil {
@@ -294,6 +295,11 @@ func newFilter(q Query) filter {
 	return filter{where: strings.Join(w, " AND "), args: args, scopesOnly: len(w) == 1}
 }
 
+// headingWeight is how much a match in a chunk's heading weighs in BM25
+// against one in its text (1.0). It is also the index's rank option, set
+// when the table is made.
+const headingWeight = "2.0"
+
 // hitColumns are the columns scanHit reads, from kn_chunks c and kn_docs
 // d: all of a Hit but its text and labels (finish reads those).
 const hitColumns = `c.id, c.doc_id, d.source, d.type, c.heading, d.scope, c.start_line, c.end_line, c.hash`
@@ -366,17 +372,17 @@ func init() {
 // want, those with any word follow. (Every word is much the cheaper
 // query: FTS5 scores every row that matches, and a common word matches
 // much of a large index.)
-func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want int) ([]Hit, error) {
+func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want int, withText bool) ([]Hit, error) {
 	all, anyWord := matchAll(text), matchExpr(text)
 	if anyWord == "" {
 		return nil, nil
 	}
-	hs, err := ix.bm25Page(ctx, all, f, n)
+	hs, err := ix.bm25Page(ctx, all, f, n, withText)
 	if err != nil {
 		return nil, err
 	}
 	if len(hs) < want && all != anyWord {
-		more, err := ix.bm25Page(ctx, anyWord, f, n)
+		more, err := ix.bm25Page(ctx, anyWord, f, n, withText)
 		if err != nil {
 			return nil, err
 		}
@@ -400,17 +406,28 @@ func (ix *Index) searchBM25(ctx context.Context, text string, f filter, n, want 
 }
 
 // bm25Page returns the best n matches of the FTS5 expression m that pass
-// f. FTS5 ranks a page of the whole index and the filter is evaluated on
-// each of its rows (one query: the page's size tells whether FTS5 had
-// more); when the filter leaves fewer than n of a full page, the page
-// grows.
-func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit, error) {
+// f, with their text and labels when withText (BM25 mode: the page is
+// the answer; hybrid mode reads only the fused top k's text, in finish).
+// It is one statement: FTS5 scores every row that matches and SQLite
+// keeps the best page (ORDER BY bm25() with a LIMIT, a top-N sort; FTS5's
+// own ORDER BY rank would sort every match, through a statement it
+// prepares per query), then reads the page's rows and evaluates the
+// filter on each (the page's size tells whether FTS5 had more). When the
+// filter leaves fewer than n of a full page, the page grows.
+func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int, withText bool) ([]Hit, error) {
+	q := `SELECT ` + hitColumns + `, -f.r AS score, (` + f.where + `) AS ok FROM
+		(SELECT rowid AS id, bm25(kn_fts, ` + headingWeight + `, 1.0) AS r FROM kn_fts WHERE kn_fts MATCH ? ORDER BY r LIMIT ?) f
+		CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id`
+	if withText {
+		// The text and labels of the rows that pass the filter only.
+		q = `SELECT g.*, t.text, s.labels FROM (` + q + `) g
+			LEFT JOIN kn_chunks t ON g.ok AND t.id = g.id LEFT JOIN kn_scopes s ON g.ok AND s.name = g.scope
+			ORDER BY g.score DESC`
+	} else {
+		q += ` ORDER BY f.r`
+	}
 	page := n
 	for {
-		q := `SELECT ` + hitColumns + `, -f.rank, ` + f.where + ` FROM
-			(SELECT rowid AS id, rank FROM kn_fts WHERE kn_fts MATCH ? ORDER BY rank LIMIT ?) f
-			CROSS JOIN kn_chunks c ON c.id = f.id CROSS JOIN kn_docs d ON d.id = c.doc_id
-			ORDER BY f.rank`
 		args := append(append([]any{}, f.args...), m, page)
 		rows, err := ix.query(ctx, q, args...)
 		if err != nil {
@@ -421,12 +438,17 @@ func (ix *Index) bm25Page(ctx context.Context, m string, f filter, n int) ([]Hit
 		for rows.Next() {
 			var ok bool
 			var score float64
-			h, err := scanHit(rows, &score, &ok)
+			var text, labels sql.NullString
+			extra := []any{&score, &ok}
+			if withText {
+				extra = append(extra, &text, &labels)
+			}
+			h, err := scanHit(rows, extra...)
 			if err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("knowledge: search: %w", err)
 			}
-			h.Score = score
+			h.Score, h.Text, h.Labels = score, text.String, splitLabels(labels.String)
 			seen++
 			if ok && len(hs) < n {
 				hs = append(hs, h)
