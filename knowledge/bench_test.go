@@ -20,8 +20,7 @@ func BenchmarkNearest(b *testing.B) {
 					v.q = buildQuant(v.vecs, v.dim)
 				}
 				for b.Loop() {
-					h := &topK{}
-					v.nearest(qs[0], 32, h)
+					v.nearest(qs[0], newTopK[int64](32))
 				}
 			})
 		}

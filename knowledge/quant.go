@@ -121,8 +121,9 @@ func (qt *quant) tables(q []float32) [][256]float32 {
 	return t
 }
 
-// estimate keeps in h the r vectors of [from, to) with the best estimate.
-func (qt *quant) estimate(t [][256]float32, from, to, r int, h *minHeap) {
+// estimate keeps in h the h.k vectors of [from, to) with the best
+// estimate.
+func (qt *quant) estimate(t [][256]float32, from, to int, h *topK[int32]) {
 	w := qt.words
 	tp := make([]*[8][256]float32, w)
 	for j := range tp {
@@ -139,86 +140,39 @@ func (qt *quant) estimate(t [][256]float32, from, to, r int, h *minHeap) {
 			s1 += b[4][uint8(x>>32)] + b[5][uint8(x>>40)] + b[6][uint8(x>>48)] + b[7][uint8(x>>56)]
 		}
 		if s := (s0 + s1) * sc; s > floor {
-			h.push(int32(from+i), s, r)
-			if len(*h) == r {
-				floor = (*h)[0].s
+			h.push(int32(from+i), s)
+			if h.full() {
+				floor = h.a[0].sim
 			}
 		}
 	}
 }
 
-// nearestQuant adds the k vectors of v most similar to q to h, by the two
-// passes; v.q is built.
-func (v *vecSet) nearestQuant(q []float32, k int, h *topK) {
+// nearestQuant adds the h.k vectors of v most similar to q to h, by the
+// two passes; v.q is built.
+func (v *vecSet) nearestQuant(q []float32, h *topK[int64]) {
 	n := len(v.ids)
-	r := candidates(k)
+	r := candidates(h.k)
 	t := v.q.tables(q)
-	parts := min(runtime.GOMAXPROCS(0), 4, n/quantMin)
-	hs := make([]minHeap, max(parts, 1))
-	if parts <= 1 {
-		v.q.estimate(t, 0, n, r, &hs[0])
+	parts := max(min(runtime.GOMAXPROCS(0), 4, n/quantMin), 1)
+	hs := make([]*topK[int32], parts)
+	for p := range hs {
+		hs[p] = newTopK[int32](r)
+	}
+	if parts == 1 {
+		v.q.estimate(t, 0, n, hs[0])
 	} else {
 		var wg sync.WaitGroup
 		per := (n + parts - 1) / parts
 		for p := range parts {
-			wg.Go(func() { v.q.estimate(t, p*per, min((p+1)*per, n), r, &hs[p]) })
+			wg.Go(func() { v.q.estimate(t, p*per, min((p+1)*per, n), hs[p]) })
 		}
 		wg.Wait()
 	}
 	for _, ph := range hs {
-		for _, c := range ph {
-			i := int(c.i)
-			push(h, scored{v.ids[i], dot(v.vecs[i*v.dim:(i+1)*v.dim], q)}, k)
+		for _, c := range ph.a {
+			i := int(c.id)
+			h.push(v.ids[i], dot(v.vecs[i*v.dim:(i+1)*v.dim], q))
 		}
-	}
-}
-
-// minHeap keeps the best entries by score, the worst at [0].
-type minHeap []struct {
-	i int32
-	s float32
-}
-
-// push keeps (i, s) if it is among the best r.
-func (h *minHeap) push(i int32, s float32, r int) {
-	a := *h
-	if len(a) < r {
-		a = append(a, struct {
-			i int32
-			s float32
-		}{i, s})
-		// Sift up.
-		j := len(a) - 1
-		for j > 0 {
-			p := (j - 1) / 2
-			if a[p].s <= a[j].s {
-				break
-			}
-			a[p], a[j] = a[j], a[p]
-			j = p
-		}
-		*h = a
-		return
-	}
-	if s <= a[0].s {
-		return
-	}
-	a[0].i, a[0].s = i, s
-	// Sift down.
-	j := 0
-	for {
-		l := 2*j + 1
-		if l >= len(a) {
-			break
-		}
-		m := l
-		if rr := l + 1; rr < len(a) && a[rr].s < a[l].s {
-			m = rr
-		}
-		if a[j].s <= a[m].s {
-			break
-		}
-		a[j], a[m] = a[m], a[j]
-		j = m
 	}
 }

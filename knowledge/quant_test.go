@@ -67,14 +67,14 @@ func TestQuantizedRecall(t *testing.T) {
 		v.q = buildQuant(v.vecs, v.dim)
 		found := 0
 		for _, q := range qs {
-			exact, approx := &topK{}, &topK{}
-			v.scan(q, k, exact, 0, n)
-			v.nearest(q, k, approx)
+			exact, approx := newTopK[int64](k), newTopK[int64](k)
+			v.scan(q, exact, 0, n)
+			v.nearest(q, approx)
 			got := map[int64]bool{}
 			for _, s := range approx.best() {
 				got[s.id] = true
 			}
-			for _, s := range *exact {
+			for _, s := range exact.a {
 				if got[s.id] {
 					found++
 				}
@@ -103,8 +103,8 @@ func TestQuantizedUpdate(t *testing.T) {
 		t.Fatalf("after update: %d ids, %d floats, %d scales, %d code words; want %d vectors in each", n, len(v.vecs), len(v.q.scale), len(v.q.codes), 12000-len(gone)+1)
 	}
 	for i, want := range []int64{50000, 7} {
-		h := &topK{}
-		v.nearest(normalizeInto(nil, encodeVec(qs[i])), 1, h)
+		h := newTopK[int64](1)
+		v.nearest(normalizeInto(nil, encodeVec(qs[i])), h)
 		if got := h.best(); len(got) != 1 || got[0].id != want || got[0].sim < 0.999 {
 			t.Errorf("nearest(vector %d) = %+v, want id %d with similarity 1", want, got, want)
 		}

@@ -1,13 +1,11 @@
 package knowledge
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -242,51 +240,35 @@ func (ix *Index) vectors(ctx context.Context, s Scope) (*vecSet, error) {
 	return v, nil
 }
 
-// scored is a chunk and its similarity.
-type scored struct {
-	id  int64
-	sim float32
-}
-
-// topK is a min-heap of the best k scored, the worst at [0].
-type topK []scored
-
-// best returns h's entries, the most similar first; h is emptied.
-func (h *topK) best() []scored {
-	out := slices.Clone(*h)
-	slices.SortFunc(out, func(a, b scored) int { return cmp.Compare(b.sim, a.sim) })
-	*h = (*h)[:0]
-	return out
-}
-
-// nearest adds the k vectors of v most similar to q (normalized) to h.
+// nearest adds the h.k vectors of v most similar to q (normalized) to h.
 // A large set is searched by its codes first (quant.go); a smaller one
 // is scanned exactly, in parts on several goroutines.
-func (v *vecSet) nearest(q []float32, k int, h *topK) {
+func (v *vecSet) nearest(q []float32, h *topK[int64]) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if len(q) != v.dim || len(v.ids) == 0 {
 		return
 	}
 	if v.q != nil {
-		v.nearestQuant(q, k, h)
+		v.nearestQuant(q, h)
 		return
 	}
 	parts := min(runtime.GOMAXPROCS(0), 4, len(v.vecs)/parallelScan+1)
 	if parts <= 1 {
-		v.scan(q, k, h, 0, len(v.ids))
+		v.scan(q, h, 0, len(v.ids))
 		return
 	}
-	hs := make([]topK, parts)
+	hs := make([]*topK[int64], parts)
 	var wg sync.WaitGroup
 	per := (len(v.ids) + parts - 1) / parts
 	for p := range parts {
-		wg.Go(func() { v.scan(q, k, &hs[p], p*per, min((p+1)*per, len(v.ids))) })
+		hs[p] = newTopK[int64](h.k)
+		wg.Go(func() { v.scan(q, hs[p], p*per, min((p+1)*per, len(v.ids))) })
 	}
 	wg.Wait()
 	for _, ph := range hs {
-		for _, s := range ph {
-			push(h, s, k)
+		for _, s := range ph.a {
+			h.push(s.id, s.sim)
 		}
 	}
 }
@@ -294,47 +276,10 @@ func (v *vecSet) nearest(q []float32, k int, h *topK) {
 // parallelScan is how many floats a scan goroutine is given at least.
 const parallelScan = 1 << 20
 
-// scan adds the best k of vectors [from, to) to h.
-func (v *vecSet) scan(q []float32, k int, h *topK, from, to int) {
+// scan adds the best h.k of vectors [from, to) to h.
+func (v *vecSet) scan(q []float32, h *topK[int64], from, to int) {
 	for i := from; i < to; i++ {
-		push(h, scored{v.ids[i], dot(v.vecs[i*v.dim:(i+1)*v.dim], q)}, k)
-	}
-}
-
-// push keeps s in h if it is among the best k.
-func push(h *topK, s scored, k int) {
-	a := *h
-	if len(a) < k {
-		a = append(a, s)
-		for j := len(a) - 1; j > 0; {
-			p := (j - 1) / 2
-			if a[p].sim <= a[j].sim {
-				break
-			}
-			a[p], a[j] = a[j], a[p]
-			j = p
-		}
-		*h = a
-		return
-	}
-	if s.sim <= a[0].sim {
-		return
-	}
-	a[0] = s
-	for j := 0; ; {
-		l := 2*j + 1
-		if l >= len(a) {
-			break
-		}
-		m := l
-		if r := l + 1; r < len(a) && a[r].sim < a[l].sim {
-			m = r
-		}
-		if a[j].sim <= a[m].sim {
-			break
-		}
-		a[j], a[m] = a[m], a[j]
-		j = m
+		h.push(v.ids[i], dot(v.vecs[i*v.dim:(i+1)*v.dim], q))
 	}
 }
 
@@ -389,17 +334,17 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 		return nil, fmt.Errorf("knowledge: search: embed the query: %d vectors for 1 input", len(resp.Vectors))
 	}
 	q := normalizeInto(nil, encodeVec(resp.Vectors[0]))
-	h := &topK{}
 	k := n
 	if !f.scopesOnly {
 		k = n * 4
 	}
+	h := newTopK[int64](k)
 	for _, s := range scopes {
 		v, err := ix.vectors(ctx, s)
 		if err != nil {
 			return nil, err
 		}
-		v.nearest(q, k, h)
+		v.nearest(q, h)
 	}
 	best := h.best()
 	if len(best) == 0 {
