@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -21,6 +24,11 @@ type embedFigures struct {
 	dim           int
 	queryEmbed    []time.Duration
 	scan          []time.Duration // vector mode: query embedding + scan + rows
+	// The query's embedding without keel's client: the same request
+	// body over a kept-alive HTTP connection, and Ollama's own account
+	// of it (total_duration; load_duration is finding the model and its
+	// runner, before the runner computes).
+	httpEmbed, ollamaTotal, ollamaLoad []time.Duration
 }
 
 // embedRun ingests the first files of the tree (up to limit chunks) with
@@ -111,7 +119,9 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 	}
 	defer ix.Close()
 	scopes := []knowledge.Scope{scope}
-	times, err := interleave(len(keel.bm25), func(q string) error {
+	plainHTTP := &http.Client{}
+	url := p.Endpoint() + "/api/embed"
+	times, err := inTurns(len(keel.bm25), func(q string) error {
 		_, err := ix.Search(ctx, knowledge.Query{Text: q, Scopes: scopes, Mode: knowledge.ModeHybrid, Limit: 8})
 		return err
 	}, func(q string) error {
@@ -120,11 +130,32 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 	}, func(q string) error {
 		_, err := p.Embed(ctx, models.EmbedRequest{Model: model, Input: []string{q}})
 		return err
+	}, func(q string) error {
+		body, _ := json.Marshal(map[string]any{"model": model, "input": []string{q}, "truncate": false,
+			"keep_alive": ollama.DefaultKeepAlive.String(), "options": map[string]any{"num_thread": threads}})
+		resp, err := plainHTTP.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Total int64 `json:"total_duration"`
+			Load  int64 `json:"load_duration"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			return err
+		}
+		f.ollamaTotal = append(f.ollamaTotal, time.Duration(r.Total))
+		f.ollamaLoad = append(f.ollamaLoad, time.Duration(r.Load))
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	keel.hybrid, f.scan, f.queryEmbed = times[0], times[1], times[2]
+	keel.hybrid, f.scan, f.queryEmbed, f.httpEmbed = times[0], times[1], times[2], times[3]
+	// The untimed rounds came first.
+	f.ollamaTotal = f.ollamaTotal[len(f.ollamaTotal)-len(f.httpEmbed):]
+	f.ollamaLoad = f.ollamaLoad[len(f.ollamaLoad)-len(f.httpEmbed):]
 	return f, nil
 }
 
