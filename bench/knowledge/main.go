@@ -248,7 +248,16 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool, r
 	// LIMIT (SQLite's top-N sort; ORDER BY rank has FTS5 sort every
 	// match), then their text. keel's search takes this way; the ratio
 	// is given against both.
-	ftsTopN, err := raw.PrepareContext(ctx, `SELECT f.id, c.c0, c.c1 FROM
+	// Its own connections: two statements on one connection, one after
+	// the other with the same MATCH, would have the second find the
+	// first's pages in that connection's cache.
+	raw2, err := sql.Open("sqlite", "file:"+ftsDB+"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return err
+	}
+	defer raw2.Close()
+	raw2.SetMaxOpenConns(4)
+	ftsTopN, err := raw2.PrepareContext(ctx, `SELECT f.id, c.c0, c.c1 FROM
 		(SELECT rowid AS id, bm25(fts) AS r FROM fts WHERE fts MATCH ? ORDER BY r LIMIT 8) f
 		CROSS JOIN fts_content c ON c.id = f.id ORDER BY f.r`)
 	if err != nil {
