@@ -229,20 +229,28 @@ var (
 )
 
 // readSpans returns the last version of every span of the runs on
-// subject filter.
+// subject filter. A read that finds no responder (the spans stream's
+// leader changing, or not yet known to the node asked) is made again
+// from the start.
 func (s *Store) readSpans(ctx context.Context, filter string) ([]keel.Span, error) {
 	if err := s.Sync(ctx); err != nil {
 		return nil, err
 	}
-	var c jetstream.Consumer
-	var info *jetstream.ConsumerInfo
-	if err := retry(ctx, func(ctx context.Context) (err error) {
-		if c, err = s.spans.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}); err != nil {
-			return err
-		}
-		info, err = c.Info(ctx)
+	var out []keel.Span
+	err := retry(ctx, func(ctx context.Context) (err error) {
+		out, err = s.readSpansOnce(ctx, filter)
 		return err
-	}); err != nil {
+	})
+	return out, err
+}
+
+func (s *Store) readSpansOnce(ctx context.Context, filter string) ([]keel.Span, error) {
+	c, err := s.spans.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
 		return nil, err
 	}
 	n := int(info.NumPending)
