@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/keel-runtime/keel"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,9 +21,21 @@ import (
 // called after it returns. It is what a front of the fleet (the
 // WebSocket endpoint) follows runs with, wherever their workers run.
 func (s *Store) Follow(ctx context.Context, fn func(keel.Event), created func(keel.Run)) (stop func(), err error) {
+	// From the stream's next sequence, named: an ordered consumer that
+	// is reset before it delivered anything (a missed heartbeat, under
+	// load) is made again from where it was asked to start, where
+	// "deliver new" would skip what was stored in between.
+	var info *jetstream.StreamInfo
+	if err := retry(ctx, func(ctx context.Context) (err error) {
+		info, err = s.journal.Info(ctx)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("follow the journal: %w", err)
+	}
 	c, err := s.journal.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.ns + ".journal.>"},
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    info.State.LastSeq + 1,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("follow the journal: %w", err)
@@ -74,14 +87,20 @@ func (s *Store) AwaitRun(ctx context.Context, key string) (keel.Run, error) {
 		return keel.Run{}, err
 	}
 	defer stop()
-	// Created before the following began?
-	if r, err := s.RunByIdempotencyKey(ctx, key); err == nil || !errors.Is(err, keel.ErrNotFound) {
-		return r, err
-	}
-	select {
-	case id := <-found:
-		return s.GetRun(ctx, id)
-	case <-ctx.Done():
-		return keel.Run{}, fmt.Errorf("run with idempotency key: %w", ctx.Err())
+	// Created before the following began? And now and then after, in
+	// case the following misses it.
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		if r, err := s.RunByIdempotencyKey(ctx, key); err == nil || !errors.Is(err, keel.ErrNotFound) {
+			return r, err
+		}
+		select {
+		case id := <-found:
+			return s.GetRun(ctx, id)
+		case <-t.C:
+		case <-ctx.Done():
+			return keel.Run{}, fmt.Errorf("run with idempotency key: %w", ctx.Err())
+		}
 	}
 }
