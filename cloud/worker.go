@@ -69,12 +69,22 @@ type Worker struct {
 	wg     sync.WaitGroup
 	slots  chan struct{}
 	once   sync.Once
+
+	ctlSubs  []*nats.Subscription // the control subjects (control.go)
+	mu       sync.Mutex
+	stopping bool // set by Close and Kill: track starts nothing
 }
 
 // Work is one item of the work queue: a run to start (or, if it exists,
 // to adopt), named by its idempotency key.
 type Work struct {
 	Request keel.StartRequest `json:"request"`
+	// Ask, if set, is a client's answer to the run's wait (or its
+	// resume): the worker that takes the item gives it under the run's
+	// lease, sends the outcome to Reply, and runs the run on. Such an
+	// item never starts a run.
+	Ask   *Ask   `json:"ask,omitempty"`
+	Reply string `json:"reply,omitempty"`
 }
 
 // queue holds the names of the work queue's parts in a namespace.
@@ -195,6 +205,10 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	w.js = js
 	w.ctx, w.cancel = context.WithCancel(context.Background())
+	if err := w.serveControl(); err != nil {
+		w.cancel()
+		return nil, err
+	}
 	w.wg.Add(2)
 	go w.pull()
 	go w.sweep()
@@ -399,7 +413,14 @@ func (w *Worker) handle(m jetstream.Msg) {
 		w.leases.Delete(context.WithoutCancel(ctx), key, jetstream.LastRevision(current))
 	}
 	actx, cancel := context.WithTimeout(ctx, adoptFor)
-	id, err := w.startOrAdopt(actx, item.Request)
+	if item.Ask != nil {
+		// Given under the lease: a decision or approval launches the
+		// run here, and startOrAdopt finds it running. An item given
+		// again (its worker died after the answer) finds the answer
+		// journaled: the second is refused, and the run is adopted.
+		w.respond(item.Reply, w.answer(actx, *item.Ask))
+	}
+	id, err := w.startOrAdopt(actx, item.Request, item.Ask == nil)
 	cancel()
 	if errors.Is(err, keel.ErrInvalid) {
 		log.Error("a run that cannot start: its work item is dropped", logkey.Err, err)
@@ -471,10 +492,13 @@ func (w *Worker) renew(ctx context.Context, key string, rev uint64) (uint64, err
 // another worker (or itself) to try again.
 const adoptFor = time.Minute
 
-// startOrAdopt starts the run req asks for, or adopts it if a worker
-// created it before (and died).
-func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest) (keel.RunID, error) {
+// startOrAdopt starts the run req asks for (if start), or adopts it if
+// a worker created it before (and died).
+func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest, start bool) (keel.RunID, error) {
 	r, err := w.st.RunByIdempotencyKey(ctx, req.IdempotencyKey)
+	if errors.Is(err, keel.ErrNotFound) && !start {
+		return "", fmt.Errorf("no run has key %q: %w", req.IdempotencyKey, keel.ErrInvalid)
+	}
 	if errors.Is(err, keel.ErrNotFound) {
 		r, err = w.eng.Start(ctx, w.cfg.Limits.Apply(req))
 		if err != nil {
@@ -497,6 +521,7 @@ func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest) (keel.
 func (w *Worker) Close(ctx context.Context) error {
 	var err error
 	w.once.Do(func() {
+		w.stop()
 		err = w.eng.Close(ctx)
 		w.cancel()
 		w.wg.Wait()
@@ -504,6 +529,17 @@ func (w *Worker) Close(ctx context.Context) error {
 		w.nc.Close()
 	})
 	return err
+}
+
+// stop unsubscribes the control subjects and has track start nothing
+// more.
+func (w *Worker) stop() {
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	for _, s := range w.ctlSubs {
+		s.Unsubscribe()
+	}
 }
 
 // Kill makes the worker die as a crashed process would: its connection
@@ -514,6 +550,7 @@ func (w *Worker) Close(ctx context.Context) error {
 func (w *Worker) Kill() {
 	w.once.Do(func() {
 		w.nc.Close()
+		w.stop()
 		w.cancel()
 		w.eng.Close(context.Background())
 		w.wg.Wait()

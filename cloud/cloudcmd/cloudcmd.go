@@ -212,7 +212,7 @@ is configured so; an external one must be, see docs/cloud.md).`,
 				fmt.Fprintf(cmd.OutOrStdout(), "%d workers serving namespace %s\n", workers, c.ns)
 			}
 			if listen.addr != "" {
-				wait, err := listen.serve(ctx, c, ts, cmd.OutOrStdout(), log)
+				wait, err := listen.serve(ctx, c, ts, rt, model, cmd.OutOrStdout(), log)
 				if err != nil {
 					return err
 				}

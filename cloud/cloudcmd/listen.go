@@ -58,7 +58,7 @@ func (l *listenFlags) check(tenants string) error {
 // serve serves keel/1 on --listen for ts, each through a
 // connection of its own as the tenant, until ctx is done; wait waits for
 // it to stop.
-func (l *listenFlags) serve(ctx context.Context, c *conn, ts []cloud.Tenant, out io.Writer, log *slog.Logger) (wait func() error, err error) {
+func (l *listenFlags) serve(ctx context.Context, c *conn, ts []cloud.Tenant, tools gateway.ToolSpecs, model gateway.ModelLister, out io.Writer, log *slog.Logger) (wait func() error, err error) {
 	var gts []gateway.Tenant
 	closeAll := func() {
 		for _, t := range gts {
@@ -71,7 +71,7 @@ func (l *listenFlags) serve(ctx context.Context, c *conn, ts []cloud.Tenant, out
 			closeAll()
 			return nil, err
 		}
-		gts = append(gts, gateway.Tenant{Name: t.Name, Token: t.Token, Conn: nc})
+		gts = append(gts, gateway.Tenant{Name: t.Name, Token: t.Token, Conn: nc, Tools: tools, Models: model, Limits: t.Limits})
 	}
 	g, err := gateway.New(ctx, gateway.Config{Namespace: c.ns, Replicas: c.replicas, Tenants: gts, AllowedHosts: l.allowHosts, Logger: log})
 	if err != nil {

@@ -38,6 +38,16 @@ type Tenant struct {
 	// everything the tenant's clients ask is answered through it, so
 	// from the tenant's account only. The caller closes it after Run.
 	Conn *nats.Conn
+	// Tools, if set, are the workers' tools: tools.list shows those
+	// Limits.Tools allow (tools.call is not served: a tool runs inside a
+	// run). Nil: neither is served.
+	Tools ToolSpecs
+	// Models, if set, is the workers' model provider: models.list shows
+	// its models (models.pull is not served). Nil: neither is served.
+	Models ModelLister
+	// Limits are the tenant's (cloud.Tenant.Limits): tools.list shows
+	// only the tools they allow.
+	Limits cloud.Limits
 }
 
 // Config configures a Gateway. Tenants is required.
@@ -114,11 +124,22 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway: tenant %s: %w", t.Name, err)
 		}
+		cl, err := cloud.NewClient(t.Conn, st, cloud.ClientConfig{Namespace: cfg.Namespace, Wait: cfg.StartWait})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: tenant %s: %w", t.Name, err)
+		}
 		tlog := log.With(logkey.Tenant, t.Name)
 		f := &feed{st: st, log: tlog, subs: map[*sub]struct{}{}}
 		svc := ipc.Services{
-			Runs:    &runs{st: st, js: js, ns: cfg.Namespace, wait: cfg.StartWait, feed: f},
+			Runs:    &runs{st: st, js: js, ns: cfg.Namespace, wait: cfg.StartWait, feed: f, cl: cl},
 			History: history{st: st},
+			Control: cl,
+		}
+		if t.Tools != nil {
+			svc.Tools = catalog{tools: t.Tools, limits: t.Limits}
+		}
+		if t.Models != nil {
+			svc.Models = catalog{models: t.Models, limits: t.Limits}
 		}
 		srv, err := ipc.NewServer(svc, ipc.Config{Token: t.Token, AllowedHosts: cfg.AllowedHosts, Logger: tlog, Version: cfg.Version})
 		if err != nil {
@@ -220,6 +241,7 @@ type runs struct {
 	ns   string
 	wait time.Duration
 	feed *feed
+	cl   *cloud.Client
 }
 
 // Start queues req (with a random idempotency key if it has none) and
@@ -247,10 +269,9 @@ func (r *runs) Start(ctx context.Context, req keel.StartRequest) (keel.Run, erro
 	return run, nil
 }
 
-// Cancel is not served yet: a run's worker holds it, and no message
-// reaches that worker (docs/cloud.md, "Not built yet").
-func (r *runs) Cancel(context.Context, keel.RunID) (keel.Run, error) {
-	return keel.Run{}, fmt.Errorf("%w: run.cancel is not served by the cloud yet", keel.ErrUnavailable)
+// Cancel stops the run on the worker that holds it (cloud.Client).
+func (r *runs) Cancel(ctx context.Context, id keel.RunID) (keel.Run, error) {
+	return r.cl.Cancel(ctx, id)
 }
 
 func (r *runs) Subscribe(fn func(keel.Event)) func() { return r.feed.subscribe(fn) }
