@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keel-runtime/keel"
@@ -70,6 +71,8 @@ type Worker struct {
 	slots  chan struct{}
 	once   sync.Once
 
+	workers  jetstream.KeyValue   // the workers bucket (workers.go)
+	busy     atomic.Int32         // work items being handled
 	ctlSubs  []*nats.Subscription // the control subjects (control.go)
 	mu       sync.Mutex
 	stopping bool // set by Close and Kill: track starts nothing
@@ -155,6 +158,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int,
 	if _, err := jsstore.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: q.leases, TTL: leaseTTL, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
 		return fmt.Errorf("cloud: lease bucket: %w", err)
 	}
+	if _, err := jsstore.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: workersBucket(ns), TTL: leaseTTL, History: 1, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
+		return fmt.Errorf("cloud: workers bucket: %w", err)
+	}
 	return nil
 }
 
@@ -200,6 +206,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if w.leases, err = js.KeyValue(ctx, q.leases); err != nil {
 		return nil, fmt.Errorf("cloud: lease bucket: %w", err)
 	}
+	if w.workers, err = js.KeyValue(ctx, workersBucket(cfg.Namespace)); err != nil {
+		return nil, fmt.Errorf("cloud: workers bucket: %w", err)
+	}
 	if w.eng, err = cfg.NewEngine(w.st); err != nil {
 		return nil, fmt.Errorf("cloud: engine: %w", err)
 	}
@@ -209,9 +218,10 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		w.cancel()
 		return nil, err
 	}
-	w.wg.Add(2)
+	w.wg.Add(3)
 	go w.pull()
 	go w.sweep()
+	go w.heartbeat(time.Now().UTC())
 	return w, nil
 }
 
@@ -331,6 +341,8 @@ func leaseKey(idem string) string {
 // the lease and the item alive while the run goes on, and acknowledges
 // the item once the run ended or waits for a person.
 func (w *Worker) handle(m jetstream.Msg) {
+	w.busy.Add(1)
+	defer w.busy.Add(-1)
 	ctx := w.ctx
 	var item Work
 	if err := json.Unmarshal(m.Data(), &item); err != nil || item.Request.IdempotencyKey == "" {
@@ -525,6 +537,9 @@ func (w *Worker) Close(ctx context.Context) error {
 		err = w.eng.Close(ctx)
 		w.cancel()
 		w.wg.Wait()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseTTL/3)
+		w.workers.Delete(dctx, workerKey(w.cfg.Name)) // else it lapses
+		cancel()
 		err = errors.Join(err, w.st.Close())
 		w.nc.Close()
 	})

@@ -618,3 +618,69 @@ func TestSweepAdoptsLostRun(t *testing.T) {
 		t.Errorf("%d runs were adopted (%v), want 1", len(adopted), adopted)
 	}
 }
+
+// TestReadWorkers: the workers of a namespace are listed by their
+// heartbeats, each with its runs and the leases it holds: a worker in
+// the middle of a run holds its lease, an idle one none; a worker that
+// closes is gone from the list at once.
+func TestReadWorkers(t *testing.T) {
+	t.Parallel()
+	ns := namespace("workers")
+	tools := toolsDir(t)
+	c := &calls{}
+	js, _ := client(t, cluster, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hold, reached := holdAfterTool()
+	busy := startWorker(t, ns, "busy", tools, c, workerOpts{maxRuns: 1, holdModel: hold})
+	submitJobs(t, ctx, js, ns, 1)
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the busy worker did not reach its run's second step")
+	}
+	idle := startWorker(t, ns, "idle", tools, c, workerOpts{maxRuns: 2})
+	// The idle worker's first heartbeat is put before Start returns
+	// or soon after: wait for it by its key's watch, not by time.
+	kv, err := js.KeyValue(ctx, ns+"_workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	for seen := map[string]bool{}; len(seen) < 2; {
+		select {
+		case e := <-watch.Updates():
+			if e != nil && e.Operation() == jetstream.KeyValuePut {
+				var wi cloud.WorkerInfo
+				json.Unmarshal(e.Value(), &wi)
+				seen[wi.Name] = true
+			}
+		case <-ctx.Done():
+			t.Fatal("no heartbeat of both workers within a minute")
+		}
+	}
+	ws, err := cloud.ReadWorkers(ctx, js, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]cloud.WorkerInfo{}
+	for _, w := range ws {
+		got[w.Name] = w
+	}
+	if b, i := got["busy"], got["idle"]; len(ws) != 2 || b.Leases != 1 || b.Runs != 1 || b.MaxRuns != 1 || i.Leases != 0 || i.Runs != 0 || i.MaxRuns != 2 ||
+		b.At.IsZero() || b.Started.IsZero() || b.At.Before(b.Started) {
+		t.Errorf("ReadWorkers = %+v; want busy (1 run of 1, 1 lease) and idle (0 of 2, no lease), each with its heartbeat", ws)
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	defer ccancel()
+	if err := idle.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := cloud.ReadWorkers(ctx, js, ns); err != nil || len(ws) != 1 || ws[0].Name != busy.Name() {
+		t.Errorf("after idle closed, ReadWorkers = %+v, %v; want busy alone", ws, err)
+	}
+}

@@ -290,6 +290,9 @@ type Status struct {
 	InFlight int                    // work items a worker holds
 	Leases   int                    // runs a worker holds a lease on
 	Runs     map[keel.RunStatus]int // runs not ended, by status
+	// Workers are the workers alive (a heartbeat within a lease TTL),
+	// each with its runs and the leases it holds.
+	Workers []cloud.WorkerInfo
 	// Edges are the environments declared now: the edges connected, and
 	// the cloud's own, with what each declares.
 	Edges []route.Env
@@ -338,6 +341,9 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, ns string, replicas
 	for _, r := range runs {
 		st.Runs[r.Status]++
 	}
+	if st.Workers, err = cloud.ReadWorkers(ctx, js, ns); err != nil {
+		return st, err
+	}
 	if st.Edges, err = edge.ReadEdges(ctx, js, ns); err != nil {
 		return st, fmt.Errorf("edges: %w", err)
 	}
@@ -347,7 +353,7 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, ns string, replicas
 func statusCmd(c *conn) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
-		Short: "Show the fleet's queue, leases and runs in flight",
+		Short: "Show the fleet's queue, leases, runs in flight, workers and edges",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nc, js, err := c.connect("keel-cloud-status")
@@ -364,6 +370,7 @@ func statusCmd(c *conn) *cobra.Command {
 			for _, s := range []keel.RunStatus{keel.RunQueued, keel.RunRunning, keel.RunWaiting, keel.RunPaused, keel.RunInterrupted} {
 				fmt.Fprintf(w, "runs %-11s %d\n", s, st.Runs[s])
 			}
+			printWorkers(w, st.Workers, time.Now())
 			printEdges(w, st.Edges)
 			return nil
 		},

@@ -42,8 +42,8 @@ func TestSubmitStatus(t *testing.T) {
 	}
 	keel("submit", "--key", "k2", "another")
 	got := keel("status")
-	if !strings.Contains(got, "queued     2\n") || !strings.Contains(got, "leases     0\n") {
-		t.Errorf("status =\n%s\nwant 2 queued (k1 once), 0 leases", got)
+	if !strings.Contains(got, "queued     2\n") || !strings.Contains(got, "leases     0\n") || !strings.Contains(got, "workers    0\n") {
+		t.Errorf("status =\n%s\nwant 2 queued (k1 once), 0 leases, 0 workers", got)
 	}
 }
 

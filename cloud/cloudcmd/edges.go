@@ -52,6 +52,15 @@ func declareCloud(ctx context.Context, js jetstream.JetStream, ns string, model 
 	}
 }
 
+// printWorkers writes the workers alive, as of now.
+func printWorkers(w io.Writer, ws []cloud.WorkerInfo, now time.Time) {
+	fmt.Fprintf(w, "workers    %d\n", len(ws))
+	for _, wi := range ws {
+		fmt.Fprintf(w, "  %s  runs %d/%d  leases %d  heartbeat %s ago  up %s\n", wi.Name, wi.Runs, wi.MaxRuns, wi.Leases,
+			now.Sub(wi.At).Round(time.Millisecond), now.Sub(wi.Started).Round(time.Second))
+	}
+}
+
 // printEdges writes the edges and their declared capabilities.
 func printEdges(w io.Writer, envs []route.Env) {
 	n := 0
