@@ -74,7 +74,7 @@ var kinds = []struct {
 	name string
 	err  error
 }{{"not_found", keel.ErrNotFound}, {"conflict", keel.ErrConflict}, {"invalid", keel.ErrInvalid},
-	{"model_unavailable", keel.ErrModelUnavailable}, {"unavailable", keel.ErrUnavailable}}
+	{"model_unavailable", keel.ErrModelUnavailable}, {"budget", ErrBudget}, {"unavailable", keel.ErrUnavailable}}
 
 func toWire(err error) *wireError {
 	if err == nil {
@@ -187,7 +187,9 @@ func (w *Worker) answer(ctx context.Context, a Ask) outcome {
 	var err error
 	switch a.Op {
 	case opCancel:
-		run, err = w.eng.Cancel(ctx, a.Run)
+		if run, err = w.eng.Cancel(ctx, a.Run); err == nil {
+			w.settle(ctx, run) // a run that waited ends here, not in a handle
+		}
 	case opPause:
 		run, err = w.eng.Pause(ctx, a.Run)
 	case opSay:

@@ -41,6 +41,16 @@ type Limits struct {
 	BudgetTokens int64 `json:"budget_tokens,omitempty"`
 	// BudgetUSD caps each run's budget in dollars, as BudgetTokens.
 	BudgetUSD float64 `json:"budget_usd,omitempty"`
+	// TotalTokens caps the tokens all of the tenant's runs spend
+	// together, kept in the namespace's budget bucket (NS_budget) by
+	// compare-and-set: a run holds a share from its start (its own
+	// budget, or what is left of the tenant's if it asks none or more)
+	// and gives back what it did not spend when it ends; a run cannot
+	// start when nothing is left (ErrBudget), and one that would spend
+	// more than its share is stopped by its budget. 0: no cap.
+	TotalTokens int64 `json:"total_tokens,omitempty"`
+	// TotalUSD caps the dollars they spend together, as TotalTokens.
+	TotalUSD float64 `json:"total_usd,omitempty"`
 	// Tools are the only tools the runs may call: a run that names
 	// others keeps those of them listed here, one that names none gets
 	// these. Nil: every tool of the worker.

@@ -72,6 +72,7 @@ type Worker struct {
 	once   sync.Once
 
 	workers  jetstream.KeyValue   // the workers bucket (workers.go)
+	budget   jetstream.KeyValue   // the tenant's budget (budget.go)
 	busy     atomic.Int32         // work items being handled
 	ctlSubs  []*nats.Subscription // the control subjects (control.go)
 	mu       sync.Mutex
@@ -161,6 +162,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, ns string, replicas int,
 	if _, err := jsstore.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: workersBucket(ns), TTL: leaseTTL, History: 1, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
 		return fmt.Errorf("cloud: workers bucket: %w", err)
 	}
+	if _, err := jsstore.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: budgetBucket(ns), History: 1, Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
+		return fmt.Errorf("cloud: budget bucket: %w", err)
+	}
 	return nil
 }
 
@@ -208,6 +212,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	if w.workers, err = js.KeyValue(ctx, workersBucket(cfg.Namespace)); err != nil {
 		return nil, fmt.Errorf("cloud: workers bucket: %w", err)
+	}
+	if w.budget, err = js.KeyValue(ctx, budgetBucket(cfg.Namespace)); err != nil {
+		return nil, fmt.Errorf("cloud: budget bucket: %w", err)
 	}
 	if w.eng, err = cfg.NewEngine(w.st); err != nil {
 		return nil, fmt.Errorf("cloud: engine: %w", err)
@@ -434,7 +441,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 	}
 	id, err := w.startOrAdopt(actx, item.Request, item.Ask == nil)
 	cancel()
-	if errors.Is(err, keel.ErrInvalid) {
+	if errors.Is(err, keel.ErrInvalid) || errors.Is(err, ErrBudget) {
 		log.Error("a run that cannot start: its work item is dropped", logkey.Err, err)
 		done(drop)
 		return
@@ -453,6 +460,7 @@ func (w *Worker) handle(m jetstream.Msg) {
 		done(retry)
 		return
 	}
+	w.settle(ctx, r)
 	// An ended run, or one that waits for a person, is done with; an
 	// interrupted one (this engine is closing) goes back to the queue.
 	switch r.Status {
@@ -512,7 +520,13 @@ func (w *Worker) startOrAdopt(ctx context.Context, req keel.StartRequest, start 
 		return "", fmt.Errorf("no run has key %q: %w", req.IdempotencyKey, keel.ErrInvalid)
 	}
 	if errors.Is(err, keel.ErrNotFound) {
-		r, err = w.eng.Start(ctx, w.cfg.Limits.Apply(req))
+		req = w.cfg.Limits.Apply(req)
+		if w.cfg.Limits.hasTotal() {
+			if req, err = w.reserve(ctx, req); err != nil {
+				return "", err
+			}
+		}
+		r, err = w.eng.Start(ctx, req)
 		if err != nil {
 			return "", err
 		}

@@ -190,9 +190,18 @@ func startWorker(t *testing.T, ns, name, tools string, c *calls, o workerOpts) *
 	}
 	t.Cleanup(func() { reg.Close(context.Background()) })
 	nc := connect(t, o.cl, o.as, nats.Name(name))
-	model := gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
+	var model engine.Model = gated{Provider: scripted.ByGoal(nil, func(string) []scripted.Step {
 		return []scripted.Step{scripted.Repeat(scripted.AnswerFunc(script))}
 	}), hold: o.holdModel}
+	if l := o.limits; l.BudgetTokens > 0 || l.BudgetUSD > 0 || l.TotalTokens > 0 || l.TotalUSD > 0 {
+		// Budgets are kept by the model layer's router, as keel cloud
+		// serve's workers keep them.
+		r, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"scripted": {Provider: model.(gated)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		model = r
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(t.Output(), nil))

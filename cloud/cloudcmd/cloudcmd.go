@@ -23,6 +23,7 @@ import (
 	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/internal/logkey"
+	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/ollama"
 	"github.com/keel-runtime/keel/wasmtools"
 	"github.com/nats-io/nats.go"
@@ -117,7 +118,7 @@ tenants' clients, each with its tenant's token (--tls-cert and --tls-key for
 wss://, required off loopback; --allow-host for the names clients use).
 
 With --tenants FILE, serve each tenant of the file (a JSON array of
-{"name", "token", "limits": {"budget_tokens", "budget_usd", "tools"},
+{"name", "token", "limits": {"budget_tokens", "budget_usd", "total_tokens", "total_usd", "tools"},
 "require_approval"}) with workers of its own, connected as the tenant's
 NATS user: each tenant is a NATS account of its own (the embedded cluster
 is configured so; an external one must be, see docs/cloud.md).`,
@@ -158,7 +159,13 @@ is configured so; an external one must be, see docs/cloud.md).`,
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "embedded cluster of %d: %s\nedges join at: %s\n", embedded, c.url, cl.LeafURLs())
 			}
-			model, err := ollama.New(ollama.Config{Host: ollamaHost})
+			local, err := ollama.New(ollama.Config{Host: ollamaHost})
+			if err != nil {
+				return err
+			}
+			// Through the model layer's router, which keeps each run's
+			// budget (a tenant's limits and its share of its total).
+			model, err := models.NewRouter(models.RouterConfig{Providers: map[string]models.ProviderConfig{"ollama": {Provider: local}}})
 			if err != nil {
 				return err
 			}

@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		tlog := log.With(logkey.Tenant, t.Name)
 		f := &feed{st: st, log: tlog, subs: map[*sub]struct{}{}}
 		svc := ipc.Services{
-			Runs:    &runs{st: st, js: js, ns: cfg.Namespace, wait: cfg.StartWait, feed: f, cl: cl},
+			Runs:    &runs{st: st, js: js, ns: cfg.Namespace, wait: cfg.StartWait, feed: f, cl: cl, limits: t.Limits},
 			History: history{st: st},
 			Control: cl,
 		}
@@ -242,17 +242,31 @@ type runs struct {
 	wait time.Duration
 	feed *feed
 	cl   *cloud.Client
+	// limits are the tenant's: run.start is refused when they cap its
+	// runs together and nothing is left.
+	limits cloud.Limits
 }
 
 // Start queues req (with a random idempotency key if it has none) and
 // returns the run once a worker has created it. A run that no worker
 // created within the gateway's StartWait stays queued; the error, which
-// wraps keel.ErrUnavailable, names its key.
+// wraps keel.ErrUnavailable, names its key. A tenant whose budget over
+// all its runs is spent is refused (cloud.ErrBudget), before anything
+// is queued.
 func (r *runs) Start(ctx context.Context, req keel.StartRequest) (keel.Run, error) {
 	if req.IdempotencyKey == "" {
 		var b [16]byte
 		rand.Read(b[:])
 		req.IdempotencyKey = "ws-" + hex.EncodeToString(b[:])
+	}
+	if r.limits.TotalTokens > 0 || r.limits.TotalUSD > 0 {
+		spent, err := cloud.ReadSpent(ctx, r.js, r.ns)
+		if err != nil {
+			return keel.Run{}, fmt.Errorf("%w: %v", keel.ErrUnavailable, err)
+		}
+		if err := r.limits.CheckBudget(spent); err != nil {
+			return keel.Run{}, err
+		}
 	}
 	if err := cloud.Submit(ctx, r.js, r.ns, req); err != nil {
 		return keel.Run{}, fmt.Errorf("%w: queue the run: %v", keel.ErrUnavailable, err)
