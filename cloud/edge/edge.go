@@ -69,6 +69,9 @@ type Sources struct {
 	// edge gives the origin of a step it ran, as the run's labels allow
 	// (SpansSubject). Nil: no spans cross.
 	Spans func(context.Context, keel.RunID) ([]keel.Span, error)
+	// Journal is the daemon's journal: at Join, the outbox is given
+	// what it misses of it (catchUp). Nil: no catch-up.
+	Journal Journal
 }
 
 // DefaultDomain is the cloud cluster's JetStream domain, which an edge
@@ -108,6 +111,14 @@ type Edge struct {
 	progress      chan struct{}
 	// steps are the runs of steps handed to the edge, not yet ended.
 	steps map[keel.RunID]bool
+	// caught is, per run, the last seq the catch-up gave the outbox:
+	// queued events up to it are in the outbox already.
+	caught map[keel.RunID]int64
+	// cut, a test's seam, stops the outbox for good at the first event
+	// it returns true for, as a crash between journaling that event and
+	// storing it would; dead is set then.
+	cut  func(keel.Event) bool
+	dead bool
 
 	load     atomic.Int32
 	mirrored atomic.Bool
@@ -183,7 +194,7 @@ func Join(ctx context.Context, cfg Config, src Sources) (*Edge, error) {
 		return nil, errors.New("edge: the leaf server did not start")
 	}
 	e := &Edge{cfg: cfg, src: src, log: log, srv: srv, wake: make(chan struct{}, 1), progress: make(chan struct{}),
-		filter: NewFilter(cfg.AllowLabels, src.Labels)}
+		filter: NewFilter(cfg.AllowLabels, src.Labels), caught: map[keel.RunID]int64{}}
 	if err := e.connect(ctx); err != nil {
 		srv.Shutdown()
 		return nil, err
@@ -260,9 +271,20 @@ func (e *Edge) OnEvent(ev keel.Event) {
 	}
 }
 
-// runOutbox filters the queued events and stores them in the outbox,
-// in order. A store that fails (the leaf server stopping) is tried again.
+// runOutbox gives the outbox what it misses of the journal (catchUp),
+// then filters the queued events and stores them in the outbox, in
+// order. A store that fails (the leaf server stopping) is tried again.
 func (e *Edge) runOutbox(ctx context.Context) {
+	for e.src.Journal != nil {
+		err := e.catchUp(ctx)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		e.log.Warn("edge: outbox catch-up", logkey.Err, err)
+		if !sleep(ctx, 100*time.Millisecond) {
+			return
+		}
+	}
 	for {
 		e.mu.Lock()
 		evs := e.queue
@@ -297,17 +319,20 @@ func (e *Edge) requeue(evs []keel.Event) {
 	e.mu.Unlock()
 }
 
-// store writes ev, as the filter lets it cross, to the outbox.
+// store writes a queued event, as the filter lets it cross, to the
+// outbox, and counts it stored (Flush). One the catch-up gave the
+// outbox already is only counted.
 func (e *Edge) store(ctx context.Context, ev keel.Event) error {
-	out, _ := e.filter.Pass(ctx, ev)
-	b, err := json.Marshal(out)
-	if err != nil {
-		return err
+	e.mu.Lock()
+	if e.cut != nil && !e.dead && e.cut(ev) {
+		e.dead = true
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err = e.local.Publish(pctx, outboxSubject+string(ev.RunID), b, jetstream.WithMsgID(fmt.Sprintf("%s:%d", ev.RunID, ev.Seq))); err != nil {
-		return err
+	skip := e.dead || ev.Seq <= e.caught[ev.RunID]
+	e.mu.Unlock()
+	if !skip {
+		if err := e.publish(ctx, ev); err != nil {
+			return err
+		}
 	}
 	e.mu.Lock()
 	e.stored++
@@ -315,6 +340,21 @@ func (e *Edge) store(ctx context.Context, ev keel.Event) error {
 	e.progress = make(chan struct{})
 	e.mu.Unlock()
 	return nil
+}
+
+// publish writes ev, as the filter lets it cross, to the outbox; the
+// message ID (run and seq) makes a second copy within the outbox's
+// duplicate window (10 minutes) a no-op.
+func (e *Edge) publish(ctx context.Context, ev keel.Event) error {
+	out, _ := e.filter.Pass(ctx, ev)
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = e.local.Publish(pctx, outboxSubject+string(ev.RunID), b, jetstream.WithMsgID(fmt.Sprintf("%s:%d", ev.RunID, ev.Seq)))
+	return err
 }
 
 // Flush waits until every event taken so far is in the outbox, or ctx

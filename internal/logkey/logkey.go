@@ -65,6 +65,7 @@ const (
 	Stream           = "stream"            // whether a model call streamed
 	PeakRSSKiB       = "peak_rss_kib"      // a process's peak resident memory, KiB
 	Spans            = "spans"             // a number of trace spans
+	Events           = "events"            // a number of journal events
 	Servers          = "servers"           // a number of MCP servers
 	Tenants          = "tenants"           // a number of cloud tenants
 	Content          = "content"           // whether exported spans carry prompts and outputs
