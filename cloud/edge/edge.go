@@ -210,7 +210,8 @@ func Join(ctx context.Context, cfg Config, src Sources) (*Edge, error) {
 // connect opens the in-process connection, the outbox and the step
 // service.
 func (e *Edge) connect(ctx context.Context) error {
-	nc, err := nats.Connect("", nats.InProcessServer(e.srv), nats.Name("keel-edge-"+e.cfg.Name), nats.MaxReconnects(-1))
+	nc, err := nats.Connect("", nats.InProcessServer(e.srv), nats.Name("keel-edge-"+e.cfg.Name), nats.MaxReconnects(-1),
+		nats.CustomInboxPrefix(InboxPrefix(e.cfg.Name)))
 	if err != nil {
 		return fmt.Errorf("edge: connect to the leaf server: %w", err)
 	}

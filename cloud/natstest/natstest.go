@@ -51,10 +51,26 @@ type Options struct {
 	// LeafPassword, when set, are what a leaf node must present.
 	LeafNodes              bool
 	LeafUser, LeafPassword string
+	// LeafUsers, instead of LeafUser, are users a leaf node may present,
+	// each in an account and with permissions of its own; default none.
+	// With them, clients that present no user are in DefaultAccount, as
+	// with Accounts.
+	LeafUsers []LeafUser
 	// LeafNoAdvertise keeps the nodes from telling a leaf node the other
 	// nodes' leaf URLs, so it redials only the URLs it was given (a test
 	// that partitions a leaf with a relay); default false.
 	LeafNoAdvertise bool
+}
+
+// LeafUser is a user a leaf node may present, in Account (an account of
+// Options.Accounts; default DefaultAccount), to which its link then
+// binds. Publish and Subscribe are the subjects a leaf node connected as
+// the user may send into the cluster and receive from it (as the leaf
+// sees them; nil: every subject).
+type LeafUser struct {
+	User, Password     string
+	Account            string
+	Publish, Subscribe []string
 }
 
 // Account is a NATS account with JetStream and one user, Name, whose
@@ -108,7 +124,7 @@ func Start(o Options) (*Cluster, error) {
 	for _, p := range ports {
 		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)})
 	}
-	accounts, err := accountsConf(o.Accounts)
+	accounts, err := accountsConf(o.Accounts, len(o.LeafUsers) > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +154,35 @@ func Start(o Options) (*Cluster, error) {
 				return nil, fmt.Errorf("natstest: accounts: %w", err)
 			}
 			opts.Accounts, opts.Users, opts.NoAuthUser = ao.Accounts, ao.Users, ao.NoAuthUser
+			// Leaf users are users of their account, with permissions: a
+			// leaf port without users of its own authenticates a leaf
+			// node as a client, and applies the user's permissions to
+			// the link (nats-server's LeafNode.Users bind an account
+			// only).
+			for _, u := range o.LeafUsers {
+				name := u.Account
+				if name == "" {
+					name = DefaultAccount
+				}
+				var acc *server.Account
+				for _, a := range opts.Accounts {
+					if a.Name == name {
+						acc = a
+					}
+				}
+				if acc == nil {
+					c.Close()
+					return nil, fmt.Errorf("natstest: leaf user %s: no account %q", u.User, name)
+				}
+				p := &server.Permissions{}
+				if u.Publish != nil {
+					p.Publish = &server.SubjectPermission{Allow: u.Publish}
+				}
+				if u.Subscribe != nil {
+					p.Subscribe = &server.SubjectPermission{Allow: u.Subscribe}
+				}
+				opts.Users = append(opts.Users, &server.User{Username: u.User, Password: u.Password, Account: acc, Permissions: p})
+			}
 		}
 		if o.Nodes > 1 {
 			opts.Cluster = server.ClusterOpts{Name: "keel", Host: "127.0.0.1", Port: ports[i]}
@@ -170,8 +215,8 @@ func Start(o Options) (*Cluster, error) {
 // accountsConf is the server configuration of accounts: each its own
 // account with JetStream and one user, and DefaultAccount for clients
 // that present no user.
-func accountsConf(accounts []Account) (string, error) {
-	if len(accounts) == 0 {
+func accountsConf(accounts []Account, users bool) (string, error) {
+	if len(accounts) == 0 && !users {
 		return "", nil
 	}
 	var b strings.Builder
