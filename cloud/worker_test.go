@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ import (
 	"github.com/keel-runtime/keel/models"
 	"github.com/keel-runtime/keel/models/scripted"
 	"github.com/keel-runtime/keel/wasmtools"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -694,5 +696,72 @@ func TestReadWorkers(t *testing.T) {
 	}
 	if ws, err := cloud.ReadWorkers(ctx, js, ns); err != nil || len(ws) != 1 || ws[0].Name != busy.Name() {
 		t.Errorf("after idle closed, ReadWorkers = %+v, %v; want busy alone", ws, err)
+	}
+}
+
+// TestRestartNode: as TestKillWorkerMidRun on a cluster of the test's
+// own, and the node leading the journal stream is restarted with its
+// store (shut down, then started again with its name, ports and store)
+// while a worker holds a run in its middle, which then dies: the
+// restarted node rejoins its streams, every run succeeds, each call ran
+// exactly once, and no journal holds an event twice.
+func TestRestartNode(t *testing.T) {
+	t.Parallel()
+	cl, err := natstest.Start(natstest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const ns, runs = "restart", 4
+	tools := toolsDir(t)
+	c := &calls{}
+	js, st := client(t, cl, ns)
+	statuses := watchRuns(t, cl, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	goals := submitJobs(t, ctx, js, ns, runs)
+	hold, reached := holdAfterTool()
+	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: hold})
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its run's second step")
+	}
+	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
+	s, err := js.Stream(ctx, ns+"_JOURNAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := slices.IndexFunc(cl.Servers, func(s *server.Server) bool { return s.Name() == info.Cluster.Leader })
+	if node < 0 {
+		t.Fatalf("no node is the journal's leader %q", info.Cluster.Leader)
+	}
+	if err := cl.Restart(node); err != nil {
+		t.Fatal(err)
+	}
+	victim.Kill()
+	waitStatus(t, statuses, keel.RunSucceeded, runs)
+	if adopted := checkRuns(t, st, c, goals); len(adopted) != 1 {
+		t.Errorf("%d runs were adopted after the kill (%v), want 1", len(adopted), adopted)
+	}
+	// The restarted node is a current replica of the journal again (or
+	// its leader): it caught up from its store and the others.
+	name := cl.Servers[node].Name()
+	for {
+		info, err = s.Info(ctx)
+		if err == nil && (info.Cluster.Leader == name || slices.ContainsFunc(info.Cluster.Replicas, func(p *jetstream.PeerInfo) bool {
+			return p.Name == name && p.Current && !p.Offline
+		})) {
+			break
+		}
+		select {
+		case <-time.After(100 * time.Millisecond): // its catching up is not an event a client sees
+		case <-ctx.Done():
+			t.Fatalf("the restarted node %s is not a current replica of the journal: %+v, %v", name, info.Cluster, err)
+		}
 	}
 }

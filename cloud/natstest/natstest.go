@@ -86,7 +86,9 @@ const DefaultAccount = "keel"
 
 // Cluster is a running set of embedded JetStream servers.
 type Cluster struct {
+	// Servers are the nodes; Restart replaces one.
 	Servers   []*server.Server
+	opts      []*server.Options // each node's, as it last started
 	dir       string
 	ownDir    bool
 	leafPorts []int
@@ -197,6 +199,7 @@ func Start(o Options) (*Cluster, error) {
 			s.ConfigureLogger()
 		}
 		c.Servers = append(c.Servers, s)
+		c.opts = append(c.opts, opts)
 		s.Start()
 		if !s.ReadyForConnections(30 * time.Second) {
 			c.Close()
@@ -325,6 +328,32 @@ func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, error) {
 // ConnectAs connects as the user of account a (Options.Accounts).
 func (c *Cluster) ConnectAs(a Account, opts ...nats.Option) (*nats.Conn, error) {
 	return nats.Connect(c.URL(), append([]nats.Option{nats.UserInfo(a.Name, a.Token)}, opts...)...)
+}
+
+// Restart shuts node i down, if it runs, and starts it again with its
+// store, its name and its ports (the client port it listened on), as a
+// node restarted by its operator; it returns once the node accepts
+// connections. Not safe for use beside other methods of the Cluster
+// that read Servers (URL, Connect): call them before or after.
+func (c *Cluster) Restart(i int) error {
+	s := c.Servers[i]
+	s.Shutdown()
+	s.WaitForShutdown()
+	opts := c.opts[i].Clone()
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("natstest: restart node %d: %w", i+1, err)
+	}
+	if !opts.NoLog {
+		ns.ConfigureLogger()
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return fmt.Errorf("natstest: node %d did not start again", i+1)
+	}
+	c.Servers[i], c.opts[i] = ns, opts
+	return nil
 }
 
 // Close stops every node and removes the stores' directory if Start made
