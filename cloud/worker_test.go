@@ -45,6 +45,10 @@ func namespace(base string) string {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envWorkerURL) != "" {
+		workerProcess() // TestKillWorkerProcess's worker
+		return
+	}
 	var err error
 	if cluster, err = natstest.Start(natstest.Options{Accounts: tenants}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
