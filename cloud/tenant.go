@@ -31,6 +31,19 @@ type Tenant struct {
 	// wait for a person's approval in the tenant's runs
 	// (engine.Config.RequireApproval); default none.
 	RequireApproval []keel.SideEffect `json:"require_approval,omitempty"`
+	// Edges are the tenant's edges, each a user of the tenant's account
+	// that may join as a leaf node under its own name only
+	// (edge.Permissions); keel cloud serve --embedded configures them.
+	Edges []EdgeUser `json:"edges,omitempty"`
+}
+
+// EdgeUser is an edge's credentials: its name (an edge name: lower-case
+// letters, digits, '-' and '_') is its user; its password is at least
+// 16 characters of letters, digits, '-', '_' or '.'. The edge presents
+// them as its credentials file's one line NAME:PASSWORD.
+type EdgeUser struct {
+	Name     string `json:"name"`
+	Password string `json:"password"`
 }
 
 // Limits are what every run of a worker keeps, whatever its request
@@ -90,6 +103,7 @@ func ReadTenants(path string) ([]Tenant, error) {
 	if len(ts) == 0 {
 		return nil, fmt.Errorf("tenants %s: none", path)
 	}
+	// Tenants' and edges' names are all users of one server: each once.
 	seen := map[string]bool{}
 	for _, t := range ts {
 		if err := t.check(); err != nil {
@@ -99,6 +113,14 @@ func ReadTenants(path string) ([]Tenant, error) {
 			return nil, fmt.Errorf("tenants %s: %q twice", path, t.Name)
 		}
 		seen[t.Name] = true
+	}
+	for _, t := range ts {
+		for _, e := range t.Edges {
+			if seen[e.Name] {
+				return nil, fmt.Errorf("tenants %s: edge %q: the name of a tenant or of another edge", path, e.Name)
+			}
+			seen[e.Name] = true
+		}
 	}
 	return ts, nil
 }
@@ -112,6 +134,12 @@ func (t Tenant) check() error {
 	}
 	if !plain(t.Name) || !plain(t.Token) || len(t.Token) < 16 {
 		return fmt.Errorf("tenant %q: %w", t.Name, errTenant)
+	}
+	for _, e := range t.Edges {
+		if e.Name == "" || strings.Trim(e.Name, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "" || e.Name == "cloud" ||
+			!plain(e.Password) || len(e.Password) < 16 {
+			return fmt.Errorf("tenant %q: edge %q: an edge needs a name of lower-case letters, digits, '-' and '_' (not \"cloud\") and a password of at least 16 characters, letters, digits, '-', '_' or '.'", t.Name, e.Name)
+		}
 	}
 	return nil
 }

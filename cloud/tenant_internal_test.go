@@ -1,6 +1,7 @@
 package cloud
 
 import (
+	"os"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -27,5 +28,29 @@ func TestLimitsApply(t *testing.T) {
 	}
 	if got := (Limits{}).Apply(keel.StartRequest{Policy: keel.RunPolicy{BudgetTokens: 7}}).Policy; got.BudgetTokens != 7 || got.Tools != nil {
 		t.Errorf("no limits: Apply = %+v, want the request as asked", got)
+	}
+}
+
+func TestReadTenantsEdges(t *testing.T) {
+	const tok = "0123456789abcdef"
+	for _, c := range []struct {
+		name, file string
+		ok         bool
+	}{
+		{"an edge", `[{"name":"acme","token":"` + tok + `","edges":[{"name":"laptop","password":"` + tok + `"}]}]`, true},
+		{"an edge named as its tenant", `[{"name":"acme","token":"` + tok + `","edges":[{"name":"acme","password":"` + tok + `"}]}]`, false},
+		{"one edge name twice", `[{"name":"a","token":"` + tok + `","edges":[{"name":"e","password":"` + tok + `"}]},
+			{"name":"b","token":"x` + tok + `","edges":[{"name":"e","password":"` + tok + `"}]}]`, false},
+		{"an upper-case edge name", `[{"name":"acme","token":"` + tok + `","edges":[{"name":"Laptop","password":"` + tok + `"}]}]`, false},
+		{"the cloud's name", `[{"name":"acme","token":"` + tok + `","edges":[{"name":"cloud","password":"` + tok + `"}]}]`, false},
+		{"a short password", `[{"name":"acme","token":"` + tok + `","edges":[{"name":"laptop","password":"short"}]}]`, false},
+	} {
+		f := t.TempDir() + "/tenants.json"
+		if err := os.WriteFile(f, []byte(c.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadTenants(f); (err == nil) != c.ok {
+			t.Errorf("%s: ReadTenants = %v, want ok %v", c.name, err, c.ok)
+		}
 	}
 }

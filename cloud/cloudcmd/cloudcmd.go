@@ -119,7 +119,7 @@ wss://, required off loopback; --allow-host for the names clients use).
 
 With --tenants FILE, serve each tenant of the file (a JSON array of
 {"name", "token", "limits": {"budget_tokens", "budget_usd", "total_tokens", "total_usd", "tools"},
-"require_approval"}) with workers of its own, connected as the tenant's
+"require_approval", "edges": [{"name", "password"}]}) with workers of its own, connected as the tenant's
 NATS user: each tenant is a NATS account of its own (the embedded cluster
 is configured so; an external one must be, see docs/cloud.md).`,
 		Args: cobra.NoArgs,
@@ -141,14 +141,21 @@ is configured so; an external one must be, see docs/cloud.md).`,
 					return errors.New("--embedded needs --data-dir for the cluster's stores")
 				}
 				var accounts []natstest.Account
+				var edgeUsers []natstest.LeafUser
 				for _, t := range ts {
 					if t.Name != "" {
 						accounts = append(accounts, natstest.Account{Name: t.Name, Token: t.Token})
 					}
+					// A tenant's edges are users of its account, each
+					// allowed its own names only.
+					for _, e := range t.Edges {
+						pub, sub := edge.Permissions(c.ns, e.Name, edge.DefaultDomain)
+						edgeUsers = append(edgeUsers, natstest.LeafUser{User: e.Name, Password: e.Password, Account: t.Name, Publish: pub, Subscribe: sub})
+					}
 				}
 				cl, err := natstest.Start(natstest.Options{Nodes: embedded, Dir: filepath.Join(dataDir, "nats"), Accounts: accounts,
 					// Edges join as leaf nodes (docs/cloud.md, "Edges").
-					Domain: edge.DefaultDomain, LeafNodes: true})
+					Domain: edge.DefaultDomain, LeafNodes: true, LeafUsers: edgeUsers})
 				if err != nil {
 					return err
 				}
@@ -213,6 +220,22 @@ is configured so; an external one must be, see docs/cloud.md).`,
 				return err
 			}
 			defer stopEdges()
+			// A tenant's edges declare themselves and are mirrored in its
+			// account: its edges bucket and hand-off stream are there.
+			for _, t := range ts {
+				if len(t.Edges) == 0 {
+					continue
+				}
+				nc, js, err := c.connectAs("keel-cloud-edges-"+t.Name, t.Name, t.Token)
+				if err != nil {
+					return err
+				}
+				err = edge.Setup(ctx, js, c.ns, c.replicas, 0)
+				nc.Close()
+				if err != nil {
+					return fmt.Errorf("tenant %s: %w", t.Name, err)
+				}
+			}
 			if tenants != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "%d workers for each of %d tenants serving namespace %s\n", workers, len(ts), c.ns)
 			} else {
