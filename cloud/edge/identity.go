@@ -12,13 +12,19 @@ package edge
 // cloud's JetStream domain), asks for the bucket's and its mirror's
 // stream, creates and updates its mirror, answers the cloud's requests
 // (the hand-off of a step, the mirror's consumer on its outbox) and
-// sends the mirror its outbox's messages. It receives its hand-offs,
+// sends the mirror its outbox's messages. It receives its hand-offs and
+// the requests for its runs' spans,
 // the cloud's requests to its own JetStream domain, and the answers to
 // its requests (its connection's inbox prefix is InboxPrefix), so that
 // it cannot receive the answers others are sent. It may publish to any
 // inbox (nats-server's allow_responses does not carry over a leaf
 // link's permissions, which the hub turns around), but it sees none but
 // its own to name.
+//
+// They do not let the edge place a plan's steps on other edges itself
+// (Placer: watching the edges bucket, offering steps to other edges,
+// following their mirrors and asking for their spans): an edge that
+// does needs those too, which reach beyond its own names.
 func Permissions(ns, name, cloudDomain string) (publish, subscribe []string) {
 	if cloudDomain == "" {
 		cloudDomain = DefaultDomain
@@ -34,6 +40,7 @@ func Permissions(ns, name, cloudDomain string) (publish, subscribe []string) {
 	}
 	subscribe = []string{
 		StepSubject(ns, name),
+		SpansSubject(ns, name),           // the spans of its runs, asked by a step's origin
 		"$JS." + Domain(name) + ".API.>", // the mirror's requests to the outbox
 		InboxPrefix(name) + ".>",         // answers to the edge's requests
 		"$JS.FC.>",                       // the mirror's flow control
