@@ -4,11 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
-
-	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // TestReadOnlyAuditSurvivesKill: the audit record of a direct call of a
@@ -22,23 +18,8 @@ func TestReadOnlyAuditSurvivesKill(t *testing.T) {
 		t.Skip("runs the keel binary")
 	}
 	t.Parallel()
-	tmp := t.TempDir()
-	dir, err := newDataDir(tmp)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// wordcount alone (read_only), compiled in the shared cache.
-	bundled := filepath.Join(tmp, "bundled")
-	if err := builtin.Install(bundled); err != nil {
-		t.Fatal(err)
-	}
-	if err := copyFile(filepath.Join(bundled, "wordcount.wasm"), filepath.Join(dir, "tools", "wordcount.wasm")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
+	dir, env := testDataDir(t, t.TempDir(), bundledTool(t, "wordcount"))
 	ctx := context.Background()
 
 	d := startKeel(t, shared.bin, env, dir)

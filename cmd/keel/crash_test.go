@@ -908,22 +908,13 @@ type crashEnv struct {
 func newCrashEnv(t *testing.T) crashEnv {
 	t.Helper()
 	tmp := t.TempDir()
-	dir, err := newDataDir(tmp)
-	if err != nil {
-		t.Fatal(err)
-	}
 	work := filepath.Join(tmp, "work")
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := copyFile(shared.tally, filepath.Join(dir, "tools", "tally.wasm")); err != nil {
-		t.Fatal(err)
-	}
 	// Only tally: the bundled examples play no part here, and loading
 	// them at each of the restarts would cost seconds.
-	if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, env := testDataDir(t, tmp, shared.tally)
 	model := newScriptModel(t)
 	writeJSON(t, filepath.Join(dir, "models.json"), map[string]any{
 		"providers": map[string]any{"fake": map[string]any{
@@ -932,7 +923,6 @@ func newCrashEnv(t *testing.T) crashEnv {
 		}},
 		"routes": []any{map[string]any{"name": "default", "targets": []any{map[string]any{"provider": "fake", "model": "fake"}}}},
 	})
-	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
 	return crashEnv{bin: shared.bin, dir: dir, work: work, env: env, model: model}
 }
 

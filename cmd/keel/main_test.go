@@ -25,12 +25,8 @@ func TestBinary(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	t.Parallel()
-	dir, err := newDataDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, env := testDataDir(t, t.TempDir())
 	bin := shared.bin
-	env := append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
 	daemon := startKeel(t, bin, env, dir)
 	info, err := client.ReadDaemonInfo(dir)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/keel-runtime/keel/internal/testcache"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/wasmtools/builtin"
 )
 
 // shared holds what every test of the package uses, made once by
@@ -38,6 +39,11 @@ var shared struct {
 	// GOCOVERDIR every keel process the tests start writes its counters
 	// to.
 	coverRaw string
+	// tmp is TestMain's temporary directory; bundledTool unpacks the
+	// bundled tools into tmp/bundled once, on first use.
+	tmp          string
+	bundledOnce  sync.Once
+	bundledError error
 }
 
 // coverEnv names a new directory, an absolute path, where the tests
@@ -73,6 +79,7 @@ func testMain(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
+	shared.tmp = tmp
 	coverOut := os.Getenv(coverEnv)
 	if coverOut != "" {
 		if !filepath.IsAbs(coverOut) {
@@ -227,6 +234,48 @@ func newDataDir(tmp string) (string, error) {
 		return "", err
 	}
 	return dir, testcache.Link(shared.cache, filepath.Join(dir, "cache", "wazero"))
+}
+
+// testDataDir returns a new data directory under tmp (newDataDir) and
+// the environment of a keel process on it, with no Ollama reachable.
+// With tools (paths of modules) it holds those alone, the bundled
+// examples counting as installed (loading them at each start would cost
+// seconds); without, the daemon installs the bundled examples, as for a
+// user.
+func testDataDir(t *testing.T, tmp string, tools ...string) (dir string, env []string) {
+	t.Helper()
+	dir, err := newDataDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools {
+		if err := copyFile(tool, filepath.Join(dir, "tools", filepath.Base(tool))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(tools) > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "tools", ".examples-installed"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, append(os.Environ(), "OLLAMA_HOST="+deadAddr(), "KEEL_DATA_DIR="+dir)
+}
+
+// bundledTool returns the path of the bundled tool name's module,
+// unpacked once for the package (from the copy testcache.Installed keeps
+// in the user cache directory: unpacking takes seconds of CPU under
+// -race). Its compiled code is in shared.cache.
+func bundledTool(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join(shared.tmp, "bundled")
+	shared.bundledOnce.Do(func() {
+		builtinDir := filepath.Join("..", "..", "wasmtools", "builtin")
+		shared.bundledError = testcache.Installed("bundled-test", builtinDir, []string{filepath.Join(builtinDir, "embedded")}, dir, builtin.Install)
+	})
+	if shared.bundledError != nil {
+		t.Fatalf("unpack the bundled tools: %v", shared.bundledError)
+	}
+	return filepath.Join(dir, name+".wasm")
 }
 
 // deadAddr is a loopback address where nothing listens: Ollama is down.
