@@ -67,7 +67,7 @@ func (l *layers) close() {
 func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 	cfg, log := d.cfg, d.log
 	l = &layers{closeTools: func() {}}
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "keel.db"))
+	st, err := store.OpenWith(ctx, filepath.Join(cfg.DataDir, "keel.db"), store.Options{Synchronous: cfg.Synchronous})
 	if err != nil {
 		return l, fmt.Errorf("open database: %w", err)
 	}

@@ -85,6 +85,14 @@ type Config struct {
 	// files, on the watcher's goroutine: with the policy now in force,
 	// or with the error that keeps the last good one in force.
 	OnPolicy func(policy.Event)
+	// Synchronous is the database's synchronous setting
+	// (store.Options.Synchronous): "" or "FULL", the default, a committed
+	// write survives a power cut; "NORMAL", in WAL mode, a committed write
+	// survives a crash of the process but the last ones may be lost in a
+	// power cut, for an fsync a checkpoint instead of one a commit. Tests
+	// that are not about durability set NORMAL (daemontest.Start does);
+	// keel's command line never does.
+	Synchronous string
 	// CacheDir holds compiled tools (wazero's compilation cache), so a
 	// restart does not recompile; default DataDir/cache/wazero.
 	CacheDir string

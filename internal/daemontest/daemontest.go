@@ -47,7 +47,10 @@ type Daemon struct {
 // Start runs daemon.Run on cfg until Stop or the test's end, and returns
 // once the daemon is ready. Unset fields are filled in: DataDir with a
 // new EmptyDataDir, Addr with a free loopback port, Logger with one that
-// discards. It fails the test when the daemon stops before it is ready,
+// discards, Synchronous with "NORMAL": the tests check what the daemon
+// journals and answers, not what a power cut leaves of it, and each
+// commit at FULL waits for an fsync (a test about durability sets
+// "FULL"; cmd/keel's crash tests run the real binary, at FULL). It fails the test when the daemon stops before it is ready,
 // and (at the test's end) when it returns an error on its way down.
 func Start(t testing.TB, cfg daemon.Config) *Daemon {
 	t.Helper()
@@ -59,6 +62,9 @@ func Start(t testing.TB, cfg daemon.Config) *Daemon {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Synchronous == "" {
+		cfg.Synchronous = "NORMAL"
 	}
 	ready := make(chan protocol.DaemonInfo, 1)
 	cfg.Ready = func(i protocol.DaemonInfo) { ready <- i }
