@@ -260,15 +260,20 @@ func (c *tclient) send(method string, params any) string {
 	return id
 }
 
-// read returns the next frame.
+// read returns the next frame, failing the test after readPatience.
 func (c *tclient) read() wireMsg {
 	c.t.Helper()
-	m, err := c.tryRead(5 * time.Second)
+	m, err := c.tryRead(readPatience)
 	if err != nil {
 		c.t.Fatalf("read: %v", err)
 	}
 	return m
 }
+
+// readPatience bounds read's wait for a frame that must come: it only
+// bounds a hang, so it is long (5 s failed TestDeltaFloodIsFolded under
+// -race on the 2 cores at load 14, the flood's 200 KiB still in flight).
+const readPatience = time.Minute
 
 func (c *tclient) tryRead(timeout time.Duration) (wireMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
