@@ -21,6 +21,7 @@ import (
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cli"
 	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/dbtest"
 	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 )
@@ -50,7 +51,9 @@ type Daemon struct {
 // discards, Synchronous with "NORMAL": the tests check what the daemon
 // journals and answers, not what a power cut leaves of it, and each
 // commit at FULL waits for an fsync (a test about durability sets
-// "FULL"; cmd/keel's crash tests run the real binary, at FULL). It fails the test when the daemon stops before it is ready,
+// "FULL"; cmd/keel's crash tests run the real binary, at FULL). A data
+// directory that exists without a database is given one already
+// migrated (dbtest.SeedDataDir), as a daemon's first start leaves it. It fails the test when the daemon stops before it is ready,
 // and (at the test's end) when it returns an error on its way down.
 func Start(t testing.TB, cfg daemon.Config) *Daemon {
 	t.Helper()
@@ -65,6 +68,9 @@ func Start(t testing.TB, cfg daemon.Config) *Daemon {
 	}
 	if cfg.Synchronous == "" {
 		cfg.Synchronous = "NORMAL"
+	}
+	if err := dbtest.SeedDataDir(cfg.DataDir); err != nil {
+		t.Fatal(err)
 	}
 	ready := make(chan protocol.DaemonInfo, 1)
 	cfg.Ready = func(i protocol.DaemonInfo) { ready <- i }
