@@ -258,6 +258,22 @@ func holdAfterTool() (func(models.ChatRequest) bool, <-chan struct{}) {
 	}, reached
 }
 
+// startVictim starts the worker the kill tests kill, "victim": one run
+// at a time, its run's second model step held (holdAfterTool). It
+// returns once that step is held, and fails the test if ctx ends first.
+func startVictim(t *testing.T, ctx context.Context, ns, tools string, c *calls, o workerOpts) *cloud.Worker {
+	t.Helper()
+	hold, reached := holdAfterTool()
+	o.maxRuns, o.holdModel = 1, hold
+	victim := startWorker(t, ns, "victim", tools, c, o)
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the victim did not reach its run's second step")
+	}
+	return victim
+}
+
 // watchRuns reports each run's status changes as the journal stream
 // stores them (an ordered consumer of the namespace's journal: a
 // refused append, which a core subscription would see too, is not in
@@ -410,13 +426,7 @@ func TestKillWorkerMidRun(t *testing.T) {
 	defer cancel()
 	goals := submitJobs(t, ctx, js, ns, runs)
 	// The victim runs one run at a time, and holds its second model step.
-	hold, reached := holdAfterTool()
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: hold})
-	select {
-	case <-reached:
-	case <-ctx.Done():
-		t.Fatal("the victim did not reach its run's second step")
-	}
+	victim := startVictim(t, ctx, ns, tools, c, workerOpts{})
 	startWorker(t, ns, "w2", tools, c, workerOpts{})
 	startWorker(t, ns, "w3", tools, c, workerOpts{})
 	victim.Kill()
@@ -513,13 +523,7 @@ func TestKillWorkerAndNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	goals := submitJobs(t, ctx, js, ns, runs)
-	hold, reached := holdAfterTool()
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: hold})
-	select {
-	case <-reached:
-	case <-ctx.Done():
-		t.Fatal("the victim did not reach its run's second step")
-	}
+	victim := startVictim(t, ctx, ns, tools, c, workerOpts{cl: cl})
 	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
 	startWorker(t, ns, "w3", tools, c, workerOpts{cl: cl})
 	victim.Kill()
@@ -612,13 +616,7 @@ func TestSweepAdoptsLostRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	goals := submitJobs(t, ctx, js, ns, 1)
-	hold, reached := holdAfterTool()
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{maxRuns: 1, holdModel: hold})
-	select {
-	case <-reached:
-	case <-ctx.Done():
-		t.Fatal("the victim did not reach its run's second step")
-	}
+	victim := startVictim(t, ctx, ns, tools, c, workerOpts{})
 	victim.Kill()
 	s, err := js.Stream(ctx, ns+"_WORK")
 	if err != nil {
