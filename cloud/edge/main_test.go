@@ -19,6 +19,7 @@ import (
 	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/internal/daemontest"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/models"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -99,6 +100,15 @@ func joined(t *testing.T, name, url string, provider models.Provider) *daemontes
 	t.Helper()
 	return daemontest.Start(t, daemon.Config{Provider: provider, Join: url, JoinCredentials: credentials(t), EdgeName: name,
 		EdgeHeartbeat: 100 * time.Millisecond})
+}
+
+// joinedUp is joined, once the cloud holds the edge's declaration
+// (waitEdge), with a client of the daemon.
+func joinedUp(t *testing.T, name, url string, provider models.Provider) (*daemontest.Daemon, *client.Client) {
+	t.Helper()
+	d := joined(t, name, url, provider)
+	waitEdge(t, name, true)
+	return d, daemontest.Dial(t, d.Dir)
 }
 
 // waitEdge waits until the edges bucket holds name's declaration

@@ -41,9 +41,7 @@ func TestPartition(t *testing.T) {
 	provider := scripted.New(nil, wait(first), wait(second),
 		scripted.Answer("done while the cloud was away"))
 	relay := newProxy(t, strings.TrimPrefix(strings.Split(cluster.LeafURLs(), ",")[0], "nats-leaf://"))
-	d := joined(t, name, "nats-leaf://"+relay.Addr(), provider)
-	waitEdge(t, name, true)
-	c := daemontest.Dial(t, d.Dir)
+	_, c := joinedUp(t, name, "nats-leaf://"+relay.Addr(), provider)
 	run, err := c.StartRun(context.Background(), protocol.RunStartParams{Goal: "work through a partition"})
 	if err != nil {
 		t.Fatal(err)

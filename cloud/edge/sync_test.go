@@ -38,9 +38,7 @@ func TestPrivateNeverCrosses(t *testing.T) {
 		canary = "CANARY-7f3a9e21"
 		marker = "PUBLIC-4c2e55d0"
 	)
-	d := joined(t, name, cluster.LeafURLs(), echo())
-	waitEdge(t, name, true)
-	c := daemontest.Dial(t, d.Dir)
+	d, c := joinedUp(t, name, cluster.LeafURLs(), echo())
 	priv := daemontest.RunToEnd(t, c, protocol.RunStartParams{Goal: "remember " + canary, Policy: keel.RunPolicy{Private: true}})
 	pub := daemontest.RunToEnd(t, c, protocol.RunStartParams{Goal: "say " + marker})
 	if priv.Run.Status != keel.RunSucceeded || !strings.Contains(priv.Run.Result, canary) {
