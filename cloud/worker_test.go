@@ -722,13 +722,7 @@ func TestRestartNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	goals := submitJobs(t, ctx, js, ns, runs)
-	hold, reached := holdAfterTool()
-	victim := startWorker(t, ns, "victim", tools, c, workerOpts{cl: cl, maxRuns: 1, holdModel: hold})
-	select {
-	case <-reached:
-	case <-ctx.Done():
-		t.Fatal("the victim did not reach its run's second step")
-	}
+	victim := startVictim(t, ctx, ns, tools, c, workerOpts{cl: cl})
 	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
 	s, err := js.Stream(ctx, ns+"_JOURNAL")
 	if err != nil {
