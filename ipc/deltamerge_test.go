@@ -3,6 +3,7 @@ package ipc_test
 import (
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/keel-runtime/keel"
@@ -51,5 +52,59 @@ func TestDeltaFloodIsFolded(t *testing.T) {
 	}
 	if got.String() != want.String() {
 		t.Errorf("the client received %d bytes of text, want the %d streamed, in order", got.Len(), want.Len())
+	}
+}
+
+// TestDeltasDuringReplayAreFolded: deltas that arrive while a
+// subscription's stored events are read (a slow replay on a loaded
+// machine, a fast local model) were buffered one by one; with the
+// buffer full of them, the step's next persisted event dropped the
+// client as too slow (seen against the real Ollama under load). They
+// are folded as they arrive: the client stays and receives the stored
+// event, every byte of the text in order, then the persisted one.
+func TestDeltasDuringReplayAreFolded(t *testing.T) {
+	t.Parallel()
+	f := ipctest.New()
+	f.AddRun("r1", keel.RunRunning)
+	f.Emit(ipctest.Event("r1", 1))
+	var want strings.Builder
+	var once sync.Once
+	f.OnEvents = func(before bool) {
+		if before {
+			return
+		}
+		// The subscription is registered and the replay not yet queued:
+		// what is emitted now waits in its buffer.
+		once.Do(func() {
+			for i := range 20 {
+				piece := strings.Repeat(string(rune('a'+i)), 8)
+				want.WriteString(piece)
+				data, _ := json.Marshal(keel.ModelDeltaData{Step: 1, Content: piece})
+				f.Emit(keel.Event{RunID: "r1", Type: keel.EventModelDelta, Data: data})
+			}
+			f.Emit(ipctest.Event("r1", 2))
+		})
+	}
+	ts := startSmallBufServer(t, f, ipc.Config{QueueSize: 4})
+	c := dialWith(t, ts, dialOpts{})
+	c.callOK(protocol.MethodRunSubscribe, protocol.SubscribeParams{RunID: "r1"}, nil)
+
+	if ev := c.readEvent(); ev.Seq != 1 {
+		t.Fatalf("first event %+v, want the stored seq 1", ev)
+	}
+	var got strings.Builder
+	for {
+		ev := c.readEvent()
+		if ev.Seq == 2 {
+			break
+		}
+		var d keel.ModelDeltaData
+		if ev.Type != keel.EventModelDelta || json.Unmarshal(ev.Data, &d) != nil || d.Step != 1 {
+			t.Fatalf("unexpected event %+v", ev)
+		}
+		got.WriteString(d.Content)
+	}
+	if got.String() != want.String() {
+		t.Errorf("the client received %q, want the %q streamed, in order", got.String(), want.String())
 	}
 }

@@ -49,14 +49,19 @@ func (c *conn) onEvent(ev keel.Event) {
 		return
 	}
 	if sub.replaying {
-		if len(sub.buf) >= c.s.cfg.QueueSize {
-			if last := len(sub.buf) - 1; sub.buf[last].Type == keel.EventModelDelta {
-				items := []outMsg{{ev: sub.buf[last], isEv: true}}
-				if mergeDelta(items, ev) {
-					sub.buf[last] = items[0].ev
-					return
-				}
+		// A delta is folded into the buffered delta of its step right
+		// away: nothing is sent before the replay ends, so the client
+		// receives the same text, and a fast model streaming through a
+		// slow replay cannot fill the buffer with deltas and get the
+		// client dropped when the step's next persisted event comes.
+		if last := len(sub.buf) - 1; last >= 0 && ev.Type == keel.EventModelDelta && sub.buf[last].Type == keel.EventModelDelta {
+			items := []outMsg{{ev: sub.buf[last], isEv: true}}
+			if mergeDelta(items, ev) {
+				sub.buf[last] = items[0].ev
+				return
 			}
+		}
+		if len(sub.buf) >= c.s.cfg.QueueSize {
 			c.end(websocket.StatusPolicyViolation, reasonTooSlow)
 			return
 		}
