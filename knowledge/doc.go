@@ -31,7 +31,9 @@
 // Vector search is held in memory per scope: every vector, normalized.
 // Up to 16,384 vectors a query is a dot product with each; a larger set
 // is searched in two passes (quant.go): a 2-bit code of each vector
-// estimates its similarity by table lookups, and the best 2,048 (at
+// estimates its similarity by table lookups (in a set of 65,536 or more,
+// only for the 32,768 whose signs agree most with the query's, found by
+// popcount over a 1-bit code), and the best 2,048 (at
 // least 16 per hit wanted) are scored exactly, which finds the exact
 // scan's hits with a recall of 0.999-1.0 (TestQuantizedRecall; the
 // figures are in docs/PERFORMANCE.md). A write updates a loaded set in

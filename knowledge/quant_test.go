@@ -62,8 +62,21 @@ func synthVecs(kind string, n, dim, queries int) (*vecSet, [][]float32) {
 func TestQuantizedRecall(t *testing.T) {
 	t.Parallel()
 	const n, dim, k = 2 * quantMin, 8, 32
-	for _, kind := range []string{"isotropic", "clustered"} {
-		v, qs := synthVecs(kind, n, dim, 4)
+	testRecall(t, n, dim, k, 4, "isotropic", "clustered")
+}
+
+// TestSignedRecall: with the sign pass first (a set of at least
+// 2*signFactor candidates), the search still finds the exact best k (on
+// clustered data only: the set is large, and slow to draw under -race).
+func TestSignedRecall(t *testing.T) {
+	t.Parallel()
+	const k = 32
+	testRecall(t, 2*signFactor*candidates(k), 32, k, 2, "clustered")
+}
+
+func testRecall(t *testing.T, n, dim, k, queries int, kinds ...string) {
+	for _, kind := range kinds {
+		v, qs := synthVecs(kind, n, dim, queries)
 		v.q = buildQuant(v.vecs, v.dim)
 		found := 0
 		for _, q := range qs {
@@ -99,7 +112,7 @@ func TestQuantizedUpdate(t *testing.T) {
 	c := &vectorCache{sets: map[Scope]*vecSet{ScopeUser: v}}
 	gone := []int64{0, 5, 11999, 1234}
 	c.update(ScopeUser, "m", "", gone, []int64{50000, 7}, [][]float32{qs[0], qs[1]}) // 7 is replaced
-	if n := len(v.ids); n != 12000-len(gone)+1 || len(v.vecs) != n*v.dim || len(v.q.scale) != n || len(v.q.codes) != n*v.q.words {
+	if n := len(v.ids); n != 12000-len(gone)+1 || len(v.vecs) != n*v.dim || len(v.q.scale) != n || len(v.q.codes) != n*v.q.words || len(v.q.signs) != n*v.q.sw {
 		t.Fatalf("after update: %d ids, %d floats, %d scales, %d code words; want %d vectors in each", n, len(v.vecs), len(v.q.scale), len(v.q.codes), 12000-len(gone)+1)
 	}
 	for i, want := range []int64{50000, 7} {
@@ -110,11 +123,11 @@ func TestQuantizedUpdate(t *testing.T) {
 		}
 	}
 	for i := range v.ids { // every code is its vector's
-		fresh := &quant{words: v.q.words, mean: v.q.mean}
+		fresh := &quant{words: v.q.words, sw: v.q.sw, mean: v.q.mean}
 		fresh.add(v.vecs[i*v.dim : (i+1)*v.dim])
-		w := v.q.words
-		if !slices.Equal(fresh.codes, v.q.codes[i*w:(i+1)*w]) || fresh.scale[0] != v.q.scale[i] {
-			t.Fatalf("vector %d (id %d): code %x scale %v, want %x %v", i, v.ids[i], v.q.codes[i*w:(i+1)*w], v.q.scale[i], fresh.codes, fresh.scale[0])
+		w, sw := v.q.words, v.q.sw
+		if !slices.Equal(fresh.codes, v.q.codes[i*w:(i+1)*w]) || fresh.scale[0] != v.q.scale[i] || !slices.Equal(fresh.signs, v.q.signs[i*sw:(i+1)*sw]) {
+			t.Fatalf("vector %d (id %d): code %x scale %v signs %x, want %x %v %x", i, v.ids[i], v.q.codes[i*w:(i+1)*w], v.q.scale[i], v.q.signs[i*sw:(i+1)*sw], fresh.codes, fresh.scale[0], fresh.signs)
 		}
 	}
 	for _, id := range gone {

@@ -111,14 +111,12 @@ func (c *vectorCache) update(s Scope, model, digest string, gone, ids []int64, v
 			copy(v.vecs[int(i)*v.dim:int(i+1)*v.dim], v.vecs[int(last)*v.dim:])
 			v.pos[v.ids[i]] = i
 			if v.q != nil {
-				w := v.q.words
-				copy(v.q.codes[int(i)*w:int(i+1)*w], v.q.codes[int(last)*w:])
-				v.q.scale[i] = v.q.scale[last]
+				v.q.move(int(i), int(last))
 			}
 		}
 		v.ids, v.vecs = v.ids[:last], v.vecs[:int(last)*v.dim]
 		if v.q != nil {
-			v.q.codes, v.q.scale = v.q.codes[:int(last)*v.q.words], v.q.scale[:last]
+			v.q.truncate(int(last))
 		}
 		delete(v.pos, id)
 	}
