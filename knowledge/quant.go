@@ -220,25 +220,38 @@ func (qt *quant) estimateNear(t [][256]float32, qs []uint64, most, from, to int,
 	for j := range tp {
 		tp[j] = (*[8][256]float32)(t[j*8:])
 	}
-	for i := from; i < to; i++ {
-		d := 0
+	var idx [1024]int32 // the vectors of a block that pass, first found then estimated
+	for base := from; base < to; base += len(idx) {
+		end, n := min(base+len(idx), to), 0
 		if sw == 1 {
-			d = bits.OnesCount64(qt.signs[i] ^ qs[0])
+			q := qs[0]
+			for i, x := range qt.signs[base:end] {
+				idx[n] = int32(base + i)
+				if bits.OnesCount64(x^q) <= most {
+					n++
+				}
+			}
 		} else {
-			for j, x := range qt.signs[i*sw : (i+1)*sw] {
-				d += bits.OnesCount64(x ^ qs[j])
+			for i := base; i < end; i++ {
+				d := 0
+				for j, x := range qt.signs[i*sw : (i+1)*sw] {
+					d += bits.OnesCount64(x ^ qs[j])
+				}
+				idx[n] = int32(i)
+				if d <= most {
+					n++
+				}
 			}
 		}
-		if d > most {
-			continue
+		for _, i := range idx[:n] {
+			var s0, s1 float32
+			for j, x := range qt.codes[int(i)*w : int(i+1)*w] {
+				b := tp[j]
+				s0 += b[0][uint8(x)] + b[1][uint8(x>>8)] + b[2][uint8(x>>16)] + b[3][uint8(x>>24)]
+				s1 += b[4][uint8(x>>32)] + b[5][uint8(x>>40)] + b[6][uint8(x>>48)] + b[7][uint8(x>>56)]
+			}
+			out = append(out, scored[int32]{i, (s0 + s1) * qt.scale[i]})
 		}
-		var s0, s1 float32
-		for j, x := range qt.codes[i*w : (i+1)*w] {
-			b := tp[j]
-			s0 += b[0][uint8(x)] + b[1][uint8(x>>8)] + b[2][uint8(x>>16)] + b[3][uint8(x>>24)]
-			s1 += b[4][uint8(x>>32)] + b[5][uint8(x>>40)] + b[6][uint8(x>>48)] + b[7][uint8(x>>56)]
-		}
-		out = append(out, scored[int32]{int32(i), (s0 + s1) * qt.scale[i]})
 	}
 	return out
 }
