@@ -95,6 +95,10 @@ type StepOutcome struct {
 	// (HandOff.ParentSpan); a withheld run's cross as one stub span,
 	// its timing only.
 	Spans []Span `json:"spans,omitempty"`
+	// Tokens and CostUSD are what the run's model calls spent there,
+	// withheld or not: they count in the parent's budget.
+	Tokens  int64   `json:"tokens,omitempty"`
+	CostUSD float64 `json:"cost_usd,omitempty"`
 }
 
 // StepCompletedElsewhereData is the payload of
@@ -111,6 +115,24 @@ type StepCompletedElsewhereData struct {
 	Labels    []string  `json:"labels,omitempty"`
 	// Spans is how many of its spans crossed back.
 	Spans int `json:"spans,omitempty"`
+	// Tokens and CostUSD are what the run spent there, counted in the
+	// parent's budget as a sub-agent's spending is.
+	Tokens  int64   `json:"tokens,omitempty"`
+	CostUSD float64 `json:"cost_usd,omitempty"`
+}
+
+// StepCancelledElsewhereData is the payload of
+// EventStepCancelledElsewhere: the parent asked the environment that
+// runs a step handed off to cancel its run there.
+type StepCancelledElsewhereData struct {
+	StepID    string `json:"step_id"`
+	Run       RunID  `json:"run"`
+	Env       string `json:"env"`
+	RemoteRun RunID  `json:"remote_run"`
+	// Status is the run's status there after the request (cancelled,
+	// or how it had ended already); Error is why the request failed.
+	Status RunStatus `json:"status,omitempty"`
+	Error  string    `json:"error,omitempty"`
 }
 
 // TraceID is the OpenTelemetry trace ID (32 hex digits) of the trace of

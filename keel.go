@@ -216,6 +216,7 @@ const (
 	EventStepHandedOff          EventType = "step.handed_off"          // data: StepHandedOffData
 	EventStepAccepted           EventType = "step.accepted"            // data: StepAcceptedData
 	EventStepCompletedElsewhere EventType = "step.completed_elsewhere" // data: StepCompletedElsewhereData
+	EventStepCancelledElsewhere EventType = "step.cancelled_elsewhere" // data: StepCancelledElsewhereData
 )
 
 // HumanToolData is the payload of EventHumanTool: a tool call a person

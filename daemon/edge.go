@@ -23,7 +23,8 @@ func (d *Daemon) joinCloud(ctx context.Context, l *layers) (func(), error) {
 	e, err := edge.Join(ctx, edge.Config{URL: cfg.Join, Credentials: cfg.JoinCredentials, Name: cfg.EdgeName,
 		Dir: filepath.Join(cfg.DataDir, "edge"), Heartbeat: cfg.EdgeHeartbeat, AllowLabels: cfg.EdgeAllowLabels,
 		Logger: d.log.With(logkey.Component, "edge")},
-		edge.Sources{Describe: env.Describe, Labels: eng.ContextLabels, Start: eng.Start, Spans: l.spans, Journal: l.services.History})
+		edge.Sources{Describe: env.Describe, Labels: eng.ContextLabels, Start: eng.Start, Spans: l.spans, Journal: l.services.History,
+			Cancel: eng.Cancel})
 	if err != nil {
 		return func() {}, err
 	}

@@ -77,6 +77,8 @@ func (f *flowRun) childPolicy(ctx context.Context, s keel.PlanStep, share int) (
 // meanwhile holds no less than it may still spend.
 func (f *flowRun) held(ctx context.Context) (tok int64, usd float64, heldTok int64, heldUSD float64, err error) {
 	tok, usd = f.e.spent(ctx, f.run.ID)
+	rt, ru := f.remoteSpent()
+	tok, usd = tok+rt, usd+ru
 	running := map[keel.RunID]bool{}
 	for _, d := range f.st.running {
 		running[d.Run] = true
@@ -104,9 +106,12 @@ func (f *flowRun) held(ctx context.Context) (tok int64, usd float64, heldTok int
 	return tok, usd, heldTok, heldUSD, nil
 }
 
-// spent is what the parent's model calls and all its sub-agents spent.
+// spent is what the parent's model calls and all its sub-agents spent,
+// here and elsewhere.
 func (f *flowRun) spent(ctx context.Context) (int64, float64) {
 	tok, usd := f.e.spent(ctx, f.run.ID)
+	rt, ru := f.remoteSpent()
+	tok, usd = tok+rt, usd+ru
 	for _, c := range f.st.children {
 		t, u := f.e.spent(ctx, c)
 		tok, usd = tok+t, usd+u

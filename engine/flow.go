@@ -355,11 +355,12 @@ func (f *flowRun) stopChildren(ctx context.Context) {
 		return
 	}
 	bg := context.WithoutCancel(ctx)
-	// A step handed off ends here; its run elsewhere is not stopped
-	// (no cancel crosses environments yet).
+	// A step handed off ends here, and its run there is asked to stop
+	// (step.cancelled_elsewhere).
 	for _, d := range f.st.running {
 		if h := f.st.handed[d.Run]; h != nil {
-			d.Status, d.Error = keel.RunCancelled, "cancelled here; its run on "+h.data.Placement.Env+" goes on"
+			f.cancelRemote(bg, d, h)
+			d.Status, d.Error = keel.RunCancelled, "cancelled here; its run on "+h.data.Placement.Env+" was asked to stop"
 			if err := f.appendEvent(bg, keel.EventStepFinished, d, nil); err != nil {
 				f.e.log.Warn("record a hand-off's end", logkey.Run, f.run.ID, logkey.Err, err)
 				return
@@ -406,6 +407,18 @@ func (e *Engine) cancelChildren(ctx context.Context, id keel.RunID) {
 		return
 	}
 	for _, d := range st.running {
+		if h := st.handed[d.Run]; h != nil {
+			// Its run elsewhere is asked to stop; the parent's journal
+			// is closed, so nothing is journaled.
+			if h.remote != "" && h.done == nil && e.cfg.Placer != nil {
+				cctx, cancel := context.WithTimeout(ctx, cancelRemoteWait)
+				if _, err := e.cfg.Placer.Cancel(cctx, h.data.Placement.Env, h.remote); err != nil {
+					e.log.Warn("cancel a step's run elsewhere", logkey.Run, id, logkey.Child, d.Run, logkey.Edge, h.data.Placement.Env, logkey.Err, err)
+				}
+				cancel()
+			}
+			continue
+		}
 		if _, err := e.Cancel(ctx, d.Run); err != nil && !errors.Is(err, keel.ErrConflict) && !errors.Is(err, keel.ErrNotFound) {
 			e.log.Warn("cancel sub-agent", logkey.Run, id, logkey.Child, d.Run, logkey.Err, err)
 		}

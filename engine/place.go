@@ -47,6 +47,10 @@ type Placer interface {
 	// returns how, as far as it may cross, with its spans under
 	// parentSpan. An error (but ctx's) is tried again.
 	Await(ctx context.Context, env string, run keel.RunID, parentSpan string) (keel.StepOutcome, error)
+	// Cancel asks env to cancel run, its run of a step handed off by
+	// this environment, and returns the run's status there: cancelled,
+	// or how it had ended already (asking again is harmless).
+	Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error)
 }
 
 // handoff is a step attempt handed off, as the parent's journal says.
@@ -197,7 +201,7 @@ func (f *flowRun) reconcileRemote(ctx context.Context, d keel.StepData, h *hando
 			f.importSpans(ctx, h, o.Spans)
 			if err := f.appendEvent(ctx, keel.EventStepCompletedElsewhere, keel.StepCompletedElsewhereData{StepID: d.StepID, Run: d.Run,
 				Env: h.data.Placement.Env, RemoteRun: h.remote, Status: o.Status, Result: o.Result, Error: o.Error,
-				Withheld: o.Withheld, Labels: o.Labels, Spans: len(o.Spans)}, nil); err != nil {
+				Withheld: o.Withheld, Labels: o.Labels, Spans: len(o.Spans), Tokens: o.Tokens, CostUSD: o.CostUSD}, nil); err != nil {
 				return err
 			}
 		}
@@ -381,4 +385,41 @@ func (f *flowRun) importSpans(ctx context.Context, h *handoff, spans []keel.Span
 			return
 		}
 	}
+}
+
+// cancelRemote asks the environment that runs hand-off h to cancel its
+// run there, and journals what it answered (step.cancelled_elsewhere).
+// A hand-off not accepted yet has no run there to name; its waiter,
+// stopped, asks no more, and an offer under way may still start it
+// there (docs/cloud.md).
+func (f *flowRun) cancelRemote(ctx context.Context, d keel.StepData, h *handoff) {
+	if h.remote == "" || h.done != nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, cancelRemoteWait)
+	defer cancel()
+	c := keel.StepCancelledElsewhereData{StepID: d.StepID, Run: d.Run, Env: h.data.Placement.Env, RemoteRun: h.remote}
+	st, err := f.e.cfg.Placer.Cancel(cctx, c.Env, c.RemoteRun)
+	c.Status = st
+	if err != nil {
+		c.Error = err.Error()
+		f.e.log.Warn("cancel a step's run elsewhere", logkey.Run, f.run.ID, logkey.Child, d.Run, logkey.Edge, c.Env, logkey.Err, err)
+	}
+	if err := f.appendEvent(ctx, keel.EventStepCancelledElsewhere, c, nil); err != nil {
+		f.e.log.Warn("record a step's cancel elsewhere", logkey.Run, f.run.ID, logkey.Err, err)
+	}
+}
+
+// cancelRemoteWait bounds the request to cancel a step's run elsewhere.
+const cancelRemoteWait = 10 * time.Second
+
+// remoteSpent is what the steps that ran elsewhere spent there, as their
+// step.completed_elsewhere says.
+func (f *flowRun) remoteSpent() (tok int64, usd float64) {
+	for _, h := range f.st.handed {
+		if h.done != nil {
+			tok, usd = tok+h.done.Tokens, usd+h.done.CostUSD
+		}
+	}
+	return tok, usd
 }

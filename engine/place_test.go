@@ -22,11 +22,16 @@ import (
 type fakePlacer struct {
 	release  chan struct{}
 	withheld bool
+	// tokens and usd are what each run there spent: its outcome says so,
+	// and one model call span of its own carries it too.
+	tokens int64
+	usd    float64
 
 	mu       sync.Mutex
 	asked    []keel.HandOff            // every HandOff, in order
 	runs     map[keel.RunID]keel.RunID // key → the run there
 	accepted chan keel.RunID
+	cancels  []keel.RunID // every Cancel, in order
 }
 
 func newFakePlacer() *fakePlacer {
@@ -69,7 +74,17 @@ func (p *fakePlacer) Await(ctx context.Context, env string, run keel.RunID, pare
 		return keel.StepOutcome{Status: keel.RunSucceeded, Withheld: true, Spans: []keel.Span{root}}, nil
 	}
 	tool := keel.Span{ID: "span_there_tool", RunID: run, ParentID: root.ID, Kind: keel.SpanToolCall, Name: "far", Start: start, Duration: time.Millisecond, Status: keel.SpanOK}
-	return keel.StepOutcome{Status: keel.RunSucceeded, Result: "found far away", Labels: []string{"work"}, Spans: []keel.Span{root, tool}}, nil
+	call := keel.Span{ID: "span_there_call", RunID: run, ParentID: root.ID, Kind: keel.SpanModelCall, Name: "m", Step: 1, Start: start,
+		Duration: time.Millisecond, Status: keel.SpanOK, PromptTokens: int(p.tokens), CostUSD: p.usd}
+	return keel.StepOutcome{Status: keel.RunSucceeded, Result: "found far away", Labels: []string{"work"}, Spans: []keel.Span{root, tool, call},
+		Tokens: p.tokens, CostUSD: p.usd}, nil
+}
+
+func (p *fakePlacer) Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cancels = append(p.cancels, run)
+	return keel.RunCancelled, nil
 }
 
 func (p *fakePlacer) handOffs() []keel.HandOff {
@@ -274,8 +289,67 @@ func TestDAGCancelEndsHandOff(t *testing.T) {
 	if got.Status != keel.RunCancelled {
 		t.Fatalf("parent = %s, want cancelled", got.Status)
 	}
-	finished := stepEvents(t, journal(t, h.st, r.ID), keel.EventStepFinished)
+	evs := journal(t, h.st, r.ID)
+	finished := stepEvents(t, evs, keel.EventStepFinished)
 	if len(finished) != 1 || finished[0].Status != keel.RunCancelled || !strings.Contains(finished[0].Error, "other") {
 		t.Errorf("step.finished = %+v, want far cancelled here, naming where it runs", finished)
+	}
+	// The run there was asked to stop, and the parent's journal says so,
+	// before the step's end.
+	there := keel.RunID("there-" + string(childRunID(r.ID, "far", 1)))
+	pl.mu.Lock()
+	cancels := slices.Clone(pl.cancels)
+	pl.mu.Unlock()
+	if !slices.Equal(cancels, []keel.RunID{there}) {
+		t.Errorf("cancels sent %v, want one, of %s", cancels, there)
+	}
+	var c []keel.StepCancelledElsewhereData
+	for _, ev := range evs {
+		switch ev.Type {
+		case keel.EventStepCancelledElsewhere:
+			var d keel.StepCancelledElsewhereData
+			json.Unmarshal(ev.Data, &d)
+			c = append(c, d)
+		case keel.EventStepFinished:
+			if len(c) == 0 {
+				t.Errorf("step.finished before step.cancelled_elsewhere: %v", types(evs))
+			}
+		}
+	}
+	if len(c) != 1 || c[0].RemoteRun != there || c[0].Env != "other" || c[0].Status != keel.RunCancelled || c[0].Error != "" {
+		t.Errorf("step.cancelled_elsewhere = %+v, want one, of %s on other, cancelled", c, there)
+	}
+}
+
+// TestDAGHandOffSpendsBudget: what a step's run elsewhere spent counts in
+// the parent's budget, once (its outcome, not again from its model call
+// span that crossed back): the next step is given what is left.
+func TestDAGHandOffSpendsBudget(t *testing.T) {
+	t.Parallel()
+	pl := newFakePlacer()
+	pl.tokens, pl.usd = 600, 0.25
+	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{Placer: pl})
+	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Policy: keel.RunPolicy{BudgetTokens: 1000, BudgetUSD: 1},
+		Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "a", Goal: "far away", Tools: []string{"far"}},
+			{ID: "b", Goal: "sum up", Tools: []string{"echo"}, DependsOn: []string{"a"}}}}})
+	got := waitRun(t, h.eng, h.st, r.ID)
+	if got.Status != keel.RunSucceeded {
+		t.Fatalf("run = %s %q", got.Status, got.Error)
+	}
+	for _, ev := range journal(t, h.st, r.ID) {
+		if ev.Type == keel.EventStepCompletedElsewhere {
+			var d keel.StepCompletedElsewhereData
+			json.Unmarshal(ev.Data, &d)
+			if d.Tokens != 600 || d.CostUSD != 0.25 {
+				t.Errorf("step.completed_elsewhere spent %d tokens, $%g; want 600, $0.25", d.Tokens, d.CostUSD)
+			}
+		}
+	}
+	b, err := h.st.GetRun(context.Background(), childRunID(r.ID, "b", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Policy.BudgetTokens != 400 || b.Policy.BudgetUSD != 0.75 {
+		t.Errorf("step b was given %d tokens, $%g; want what a left: 400, $0.75", b.Policy.BudgetTokens, b.Policy.BudgetUSD)
 	}
 }

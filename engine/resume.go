@@ -289,6 +289,10 @@ func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd fl
 			}
 		}
 	}
+	// Spans that crossed back from a step run elsewhere (under a
+	// hand-off span) are that run's spending, counted from its
+	// step.completed_elsewhere.
+	spans = ownSpans(spans)
 	// The successful spans of a step stand for its journaled results.
 	ok := map[int]int{}
 	for _, sp := range spans {
@@ -311,6 +315,35 @@ func (e *Engine) spent(ctx context.Context, id keel.RunID) (tokens int64, usd fl
 		}
 	}
 	return tokens, usd
+}
+
+// ownSpans is spans without those under a hand-off span: the spans of
+// runs elsewhere, imported into the run's trace.
+func ownSpans(spans []keel.Span) []keel.Span {
+	away := map[string]bool{}
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanHandOff {
+			away[sp.ID] = true
+		}
+	}
+	if len(away) == 0 {
+		return spans
+	}
+	for grew := true; grew; {
+		grew = false
+		for _, sp := range spans {
+			if !away[sp.ID] && away[sp.ParentID] {
+				away[sp.ID], grew = true, true
+			}
+		}
+	}
+	out := make([]keel.Span, 0, len(spans))
+	for _, sp := range spans {
+		if !away[sp.ID] {
+			out = append(out, sp)
+		}
+	}
+	return out
 }
 
 // rerunnable reports whether a tool may run again when its earlier call's

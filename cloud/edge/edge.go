@@ -72,6 +72,9 @@ type Sources struct {
 	// Journal is the daemon's journal: at Join, the outbox is given
 	// what it misses of it (catchUp). Nil: no catch-up.
 	Journal Journal
+	// Cancel cancels a run (engine.Cancel), for the origin of a step the
+	// edge runs (CancelSubject). Nil: no cancel crosses.
+	Cancel func(context.Context, keel.RunID) (keel.Run, error)
 }
 
 // DefaultDomain is the cloud cluster's JetStream domain, which an edge
@@ -101,6 +104,8 @@ type Edge struct {
 	sub    *nats.Subscription
 	// spansSub answers the origins of steps for their runs' spans.
 	spansSub *nats.Subscription
+	// cancelSub answers the origins of steps that cancel their runs.
+	cancelSub *nats.Subscription
 
 	mu    sync.Mutex
 	queue []keel.Event
@@ -119,6 +124,9 @@ type Edge struct {
 	// storing it would; dead is set then.
 	cut  func(keel.Event) bool
 	dead bool
+	// origins are the edges that handed off the runs of steps, as
+	// their offers said: only a run's origin may cancel it.
+	origins map[keel.RunID]string
 
 	load     atomic.Int32
 	mirrored atomic.Bool
@@ -239,6 +247,12 @@ func (e *Edge) connect(ctx context.Context) error {
 	}
 	if e.src.Spans != nil {
 		if e.spansSub, err = nc.Subscribe(SpansSubject(e.cfg.Namespace, e.cfg.Name), e.serveSpans); err != nil {
+			nc.Close()
+			return err
+		}
+	}
+	if e.src.Cancel != nil && e.src.Start != nil {
+		if e.cancelSub, err = nc.Subscribe(CancelSubject(e.cfg.Namespace, e.cfg.Name), e.serveCancel); err != nil {
 			nc.Close()
 			return err
 		}
@@ -481,6 +495,9 @@ func (e *Edge) Close(ctx context.Context) error {
 		}
 		if e.spansSub != nil {
 			e.spansSub.Unsubscribe()
+		}
+		if e.cancelSub != nil {
+			e.cancelSub.Unsubscribe()
 		}
 		e.cancel()
 		e.wg.Wait()

@@ -41,6 +41,7 @@ func Permissions(ns, name, cloudDomain string) (publish, subscribe []string) {
 	subscribe = []string{
 		StepSubject(ns, name),
 		SpansSubject(ns, name),           // the spans of its runs, asked by a step's origin
+		CancelSubject(ns, name),          // cancels of its steps' runs, by their origins
 		"$JS." + Domain(name) + ".API.>", // the mirror's requests to the outbox
 		InboxPrefix(name) + ".>",         // answers to the edge's requests
 		"$JS.FC.>",                       // the mirror's flow control

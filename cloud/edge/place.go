@@ -41,6 +41,21 @@ type SpansReply struct {
 	// its spans do not either; Spans holds one stub, the root's timing.
 	Withheld bool   `json:"withheld,omitempty"`
 	Error    string `json:"error,omitempty"`
+	// Tokens and CostUSD are what the run's model calls spent, withheld
+	// or not: the origin counts them in its run's budget.
+	Tokens  int64   `json:"tokens,omitempty"`
+	CostUSD float64 `json:"cost_usd,omitempty"`
+}
+
+// spentBy is what the model call spans of spans spent.
+func spentBy(spans []keel.Span) (tok int64, usd float64) {
+	for _, sp := range spans {
+		if sp.Kind == keel.SpanModelCall {
+			tok += int64(sp.PromptTokens + sp.CompletionTokens)
+			usd += sp.CostUSD
+		}
+	}
+	return tok, usd
 }
 
 // serveSpans answers a SpansRequest: the run's spans if its journal
@@ -69,11 +84,12 @@ func (e *Edge) serveSpans(m *nats.Msg) {
 			spans[i].ParentID = req.ParentSpan
 		}
 	}
+	tok, usd := spentBy(spans)
 	if e.crossed(ctx, req.Run) {
-		reply(SpansReply{Spans: spans})
+		reply(SpansReply{Spans: spans, Tokens: tok, CostUSD: usd})
 		return
 	}
-	out := SpansReply{Withheld: true}
+	out := SpansReply{Withheld: true, Tokens: tok, CostUSD: usd}
 	for _, sp := range spans {
 		if sp.Kind == keel.SpanRun {
 			out.Spans = []keel.Span{{ID: sp.ID, RunID: sp.RunID, ParentID: sp.ParentID, Kind: keel.SpanRun, Name: "withheld",
@@ -196,32 +212,35 @@ func (p *Placer) Await(ctx context.Context, env string, run keel.RunID, parentSp
 		return keel.StepOutcome{}, err
 	}
 	o := keel.StepOutcome{Status: c.Status, Result: c.Result, Error: c.Error, Withheld: c.Withheld, Labels: c.Labels}
-	if o.Spans, err = RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan}); err != nil {
+	r, err := RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan})
+	if err != nil {
 		p.e.log.Warn("edge: the spans of a step run elsewhere", logkey.Edge, env, logkey.Run, run, logkey.Err, err)
 	}
+	o.Spans, o.Tokens, o.CostUSD = r.Spans, r.Tokens, r.CostUSD
 	return o, nil
 }
 
-// RemoteSpans asks edge for the spans of one of its runs.
-func RemoteSpans(ctx context.Context, nc *nats.Conn, ns, edge string, req SpansRequest) ([]keel.Span, error) {
+// RemoteSpans asks edge for the spans of one of its runs, and what they
+// spent.
+func RemoteSpans(ctx context.Context, nc *nats.Conn, ns, edge string, req SpansRequest) (SpansReply, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
-		return nil, err
+		return SpansReply{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	m, err := nc.RequestWithContext(rctx, SpansSubject(ns, edge), b)
 	if err != nil {
-		return nil, err
+		return SpansReply{}, err
 	}
 	var r SpansReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return nil, err
+		return SpansReply{}, err
 	}
 	if r.Error != "" {
-		return nil, errors.New(r.Error)
+		return SpansReply{}, errors.New(r.Error)
 	}
-	return r.Spans, nil
+	return r, nil
 }
 
 // Close stops the watch of the declarations.

@@ -112,6 +112,14 @@ func (e *Edge) serveStep(m *nats.Msg) {
 		e.steps[run.ID] = true
 		e.load.Add(1)
 	}
+	if s.Need.Origin != "" {
+		if e.origins == nil {
+			e.origins = map[keel.RunID]string{}
+		}
+		if _, ok := e.origins[run.ID]; !ok {
+			e.origins[run.ID] = s.Need.Origin // the first offer's
+		}
+	}
 	e.mu.Unlock()
 	reply(Accepted{RunID: run.ID})
 }

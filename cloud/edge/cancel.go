@@ -1,0 +1,98 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/nats-io/nats.go"
+)
+
+// A step's origin cancels the step's run on the edge that runs it:
+// request/reply on the edge's cancel subject, as a step is offered. The
+// edge cancels only a run of a step it accepted from that origin
+// (recorded at acceptance), and asking again is harmless: a run that
+// ended already answers how it ended.
+
+// CancelSubject is where edge answers for cancelling a run of a step
+// handed to it (request/reply, CancelRequest → CancelReply).
+func CancelSubject(ns, edge string) string { return ns + ".edge." + edge + ".cancel" }
+
+// CancelRequest asks an edge to cancel the run of a step handed to it.
+type CancelRequest struct {
+	Run keel.RunID `json:"run"`
+	// Origin is the edge that handed the step off, which alone may
+	// cancel its run.
+	Origin string `json:"origin"`
+}
+
+// CancelReply is an edge's answer to a CancelRequest: the run's status
+// (cancelled, or how it had ended already), or why it refused.
+type CancelReply struct {
+	Status keel.RunStatus `json:"status,omitempty"`
+	Error  string         `json:"error,omitempty"`
+}
+
+// serveCancel answers a CancelRequest from the origin of one of the
+// edge's steps.
+func (e *Edge) serveCancel(m *nats.Msg) {
+	reply := func(r CancelReply) {
+		b, _ := json.Marshal(r)
+		m.Respond(b)
+	}
+	var req CancelRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.Run == "" || req.Origin == "" {
+		reply(CancelReply{Error: "not a cancel request"})
+		return
+	}
+	e.mu.Lock()
+	origin, ok := e.origins[req.Run]
+	e.mu.Unlock()
+	if !ok || origin != req.Origin {
+		reply(CancelReply{Error: fmt.Sprintf("run %s is not a step %s handed to %s", req.Run, req.Origin, e.cfg.Name)})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := e.src.Cancel(ctx, req.Run)
+	switch {
+	case errors.Is(err, keel.ErrConflict) && r.Status.Terminal():
+		reply(CancelReply{Status: r.Status}) // it had ended already
+	case err != nil:
+		reply(CancelReply{Error: err.Error()})
+	case r.Status.Terminal():
+		reply(CancelReply{Status: r.Status})
+	default:
+		reply(CancelReply{Status: keel.RunCancelled}) // stopping now
+	}
+}
+
+// RemoteCancel asks edge to cancel run, a run of a step origin handed
+// to it, and returns the run's status there.
+func RemoteCancel(ctx context.Context, nc *nats.Conn, ns, edge, origin string, run keel.RunID) (keel.RunStatus, error) {
+	b, err := json.Marshal(CancelRequest{Run: run, Origin: origin})
+	if err != nil {
+		return "", err
+	}
+	m, err := nc.RequestWithContext(ctx, CancelSubject(ns, edge), b)
+	if err != nil {
+		return "", fmt.Errorf("cancel %s on %s: %w", run, edge, err)
+	}
+	var r CancelReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return "", fmt.Errorf("cancel %s on %s: %w", run, edge, err)
+	}
+	if r.Error != "" {
+		return "", fmt.Errorf("cancel %s on %s: %w: %s", run, edge, ErrRefused, r.Error)
+	}
+	return r.Status, nil
+}
+
+// Cancel asks env to cancel run, the run of a step this edge handed to
+// it (RemoteCancel).
+func (p *Placer) Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error) {
+	return RemoteCancel(ctx, p.e.nc, p.e.cfg.Namespace, env, p.e.cfg.Name, run)
+}

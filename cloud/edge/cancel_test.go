@@ -1,0 +1,111 @@
+package edge_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/cloud/edge"
+	"github.com/keel-runtime/keel/cloud/route"
+	"github.com/keel-runtime/keel/daemon"
+	"github.com/keel-runtime/keel/internal/daemontest"
+	"github.com/keel-runtime/keel/ipc/protocol"
+	"github.com/keel-runtime/keel/models/scripted"
+)
+
+// TestPlanStepCancelCrosses: a step handed to cancel-b waits there for
+// approval of its call of halt (non-idempotent); the plan is cancelled
+// on cancel-a. cancel-a asks cancel-b to cancel the step's run and
+// journals it (step.cancelled_elsewhere); the run on cancel-b ends
+// cancelled and halt never ran. Only the step's origin may cancel it:
+// the same request from another name is refused, and asking again
+// answers how the run ended.
+func TestPlanStepCancelCrosses(t *testing.T) {
+	t.Parallel()
+	files := map[string][]byte{}
+	canned(files, "halt", "non_idempotent_write", false)
+	b := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+		EdgeName: "cancel-b", EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
+		Provider: byPrefix(map[string][]scripted.Step{
+			"halt the line": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "halt", Arguments: json.RawMessage(`{}`)}), scripted.Answer("halted")},
+		})})
+	cb := daemontest.Dial(t, b.Dir)
+	daemontest.WaitTools(t, cb, "cancel-b's tools", daemontest.HasTool("halt"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg, err := edge.Watch(ctx, js, ns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if err := reg.Wait(ctx, func(tab *route.Table) bool {
+		_, err := tab.Decide(route.Need{Tools: []string{"halt"}, Origin: "cancel-a", Kind: route.KindEdge})
+		return err == nil
+	}); err != nil {
+		t.Fatalf("cancel-b was not declared with halt: %v", err)
+	}
+	a := daemontest.Start(t, daemon.Config{DataDir: daemontest.EmptyDataDir(t), Provider: byPrefix(nil), Join: cluster.LeafURLs(),
+		JoinCredentials: credentials(t), EdgeName: "cancel-a", EdgeHeartbeat: 100 * time.Millisecond})
+	ca := daemontest.Dial(t, a.Dir)
+	waitEdge(t, "cancel-a", true)
+	run, err := ca.StartRun(ctx, protocol.RunStartParams{Kind: keel.KindDAG, Goal: "stop", Plan: &keel.Plan{Steps: []keel.PlanStep{
+		{ID: "far", Goal: "halt the line", Tools: []string{"halt"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := daemontest.Follow(t, ca, run.ID, keel.EventStepAccepted)
+	var acc keel.StepAcceptedData
+	json.Unmarshal(evs[len(evs)-1].Data, &acc)
+	daemontest.Follow(t, cb, acc.RemoteRun, keel.EventApprovalAsked)
+
+	// Another name may not cancel it.
+	if _, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", "someone-else", acc.RemoteRun); !errors.Is(err, edge.ErrRefused) {
+		t.Fatalf("a cancel from someone else = %v, want refused", err)
+	}
+	if _, err := ca.CancelRun(ctx, run.ID); err != nil {
+		t.Fatal(err)
+	}
+	ca2 := daemontest.Dial(t, a.Dir) // ca follows the run already
+	daemontest.Follow(t, ca2, run.ID)
+	got, err := ca2.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Status != keel.RunCancelled {
+		t.Fatalf("parent = %s %q, want cancelled", got.Run.Status, got.Run.Error)
+	}
+	var c []keel.StepCancelledElsewhereData
+	for _, ev := range got.Events {
+		if ev.Type == keel.EventStepCancelledElsewhere {
+			var d keel.StepCancelledElsewhereData
+			json.Unmarshal(ev.Data, &d)
+			c = append(c, d)
+		}
+	}
+	if len(c) != 1 || c[0].Env != "cancel-b" || c[0].RemoteRun != acc.RemoteRun || c[0].Error != "" || c[0].Status != keel.RunCancelled {
+		t.Fatalf("step.cancelled_elsewhere = %+v, want one, of %s on cancel-b, cancelled; events %v", c, acc.RemoteRun, daemontest.Types(got.Events))
+	}
+
+	daemontest.Follow(t, daemontest.Dial(t, b.Dir), acc.RemoteRun)
+	there, err := cb.GetRun(ctx, acc.RemoteRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if there.Run.Status != keel.RunCancelled {
+		t.Errorf("the step's run on cancel-b = %s %q, want cancelled", there.Run.Status, there.Run.Error)
+	}
+	audit, err := cb.ToolAudit(ctx, "halt", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(audit) != 0 {
+		t.Errorf("halt ran %d times on cancel-b, want never", len(audit))
+	}
+	// Asking again is harmless: it answers how the run ended.
+	if st, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", "cancel-a", acc.RemoteRun); err != nil || st != keel.RunCancelled {
+		t.Errorf("a second cancel = %s, %v; want cancelled", st, err)
+	}
+}
