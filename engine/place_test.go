@@ -71,7 +71,7 @@ func (p *fakePlacer) Await(ctx context.Context, env string, run keel.RunID, pare
 	start := time.Now().Add(-time.Second)
 	root := keel.Span{ID: "span_there_root", RunID: run, Kind: keel.SpanRun, Name: "run", Start: start, Duration: time.Second, Status: keel.SpanOK}
 	if p.withheld {
-		return keel.StepOutcome{Status: keel.RunSucceeded, Withheld: true, Spans: []keel.Span{root}}, nil
+		return keel.StepOutcome{Status: keel.RunSucceeded, Withheld: true, Spans: []keel.Span{root}, Tokens: p.tokens, CostUSD: p.usd}, nil
 	}
 	tool := keel.Span{ID: "span_there_tool", RunID: run, ParentID: root.ID, Kind: keel.SpanToolCall, Name: "far", Start: start, Duration: time.Millisecond, Status: keel.SpanOK}
 	call := keel.Span{ID: "span_there_call", RunID: run, ParentID: root.ID, Kind: keel.SpanModelCall, Name: "m", Step: 1, Start: start,
@@ -323,11 +323,21 @@ func TestDAGCancelEndsHandOff(t *testing.T) {
 
 // TestDAGHandOffSpendsBudget: what a step's run elsewhere spent counts in
 // the parent's budget, once (its outcome, not again from its model call
-// span that crossed back): the next step is given what is left.
+// span that crossed back), withheld or not: the next step is given what
+// is left.
 func TestDAGHandOffSpendsBudget(t *testing.T) {
 	t.Parallel()
+	for _, withheld := range []bool{false, true} {
+		t.Run(fmt.Sprintf("withheld=%v", withheld), func(t *testing.T) {
+			t.Parallel()
+			handOffSpendsBudget(t, withheld)
+		})
+	}
+}
+
+func handOffSpendsBudget(t *testing.T, withheld bool) {
 	pl := newFakePlacer()
-	pl.tokens, pl.usd = 600, 0.25
+	pl.tokens, pl.usd, pl.withheld = 600, 0.25, withheld
 	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{Placer: pl})
 	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Policy: keel.RunPolicy{BudgetTokens: 1000, BudgetUSD: 1},
 		Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "a", Goal: "far away", Tools: []string{"far"}},
