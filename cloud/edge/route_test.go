@@ -136,6 +136,11 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	if hand.Placement.Env != "route-b" || acc.RemoteRun == "" || done.Status != keel.RunSucceeded || done.Result != "bumped once" || done.Withheld {
 		t.Errorf("hand-off %+v, accepted %+v, completed %+v; want route-b's run, its result back", hand, acc, done)
 	}
+	// What its model calls spent there crossed with it (the scripted
+	// model counts words as tokens), for route-a's budget.
+	if done.Tokens <= 0 {
+		t.Errorf("completed %+v: want the tokens route-b's run spent", done)
+	}
 	// route-b's journal holds the step's run, and bump ran once.
 	there, err := cb.GetRun(ctx, acc.RemoteRun)
 	if err != nil {
@@ -210,6 +215,9 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	json.Unmarshal(pc[2].Data, &pdone)
 	if !pdone.Withheld || pdone.Status != keel.RunSucceeded || pdone.Result != "" || pdone.Spans != 1 {
 		t.Errorf("private step's completion %+v, want succeeded, withheld, one stub span", pdone)
+	}
+	if pdone.Tokens <= 0 {
+		t.Errorf("private step's completion %+v: want what it spent there, withheld or not", pdone)
 	}
 	var pacc keel.StepAcceptedData
 	json.Unmarshal(pc[1].Data, &pacc)
