@@ -9,11 +9,9 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud/edge"
-	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/ipc/protocol"
-	"github.com/keel-runtime/keel/models/scripted"
 )
 
 // TestPlanStepCancelCrosses: a step handed to cancel-b waits there for
@@ -25,28 +23,9 @@ import (
 // answers how the run ended.
 func TestPlanStepCancelCrosses(t *testing.T) {
 	t.Parallel()
-	files := map[string][]byte{}
-	canned(files, "halt", "non_idempotent_write", false)
-	b := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
-		EdgeName: "cancel-b", EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
-		Provider: byPrefix(map[string][]scripted.Step{
-			"halt the line": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "halt", Arguments: json.RawMessage(`{}`)}), scripted.Answer("halted")},
-		})})
-	cb := daemontest.Dial(t, b.Dir)
-	daemontest.WaitTools(t, cb, "cancel-b's tools", daemontest.HasTool("halt"))
+	dirB, cb := approvalEdge(t, "cancel-b", "cancel-a", "halt", "halt the line", "halted")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	reg, err := edge.Watch(ctx, js, ns, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	if err := reg.Wait(ctx, func(tab *route.Table) bool {
-		_, err := tab.Decide(route.Need{Tools: []string{"halt"}, Origin: "cancel-a", Kind: route.KindEdge})
-		return err == nil
-	}); err != nil {
-		t.Fatalf("cancel-b was not declared with halt: %v", err)
-	}
 	a := daemontest.Start(t, daemon.Config{DataDir: daemontest.EmptyDataDir(t), Provider: byPrefix(nil), Join: cluster.LeafURLs(),
 		JoinCredentials: credentials(t), EdgeName: "cancel-a", EdgeHeartbeat: 100 * time.Millisecond})
 	ca := daemontest.Dial(t, a.Dir)
@@ -89,7 +68,7 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 		t.Fatalf("step.cancelled_elsewhere = %+v, want one, of %s on cancel-b, cancelled; events %v", c, acc.RemoteRun, daemontest.Types(got.Events))
 	}
 
-	daemontest.Follow(t, daemontest.Dial(t, b.Dir), acc.RemoteRun)
+	daemontest.Follow(t, daemontest.Dial(t, dirB), acc.RemoteRun)
 	there, err := cb.GetRun(ctx, acc.RemoteRun)
 	if err != nil {
 		t.Fatal(err)

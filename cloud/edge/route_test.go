@@ -18,6 +18,7 @@ import (
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/internal/wasmtest"
+	"github.com/keel-runtime/keel/ipc/client"
 	"github.com/keel-runtime/keel/ipc/protocol"
 	"github.com/keel-runtime/keel/models/scripted"
 )
@@ -274,28 +275,9 @@ func descends(byID map[string]keel.Span, sp keel.Span, ancestor string) bool {
 // cloud routes a step to any edge that declares its tool.)
 func TestPlanStepWaitsAcrossRestart(t *testing.T) {
 	t.Parallel()
-	files := map[string][]byte{}
-	canned(files, "tick", "non_idempotent_write", false)
-	b := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
-		EdgeName: "resume-b", EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
-		Provider: byPrefix(map[string][]scripted.Step{
-			"tick the clock": {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "tick", Arguments: json.RawMessage(`{}`)}), scripted.Answer("ticked once")},
-		})})
-	cb := daemontest.Dial(t, b.Dir)
-	daemontest.WaitTools(t, cb, "resume-b's tools", daemontest.HasTool("tick"))
+	_, cb := approvalEdge(t, "resume-b", "resume-a", "tick", "tick the clock", "ticked once")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	reg, err := edge.Watch(ctx, js, ns, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	if err := reg.Wait(ctx, func(tab *route.Table) bool {
-		_, err := tab.Decide(route.Need{Tools: []string{"tick"}, Origin: "resume-a", Kind: route.KindEdge})
-		return err == nil
-	}); err != nil {
-		t.Fatalf("resume-b was not declared with bump: %v", err)
-	}
 	dirA := daemontest.EmptyDataDir(t)
 	cfgA := daemon.Config{DataDir: dirA, Provider: byPrefix(nil), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
 		EdgeName: "resume-a", EdgeHeartbeat: 100 * time.Millisecond}
@@ -343,6 +325,38 @@ func TestPlanStepWaitsAcrossRestart(t *testing.T) {
 	if len(audit) != 1 {
 		t.Errorf("tick ran %d times on resume-b, want once", len(audit))
 	}
+}
+
+// approvalEdge starts a joined daemon named name whose tool (canned,
+// non-idempotent) needs approval there and whose model calls it once for
+// goal and then answers answer; it returns once the cloud routes a need
+// of tool, asked by origin, to an edge, with the daemon's data
+// directory and a client of it.
+func approvalEdge(t *testing.T, name, origin, tool, goal, answer string) (string, *client.Client) {
+	t.Helper()
+	files := map[string][]byte{}
+	canned(files, tool, "non_idempotent_write", false)
+	d := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+		EdgeName: name, EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
+		Provider: byPrefix(map[string][]scripted.Step{
+			goal: {scripted.CallTools(keel.ToolCall{ID: "c1", Name: tool, Arguments: json.RawMessage(`{}`)}), scripted.Answer(answer)},
+		})})
+	c := daemontest.Dial(t, d.Dir)
+	daemontest.WaitTools(t, c, name+"'s tools", daemontest.HasTool(tool))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg, err := edge.Watch(ctx, js, ns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if err := reg.Wait(ctx, func(tab *route.Table) bool {
+		_, err := tab.Decide(route.Need{Tools: []string{tool}, Origin: origin, Kind: route.KindEdge})
+		return err == nil
+	}); err != nil {
+		t.Fatalf("%s was not declared with %s: %v", name, tool, err)
+	}
+	return d.Dir, c
 }
 
 // jaegerJoined waits until Jaeger holds trace traceID with route-b's
