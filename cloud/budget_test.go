@@ -44,7 +44,9 @@ func TestTenantBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// settled waits for a run's share to be given back (its key deleted).
+	// settled waits for a run's share to be given back: its key deleted,
+	// then what is spent written (settle does the two in that order; a
+	// read between them sees the share still counted).
 	watch, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
@@ -52,10 +54,15 @@ func TestTenantBudget(t *testing.T) {
 	defer watch.Stop()
 	settled := func() {
 		t.Helper()
+		deleted := false
 		for {
 			select {
 			case e := <-watch.Updates():
-				if e != nil && e.Key() != "spent" && e.Operation() == jetstream.KeyValueDelete {
+				switch {
+				case e == nil:
+				case e.Key() != "spent" && e.Operation() == jetstream.KeyValueDelete:
+					deleted = true
+				case deleted && e.Key() == "spent" && e.Operation() == jetstream.KeyValuePut:
 					return
 				}
 			case <-ctx.Done():
