@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,10 @@ func TestHandoff(t *testing.T) {
 	}
 
 	// The hand-offs.
-	stepID := func(s string) string { return strings.ReplaceAll(t.Name(), "/", "-") + "-" + s }
+	// The package's cluster outlives a run of the test (-count): the IDs
+	// are this run's own.
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	stepID := func(s string) string { return strings.ReplaceAll(t.Name(), "/", "-") + "-" + s + "-" + run }
 	pubNeed := route.Need{Model: "vision-b", Origin: "hand-a"}
 	dec, err := reg.Table.Decide(pubNeed)
 	if err != nil {

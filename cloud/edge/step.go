@@ -271,15 +271,14 @@ func journal(ctx context.Context, js jetstream.JetStream, ns, step, typ string, 
 
 // Handoffs reads the cross-environment events of step, in order.
 func Handoffs(ctx context.Context, js jetstream.JetStream, ns, step string) ([]HandoffEvent, error) {
-	// A consumer's creation finds no responder while the stream or the
-	// cluster's meta group has no leader (an election under way, a node
-	// going down): it is tried again until ctx ends.
-	var cons jetstream.Consumer
-	var err error
+	// A request of the read (the consumer's creation, its info, a fetch)
+	// finds no responder while the stream or the cluster's meta group has
+	// no leader (an election under way, a node going down): the whole read
+	// is made again until ctx ends.
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		cons, err = js.OrderedConsumer(ctx, HandoffStream(ns), jetstream.OrderedConsumerConfig{FilterSubjects: []string{ns + ".handoff." + step}})
+		out, err := readHandoffs(ctx, js, ns, step)
 		if err == nil {
-			break
+			return out, nil
 		}
 		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return nil, err
@@ -290,6 +289,15 @@ func Handoffs(ctx context.Context, js jetstream.JetStream, ns, step string) ([]H
 		case <-time.After(delay):
 		}
 	}
+}
+
+// readHandoffs reads step's hand-off events once, through an ordered
+// consumer of their subject.
+func readHandoffs(ctx context.Context, js jetstream.JetStream, ns, step string) ([]HandoffEvent, error) {
+	cons, err := js.OrderedConsumer(ctx, HandoffStream(ns), jetstream.OrderedConsumerConfig{FilterSubjects: []string{ns + ".handoff." + step}})
+	if err != nil {
+		return nil, err
+	}
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -298,7 +306,7 @@ func Handoffs(ctx context.Context, js jetstream.JetStream, ns, step string) ([]H
 	for range info.NumPending {
 		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
 		if err != nil {
-			return out, err
+			return nil, err
 		}
 		var ev HandoffEvent
 		if json.Unmarshal(m.Data(), &ev) == nil {
