@@ -38,18 +38,7 @@ func TestDeltaFloodIsFolded(t *testing.T) {
 	ts.grow()
 	c.grow()
 
-	var got strings.Builder
-	for {
-		ev := c.readEvent()
-		if ev.Seq == 1 {
-			break
-		}
-		var d keel.ModelDeltaData
-		if ev.Type != keel.EventModelDelta || json.Unmarshal(ev.Data, &d) != nil || d.Step != 1 {
-			t.Fatalf("unexpected event %+v", ev)
-		}
-		got.WriteString(d.Content)
-	}
+	got := readDeltas(t, c, 1)
 	if got.String() != want.String() {
 		t.Errorf("the client received %d bytes of text, want the %d streamed, in order", got.Len(), want.Len())
 	}
@@ -92,19 +81,26 @@ func TestDeltasDuringReplayAreFolded(t *testing.T) {
 	if ev := c.readEvent(); ev.Seq != 1 {
 		t.Fatalf("first event %+v, want the stored seq 1", ev)
 	}
+	got := readDeltas(t, c, 2)
+	if got.String() != want.String() {
+		t.Errorf("the client received %q, want the %q streamed, in order", got.String(), want.String())
+	}
+}
+
+// readDeltas reads step 1's deltas up to the persisted event seq and
+// returns their text, failing on any other event.
+func readDeltas(t *testing.T, c *tclient, seq int64) *strings.Builder {
+	t.Helper()
 	var got strings.Builder
 	for {
 		ev := c.readEvent()
-		if ev.Seq == 2 {
-			break
+		if ev.Seq == seq {
+			return &got
 		}
 		var d keel.ModelDeltaData
 		if ev.Type != keel.EventModelDelta || json.Unmarshal(ev.Data, &d) != nil || d.Step != 1 {
 			t.Fatalf("unexpected event %+v", ev)
 		}
 		got.WriteString(d.Content)
-	}
-	if got.String() != want.String() {
-		t.Errorf("the client received %q, want the %q streamed, in order", got.String(), want.String())
 	}
 }
