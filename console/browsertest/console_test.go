@@ -45,7 +45,7 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		visible(css(`article.wait[data-call="c1"]`)),
 	)
 	runURL := get(t, tab, "read the run's URL", chromedp.Location())
-	shownGoal := get(t, tab, "read the goal", chromedp.Text(css(`.facts .goal`)))
+	shownGoal := get(t, tab, "read the goal", textOf(css(`.facts .goal`)))
 	if shownGoal != goal {
 		t.Errorf("the run page shows the goal as %q, want %q as text", shownGoal, goal)
 	}
@@ -80,12 +80,12 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		visible(css(`#waterfall tr[data-kind="human.wait"]`)),
 		visible(css(`#waterfall tr[data-kind="model.call"]`)),
 	)
-	result := get(t, tab, "read the result", chromedp.Text(css(`.facts .result`)))
-	approval := get(t, tab, "read the approval", chromedp.Text(css(`#events li[data-type="approval.decision"] .sum`)))
+	result := get(t, tab, "read the result", textOf(css(`.facts .result`)))
+	approval := get(t, tab, "read the approval", textOf(css(`#events li[data-type="approval.decision"] .sum`)))
 	if !strings.Contains(result, `"words":2`) {
 		t.Errorf("the run's result on its page = %q, want the tool's output (\"words\":2)", result)
 	}
-	if call := get(t, tab, "read the tool call", chromedp.Text(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
+	if call := get(t, tab, "read the tool call", textOf(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
 		t.Errorf("the tool.call event reads %q, want the edited arguments", call)
 	}
 	if !strings.Contains(approval, "approved") || !strings.Contains(approval, "edited") {
@@ -121,7 +121,7 @@ func TestRunApprovedInBrowser(t *testing.T) {
 		waitJS(`location.hash.startsWith('#/runs/') && location.hash !== `+"`#/runs/"+string(id)+"`"),
 		visible(css(`#events li[data-type="run.forked"]`)),
 		visible(css(`#events li[data-type="run.succeeded"]`)))
-	if call := get(t, tab, "read the fork's tool call", chromedp.Text(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
+	if call := get(t, tab, "read the fork's tool call", textOf(css(`#events li[data-type="tool.call"] .sum`))); !strings.Contains(call, `{"text":"just two"}`) {
 		t.Errorf("the fork's copied tool.call reads %q, want the edited arguments", call)
 	}
 }

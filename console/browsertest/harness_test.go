@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -320,3 +321,19 @@ func enabled(sel css) chromedp.Action[chromedp.Void] {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// textOf reads the visible text of the first element matching sel. The
+// page re-renders parts of itself as events stream in, so the node a
+// query found can be gone when its text is read ("No node with given id
+// found", met in a CI run): the read is made again then, from a new
+// query.
+func textOf(sel css) chromedp.Action[string] {
+	return func(ctx context.Context, t *chromedp.Target) (string, error) {
+		for {
+			s, err := chromedp.Text(sel, chromedp.RetryInterval(poll))(ctx, t)
+			if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "No node with given id") {
+				return s, err
+			}
+		}
+	}
+}

@@ -168,7 +168,7 @@ func TestTwoBrowsers(t *testing.T) {
 		if !slices.Equal(seqs, want) {
 			t.Errorf("the %s browser shows events %v, want each journaled one once, in order: %v", name, seqs, want)
 		}
-		if d := get(t, tab, "read the approval", chromedp.Text(css(`#events li[data-type="approval.decision"] .sum`))); !strings.Contains(d, "approved") {
+		if d := get(t, tab, "read the approval", textOf(css(`#events li[data-type="approval.decision"] .sum`))); !strings.Contains(d, "approved") {
 			t.Errorf("the %s browser shows the decision as %q", name, d)
 		}
 	}

@@ -22,7 +22,7 @@ func TestNotLoggedIn(t *testing.T) {
 	run(t, tab, "open the console without logging in",
 		chromedp.Navigate(k.base+"/#/runs"),
 		visible(css(`#conn[data-state="login"]`)))
-	msg := get(t, tab, "read the status line", chromedp.Text(css(`#conn`)))
+	msg := get(t, tab, "read the status line", textOf(css(`#conn`)))
 	if !strings.Contains(msg, "keel open") {
 		t.Errorf("status line = %q, want it to tell the user to run keel open", msg)
 	}

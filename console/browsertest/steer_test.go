@@ -47,7 +47,7 @@ func TestSteerInBrowser(t *testing.T) {
 		visible(css(`#waterfall[data-status="cancelled"]`)))
 	run(t, tab, "replay", enabled(css(`.steer button[data-action="replay"]`)),
 		click("replay"), visible(css(`.steer .replay p`)))
-	replay := get(t, tab, "read the replay's outcome", chromedp.Text(css(`.steer .replay p`)))
+	replay := get(t, tab, "read the replay's outcome", textOf(css(`.steer .replay p`)))
 	// A run cancelled inside a model call replays to the same end (the
 	// replay is cancelled where the journal has no result); the page says
 	// what the daemon found.
