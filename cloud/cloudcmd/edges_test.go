@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel/capabilities"
-	"github.com/keel-runtime/keel/cloud/cloudcmd"
 	"github.com/keel-runtime/keel/cloud/edge"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,23 +36,7 @@ func TestServeTenantEdges(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sctx, stop := context.WithCancel(ctx)
-	pr, pw := io.Pipe()
-	cmd := cloudcmd.Command()
-	cmd.SetOut(pw)
-	cmd.SetErr(io.Discard)
-	cmd.SetArgs([]string{"serve", "--embedded", "1", "--data-dir", filepath.Join(dir, "cloud"), "--workers", "0", "--tenants", tenants})
-	done := make(chan error, 1)
-	go func() {
-		done <- cmd.ExecuteContext(sctx)
-		pw.Close()
-	}()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	pr := runServe(t, ctx, []string{"serve", "--embedded", "1", "--data-dir", filepath.Join(dir, "cloud"), "--workers", "0", "--tenants", tenants})
 	var url, leaf string
 	sc := bufio.NewScanner(pr)
 	for sc.Scan() {

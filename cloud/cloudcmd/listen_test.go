@@ -69,24 +69,8 @@ func TestServeListen(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sctx, stop := context.WithCancel(ctx)
-	pr, pw := io.Pipe()
-	cmd := cloudcmd.Command()
-	cmd.SetOut(pw)
-	cmd.SetErr(io.Discard)
-	cmd.SetArgs([]string{"--nats", cl.URL(), "--replicas", "1", "serve", "--workers", "1", "--tenants", tenants,
+	pr := runServe(t, ctx, []string{"--nats", cl.URL(), "--replicas", "1", "serve", "--workers", "1", "--tenants", tenants,
 		"--listen", "127.0.0.1:0", "--tls-cert", filepath.Join(dir, "cert.pem"), "--tls-key", filepath.Join(dir, "key.pem")})
-	done := make(chan error, 1)
-	go func() {
-		done <- cmd.ExecuteContext(sctx)
-		pw.Close()
-	}()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
 	url := ""
 	sc := bufio.NewScanner(pr)
 	for url == "" && sc.Scan() {
@@ -109,4 +93,28 @@ func TestServeListen(t *testing.T) {
 	if _, err := client.DialTLS(ctx, url, "globex-0123456789abcdef", &tls.Config{RootCAs: roots}); err == nil {
 		t.Errorf("dial %s with a token of no tenant: nil error, want a refusal", url)
 	}
+}
+
+// runServe runs `keel cloud` with args until the test ends (its context
+// cancelled, then its error checked) and returns what it prints.
+func runServe(t *testing.T, ctx context.Context, args []string) io.Reader {
+	t.Helper()
+	sctx, stop := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	cmd := cloudcmd.Command()
+	cmd.SetOut(pw)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs(args)
+	done := make(chan error, 1)
+	go func() {
+		done <- cmd.ExecuteContext(sctx)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return pr
 }
