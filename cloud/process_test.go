@@ -98,12 +98,9 @@ func (appendCalls) AfterTool(context.Context, keel.ToolInvocation, intercept.Dec
 func TestKillWorkerProcess(t *testing.T) {
 	t.Parallel()
 	ns, runs := namespace("process"), 3
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cluster, ns)
-	statuses := watchRuns(t, cluster, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cluster, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goals := submitJobs(t, ctx, js, ns, runs)
 	exe, err := os.Executable()
 	if err != nil {

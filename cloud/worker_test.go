@@ -409,6 +409,28 @@ func checkRuns(t *testing.T, st *jsstore.Store, c *calls, goals []string) (adopt
 	return adopted
 }
 
+// scene is where a kill test starts: ns's tools, a count of the calls,
+// a client and store of ns on a cluster, a watch of its runs' statuses
+// and a context of 90 s (cancel it when the test ends).
+type scene struct {
+	tools    string
+	c        *calls
+	js       jetstream.JetStream
+	st       *jsstore.Store
+	statuses <-chan keel.RunStatus
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+func newScene(t *testing.T, cl *natstest.Cluster, ns string) scene {
+	t.Helper()
+	sc := scene{tools: toolsDir(t), c: &calls{}}
+	sc.js, sc.st = client(t, cl, ns)
+	sc.statuses = watchRuns(t, cl, ns)
+	sc.ctx, sc.cancel = context.WithTimeout(context.Background(), 90*time.Second)
+	return sc
+}
+
 // TestKillWorkerMidRun: three workers share nine runs; one dies (its
 // connection cut) in the middle of a run, after one of its tool calls
 // ran and while its model is asked for the next step. Its lease lapses,
@@ -418,12 +440,9 @@ func checkRuns(t *testing.T, st *jsstore.Store, c *calls, goals []string) (adopt
 func TestKillWorkerMidRun(t *testing.T) {
 	t.Parallel()
 	ns, runs := namespace("kill"), 9
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cluster, ns)
-	statuses := watchRuns(t, cluster, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cluster, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goals := submitJobs(t, ctx, js, ns, runs)
 	// The victim runs one run at a time, and holds its second model step.
 	victim := startVictim(t, ctx, ns, tools, c, workerOpts{})
@@ -445,12 +464,9 @@ func TestKillWorkerMidRun(t *testing.T) {
 func TestKillWorkerInTool(t *testing.T) {
 	t.Parallel()
 	ns := namespace("killtool")
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cluster, ns)
-	statuses := watchRuns(t, cluster, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cluster, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goal := "tool-job"
 	if err := cloud.Submit(ctx, js, ns, keel.StartRequest{Goal: goal, IdempotencyKey: goal}); err != nil {
 		t.Fatal(err)
@@ -516,12 +532,9 @@ func TestKillWorkerAndNode(t *testing.T) {
 	}
 	defer cl.Close()
 	const ns, runs = "node", 6
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cl, ns)
-	statuses := watchRuns(t, cl, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cl, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goals := submitJobs(t, ctx, js, ns, runs)
 	victim := startVictim(t, ctx, ns, tools, c, workerOpts{cl: cl})
 	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
@@ -609,12 +622,9 @@ func TestKillWorkerAndNode(t *testing.T) {
 func TestSweepAdoptsLostRun(t *testing.T) {
 	t.Parallel()
 	ns := namespace("sweep")
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cluster, ns)
-	statuses := watchRuns(t, cluster, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cluster, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goals := submitJobs(t, ctx, js, ns, 1)
 	victim := startVictim(t, ctx, ns, tools, c, workerOpts{})
 	victim.Kill()
@@ -715,12 +725,9 @@ func TestRestartNode(t *testing.T) {
 	}
 	defer cl.Close()
 	const ns, runs = "restart", 4
-	tools := toolsDir(t)
-	c := &calls{}
-	js, st := client(t, cl, ns)
-	statuses := watchRuns(t, cl, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	sc := newScene(t, cl, ns)
+	defer sc.cancel()
+	tools, c, js, st, statuses, ctx := sc.tools, sc.c, sc.js, sc.st, sc.statuses, sc.ctx
 	goals := submitJobs(t, ctx, js, ns, runs)
 	victim := startVictim(t, ctx, ns, tools, c, workerOpts{cl: cl})
 	startWorker(t, ns, "w2", tools, c, workerOpts{cl: cl})
