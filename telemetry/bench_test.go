@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"syscall"
@@ -98,7 +100,8 @@ func BenchmarkFlush(b *testing.B) {
 		name   string
 		client otlptrace.Client
 		env    string
-	}{{"marshal", &marshalClient{}, ""}, {"collector", nil, "KEEL_TEST_OTLP_GRPC"}} {
+		proto  string
+	}{{"marshal", &marshalClient{}, "", ProtocolGRPC}, {"collector", nil, "KEEL_TEST_OTLP_GRPC", ProtocolGRPC}, {"collector-http", nil, "KEEL_TEST_OTLP_HTTP", ProtocolHTTP}} {
 		b.Run(tc.name, func(b *testing.B) {
 			ep := "127.0.0.1:4317"
 			if tc.env != "" {
@@ -107,7 +110,7 @@ func BenchmarkFlush(b *testing.B) {
 				}
 			}
 			runs := &fakeRuns{runs: map[keel.RunID]keel.Run{"run_bench": {ID: "run_bench", Model: "keel-tiny"}}}
-			x, err := New(Options{Config: Config{Endpoint: ep, Insecure: true, Protocol: ProtocolGRPC, FlushIntervalMS: 3_600_000}, Runs: runs, Client: tc.client})
+			x, err := New(Options{Config: Config{Endpoint: ep, Insecure: true, Protocol: tc.proto, FlushIntervalMS: 3_600_000}, Runs: runs, Client: tc.client})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -238,5 +241,102 @@ func BenchmarkDecodeAttrs(b *testing.B) {
 	for i := range b.N {
 		sp := spans[i%len(spans)]
 		_ = decodeAttrs(&sp)
+	}
+}
+
+// benchSink keeps the pipeline benchmark's garbage and live heap
+// reachable (or not) as the benchmark means.
+var benchSink []*[40]uintptr
+
+// BenchmarkPipeline is a run's export end to end, per step (a model
+// call, a tool call and the step: 3 spans), in blocks of 13 runs of 50
+// steps and the exporter's Flush, as bench/durable -export-block 13
+// times them, without the engine and the store: the run's side hands
+// its spans and its records over (Tracer, Journal) and the export
+// goroutine takes, decodes, records, encodes and sends them. Each step
+// also makes the garbage a step of the engine and store makes (~36 kB
+// in ~120 objects) over a live heap of ~3 MB, so that the GC runs as
+// often as it does under a daemon's runs and the batch's effect on its
+// work shows. "metrics" is the daemon's default (metrics, no export);
+// "export" sends to the collector KEEL_TEST_OTLP_GRPC names (skipped
+// without one). cpu-ns/op is the process's CPU a step: export's own
+// cost is export's minus metrics'.
+func BenchmarkPipeline(b *testing.B) {
+	for _, tc := range []struct{ name, env string }{{"metrics", ""}, {"export", "KEEL_TEST_OTLP_GRPC"}} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := Config{FlushIntervalMS: 3_600_000}
+			if tc.env != "" {
+				ep := os.Getenv(tc.env)
+				if ep == "" {
+					b.Skip("no " + tc.env)
+				}
+				cfg = Config{Endpoint: ep, Insecure: true, Protocol: ProtocolGRPC, FlushIntervalMS: 3_600_000, QueueSize: 1 << 14}
+			}
+			x, err := New(Options{Config: cfg, Runs: &fakeRuns{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer x.Close(context.Background())
+			const runs, steps = 13, 50
+			type run struct {
+				run   keel.Run
+				spans [][3]keel.Span
+				root  keel.Span
+			}
+			var block [runs]run
+			toolAttrs := json.RawMessage(`{"call_id":"call_1","policy":{"outcome":"allow","explanation":"allow: rule 1 of the user layer (policy.json:3:5)","version":1,"digest":"d"}}`)
+			for r := range block {
+				id := keel.RunID(fmt.Sprintf("run_%02d", r))
+				root := "root_" + string(id)
+				block[r].run = keel.Run{ID: id, Model: "keel-tiny", Goal: "echo"}
+				block[r].root = keel.Span{ID: root, RunID: id, Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanOK}
+				for s := range steps {
+					step := fmt.Sprintf("step_%s_%d", id, s)
+					block[r].spans = append(block[r].spans, [3]keel.Span{
+						{ID: "model_" + step, RunID: id, ParentID: step, Kind: keel.SpanModelCall, Name: "keel-tiny", Step: s + 1, Start: t0, Duration: time.Millisecond,
+							Status: keel.SpanOK, PromptTokens: 12, CompletionTokens: 7, Provider: "bench", FinishReason: "tool_calls"},
+						{ID: "tool_" + step, RunID: id, ParentID: step, Kind: keel.SpanToolCall, Name: "echo", Step: s + 1, Start: t0, Duration: time.Millisecond,
+							Status: keel.SpanOK, Attrs: toolAttrs},
+						{ID: step, RunID: id, ParentID: root, Kind: keel.SpanStep, Name: "step", Step: s + 1, Start: t0, Duration: 2 * time.Millisecond, Status: keel.SpanOK},
+					})
+				}
+			}
+			live := make([]*[40]uintptr, 3<<20/320)
+			for i := range live {
+				live[i] = new([40]uintptr)
+			}
+			tr, j := x.Tracer(nopTracer{}), x.Journal(nopJournal{})
+			ctx := context.Background()
+			done := &keel.RunUpdate{Status: keel.RunSucceeded, Result: "done"}
+			garbage := make([]*[40]uintptr, 112)
+			b.ResetTimer()
+			c0 := cpuTime()
+			n := 0
+			for n < b.N {
+				for r := range block {
+					j.CreateRun(ctx, block[r].run)
+					for s := range block[r].spans {
+						for g := range garbage {
+							garbage[g] = new([40]uintptr)
+						}
+						for k := range block[r].spans[s] {
+							tr.FinishSpan(ctx, block[r].spans[s][k])
+						}
+					}
+					tr.FinishSpan(ctx, block[r].root)
+					j.AppendAll(ctx, block[r].run.ID, nil, done)
+					n += steps
+				}
+				if err := x.Flush(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(cpuTime()-c0)/float64(n), "cpu-ns/op")
+			b.StopTimer()
+			benchSink = live
+			if s := x.Stats(); s.Failed+s.Dropped > 0 {
+				b.Fatalf("Stats() = %+v", s)
+			}
+		})
 	}
 }

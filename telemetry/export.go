@@ -115,9 +115,15 @@ type Exporter struct {
 	minBackoff time.Duration // minBackoff; tests set more
 
 	// Owned by the worker goroutine.
-	allowedRuns map[keel.RunID]bool // the policy's decisions in a flush
+	allowedRuns map[keel.RunID]bool // the policy's decisions in a batch
 	states      map[keel.RunID]*runState
 	tops        map[keel.RunID]keel.RunID
+	// The run of the last span encoded, its state and decision: spans
+	// come in runs' order, so they are looked up once for a run's spans
+	// in a row. lastRun is "" when they are to be looked up again.
+	lastRun   keel.RunID
+	lastState *runState
+	lastOK    bool
 }
 
 // item is one entry of the export queue: a finished span, an event
@@ -556,12 +562,30 @@ func (x *Exporter) loop() {
 				if it.span.Kind == keel.SpanRun {
 					delete(x.states, it.span.RunID)
 				}
-			default:
+			case x.cfg.Content || it.span.Kind == keel.SpanRun:
+				// With content, a span waits for the events that hold it;
+				// a run's root span waits for the record of the run's end,
+				// which the journal writes just after it (see flush).
 				pending = append(pending, queued{span: x.complete(it)})
 				q := &pending[len(pending)-1]
 				q.attrs = decodeAttrs(&q.span)
 				if x.m != nil {
 					x.m.span(q.span, &q.attrs)
+				}
+			default:
+				// Encoded as it is taken: the batch holds its bytes, not
+				// the span (536 bytes of pointers the GC would scan at
+				// every cycle until the batch went, ~1 MB for a batch).
+				q := queued{span: x.complete(it)}
+				q.attrs = decodeAttrs(&q.span)
+				if x.m != nil {
+					x.m.span(q.span, &q.attrs)
+				}
+				x.encode(context.Background(), &q)
+				if !x.retryAt.IsZero() {
+					// A batch the encoder sent failed: the rest fail
+					// without work while the collector is given time.
+					failing = time.Now().Before(x.retryAt)
 				}
 			}
 		}
@@ -572,7 +596,7 @@ func (x *Exporter) loop() {
 	sendAll := func(ctx context.Context, final bool) {
 		if len(ready) == 0 {
 			// Without content, always: pending alone, not a copy of it.
-			if len(pending) > 0 {
+			if len(pending) > 0 || x.enc.len() > 0 {
 				x.flush(ctx, pending, final)
 			}
 			clear(pending)
@@ -605,7 +629,7 @@ func (x *Exporter) loop() {
 				clear(ready)
 				ready, pending = pending, ready[:0]
 			} else {
-				if len(pending) > 0 {
+				if len(pending) > 0 || x.enc.len() > 0 {
 					x.flush(context.Background(), pending, false)
 				}
 				clear(pending)
@@ -692,14 +716,19 @@ func (x *Exporter) complete(it item) keel.Span {
 	return sp
 }
 
-// flush encodes spans and sends them, in batches of at most maxBatch.
-// ctx bounds the whole flush (on Close); each export is bounded by the
-// export timeout too. Until a collector that failed is due to be tried
-// again, spans fail at once, unless the flush is the final one (Close).
+// flush encodes spans and sends them with the spans the encoder holds
+// already (encoded as they were taken, see loop), in batches of at most
+// maxBatch. ctx bounds the whole flush (on Close); each export is
+// bounded by the export timeout too. Until a collector that failed is
+// due to be tried again, spans fail at once, unless the flush is the
+// final one (Close).
 func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 	if !final && time.Now().Before(x.retryAt) {
 		// The collector failed a moment ago: these spans would fail too,
 		// after the work of encoding them.
+		x.failed.Add(uint64(x.enc.len()))
+		x.enc.reset()
+		x.batchSent()
 		for i := range spans {
 			if spans[i].rec != nil {
 				continue
@@ -711,12 +740,6 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 		}
 		return
 	}
-	e := x.enc
-	e.reset()
-	clear(x.allowedRuns)
-	var lastRun keel.RunID
-	var rs *runState
-	var ok bool
 	// The engine ends a run's root span just before it journals the
 	// run's end: the batch's records of ends are taken before its spans,
 	// so that a root span finds its run's end recorded (as a read of the
@@ -727,64 +750,76 @@ func (x *Exporter) flush(ctx context.Context, spans []queued, final bool) {
 		}
 	}
 	for i := range spans {
-		if spans[i].rec != nil {
-			continue
-		}
-		sp, a := &spans[i].span, &spans[i].attrs
-		if rs == nil || sp.RunID != lastRun || sp.Kind == keel.SpanRun {
-			// Spans come in runs' order: the run's state and decision are
-			// looked up once for a run's spans in a row.
-			rs = x.state(ctx, sp.RunID, sp.Kind == keel.SpanRun)
-			var seen bool
-			if ok, seen = x.allowedRuns[sp.RunID]; !seen {
-				ok = x.allowed(rs.info.run)
-				x.allowedRuns[sp.RunID] = ok
-			}
-			lastRun = sp.RunID
-		}
-		if len(a.Labels) > 0 {
-			rs.labelled = true
-			rs.labels = keel.UnionLabels(rs.labels, a.Labels)
-		}
-		if sp.Kind == keel.SpanRun {
-			delete(x.states, sp.RunID) // the run's loop ended (or stopped): start afresh if it resumes
-			lastRun = ""
-		}
-		if !ok {
-			x.denied.Add(1)
-			continue
-		}
-		labels := rs.labels
-		if len(a.Labels) > 0 {
-			labels = keel.UnionLabels(rs.labels, a.Labels)
-		}
-		var c *spanContent
-		withheld := false
-		if x.cfg.Content {
-			if rs.labelled {
-				withheld = true
-			} else {
-				c = rs.contentOf(sp, a)
-			}
-		}
-		e.add(sp, a, &rs.info, labels, c, withheld)
-		if e.full() {
-			x.send(ctx, e)
-			e.reset()
+		if spans[i].rec == nil {
+			x.encode(ctx, &spans[i])
 		}
 	}
-	if e.len() > 0 {
-		x.send(ctx, e)
-		e.reset()
+	if x.enc.len() > 0 {
+		x.send(ctx, x.enc)
 	}
 }
 
-// send exports the batch e holds, and counts the outcome.
+// encode adds q's span to the encoder's batch, unless the run's policy
+// denies its export, and sends the batch once it is full.
+func (x *Exporter) encode(ctx context.Context, q *queued) {
+	sp, a := &q.span, &q.attrs
+	if sp.RunID != x.lastRun || sp.Kind == keel.SpanRun || x.lastState == nil {
+		rs := x.state(ctx, sp.RunID, sp.Kind == keel.SpanRun)
+		ok, seen := x.allowedRuns[sp.RunID]
+		if !seen {
+			ok = x.allowed(rs.info.run)
+			x.allowedRuns[sp.RunID] = ok
+		}
+		x.lastRun, x.lastState, x.lastOK = sp.RunID, rs, ok
+	}
+	rs, ok := x.lastState, x.lastOK
+	if len(a.Labels) > 0 {
+		rs.labelled = true
+		rs.labels = keel.UnionLabels(rs.labels, a.Labels)
+	}
+	if sp.Kind == keel.SpanRun {
+		delete(x.states, sp.RunID) // the run's loop ended (or stopped): start afresh if it resumes
+		x.lastRun, x.lastState = "", nil
+	}
+	if !ok {
+		x.denied.Add(1)
+		return
+	}
+	labels := rs.labels
+	if len(a.Labels) > 0 {
+		labels = keel.UnionLabels(rs.labels, a.Labels)
+	}
+	var c *spanContent
+	withheld := false
+	if x.cfg.Content {
+		if rs.labelled {
+			withheld = true
+		} else {
+			c = rs.contentOf(sp, a)
+		}
+	}
+	x.enc.add(sp, a, &rs.info, labels, c, withheld)
+	if x.enc.full() {
+		x.send(ctx, x.enc)
+	}
+}
+
+// batchSent forgets what was decided for the batch sent: the policy's
+// decisions are made again for the next.
+func (x *Exporter) batchSent() {
+	clear(x.allowedRuns)
+	x.lastRun, x.lastState = "", nil
+}
+
+// send exports the batch e holds, counts the outcome, and empties e for
+// the next batch.
 func (x *Exporter) send(ctx context.Context, e *encoder) {
 	n := e.len()
 	ctx, cancel := context.WithTimeout(ctx, x.cfg.exportTimeout())
 	defer cancel()
 	err := x.client.UploadTraces(ctx, e.request())
+	defer x.batchSent()
+	defer e.reset()
 	now := time.Now()
 	x.mu.Lock()
 	defer x.mu.Unlock()
