@@ -16,3 +16,13 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// sysTime is the part of cpuTime spent in the kernel (system calls, and
+// on loopback the network stack's work for both ends of a connection).
+func sysTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Stime.Nano())
+}

@@ -140,6 +140,7 @@ type exportResult struct {
 type cpuSplit struct {
 	blocks             int
 	runs, flush        time.Duration
+	sys                time.Duration // of runs and flush, in the kernel
 	gc                 uint64
 	allocs, allocBytes uint64
 }
@@ -290,7 +291,7 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 			defer debug.SetGCPercent(debug.SetGCPercent(-1))
 		}
 		gc0, allocs0, bytes0 := gcStats()
-		c0 := cpuTime()
+		c0, s0 := cpuTime(), sysTime()
 		t0 := time.Now()
 		for j := range block {
 			bt, err := runAll(ctx, b, fmt.Sprintf("one-%d-%d-%d", i, mode, j), 1, n)
@@ -315,13 +316,14 @@ func measureExport(ctx context.Context, dir, synchronous string, n, reps, block 
 				return 0, 0, err
 			}
 		}
-		c2 := cpuTime()
+		c2, s2 := cpuTime(), sysTime()
 		steps := time.Duration(block * n)
 		wall, cpu = time.Since(t0)/steps, (c2-c0)/steps
 		sp := &res.split[mode]
 		sp.blocks++
 		sp.runs += c1 - c0
 		sp.flush += c2 - c1
+		sp.sys += s2 - s0
 		gc1, allocs1, bytes1 := gcStats()
 		sp.gc += gc1 - gc0
 		sp.allocs += allocs1 - allocs0
@@ -508,13 +510,13 @@ func (rawCodec) Name() string                         { return "proto" }
 
 // printSplit prints where each mode's CPU went, as means per step.
 func printSplit(r exportResult, steps int) {
-	fmt.Printf("synchronous=%-6s CPU per step, means: the runs (their commits included) + the exporter's flush, allocations and bytes a step; GC cycles per block:", r.sync)
+	fmt.Printf("synchronous=%-6s CPU per step, means: the runs (their commits included) + the exporter's flush, allocations and bytes a step; GC cycles per block; of the CPU, in the kernel:", r.sync)
 	for m, sp := range r.split {
 		if sp.blocks == 0 {
 			continue
 		}
 		k := time.Duration(sp.blocks * steps)
-		fmt.Printf(" %s %s + %s, %d, %d B, %.2f;", exportModes[m], dur(sp.runs/k), dur(sp.flush/k), sp.allocs/uint64(k), sp.allocBytes/uint64(k), float64(sp.gc)/float64(sp.blocks))
+		fmt.Printf(" %s %s + %s, %d, %d B, %.2f, %s;", exportModes[m], dur(sp.runs/k), dur(sp.flush/k), sp.allocs/uint64(k), sp.allocBytes/uint64(k), float64(sp.gc)/float64(sp.blocks), dur(sp.sys/k))
 	}
 	fmt.Println()
 }
