@@ -56,6 +56,18 @@ type HandOff struct {
 	ParentSpan string `json:"parent_span,omitempty"`
 }
 
+// StepOffer is a step another environment handed to this one, as this
+// one keeps it beside the run that carries it out.
+type StepOffer struct {
+	// Key is the idempotency key of the step's run here.
+	Key string `json:"key"`
+	// Origin is the environment whose offer came first: only it may
+	// cancel the step's run.
+	Origin string `json:"origin"`
+	// Run is the run of Key, "" while there is none.
+	Run RunID `json:"run,omitempty"`
+}
+
 // StepHandedOffData is the payload of EventStepHandedOff: a plan step's
 // attempt goes to another environment.
 type StepHandedOffData struct {

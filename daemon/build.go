@@ -11,6 +11,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/bridges/mcpclient"
+	"github.com/keel-runtime/keel/cloud/edge"
 	"github.com/keel-runtime/keel/engine"
 	"github.com/keel-runtime/keel/intercept"
 	"github.com/keel-runtime/keel/internal/logkey"
@@ -49,6 +50,9 @@ type layers struct {
 	placer *placerSlot
 	// spans reads a run's spans from the store.
 	spans func(context.Context, keel.RunID) ([]keel.Span, error)
+	// offers keeps the steps other edges hand this one (--join), in
+	// the store.
+	offers edge.Offers
 	// closers undo build, last first (close).
 	closers []func()
 }
@@ -194,7 +198,7 @@ func (d *Daemon) build(ctx context.Context) (l *layers, err error) {
 		l.placer = &placerSlot{}
 		ecfg.Placer = l.placer
 	}
-	l.spans = st.Spans
+	l.spans, l.offers = st.Spans, st
 	eng, err := engine.New(ecfg)
 	if err != nil {
 		return l, err

@@ -24,7 +24,7 @@ func (d *Daemon) joinCloud(ctx context.Context, l *layers) (func(), error) {
 		Dir: filepath.Join(cfg.DataDir, "edge"), Heartbeat: cfg.EdgeHeartbeat, AllowLabels: cfg.EdgeAllowLabels,
 		Logger: d.log.With(logkey.Component, "edge")},
 		edge.Sources{Describe: env.Describe, Labels: eng.ContextLabels, Start: eng.Start, Spans: l.spans, Journal: l.services.History,
-			Cancel: eng.Cancel})
+			Cancel: eng.Cancel, Offers: l.offers})
 	if err != nil {
 		return func() {}, err
 	}

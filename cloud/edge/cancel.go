@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/keel-runtime/keel"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/nats-io/nats.go"
 )
 
 // A step's origin cancels the step's run on the edge that runs it:
 // request/reply on the edge's cancel subject, as a step is offered. The
 // edge cancels only a run of a step it accepted from that origin
-// (recorded at acceptance), and asking again is harmless: a run that
+// (kept with its runs: Offers), and asking again is harmless: a run that
 // ended already answers how it ended.
 
 // CancelSubject is where edge answers for cancelling a run of a step
@@ -48,15 +49,18 @@ func (e *Edge) serveCancel(m *nats.Msg) {
 		reply(CancelReply{Error: "not a cancel request"})
 		return
 	}
-	e.mu.Lock()
-	origin, ok := e.origins[req.Run]
-	e.mu.Unlock()
-	if !ok || origin != req.Origin {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	off, err := e.src.Offers.StepOfferOf(ctx, req.Run)
+	if err != nil && !errors.Is(err, keel.ErrNotFound) {
+		e.log.Warn("edge: read a step's offer", logkey.Run, req.Run, logkey.Err, err)
+		reply(CancelReply{Error: "the step's offer could not be read"})
+		return
+	}
+	if err != nil || off.Origin != req.Origin {
 		reply(CancelReply{Error: fmt.Sprintf("run %s is not a step %s handed to %s", req.Run, req.Origin, e.cfg.Name)})
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	r, err := e.src.Cancel(ctx, req.Run)
 	switch {
 	case errors.Is(err, keel.ErrConflict) && r.Status.Terminal():

@@ -15,15 +15,16 @@ import (
 )
 
 // TestPlanStepCancelCrosses: a step handed to cancel-b waits there for
-// approval of its call of halt (non-idempotent); the plan is cancelled
-// on cancel-a. cancel-a asks cancel-b to cancel the step's run and
-// journals it (step.cancelled_elsewhere); the run on cancel-b ends
-// cancelled and halt never ran. Only the step's origin may cancel it:
-// the same request from another name is refused, and asking again
-// answers how the run ended.
+// approval of its call of halt (non-idempotent), and cancel-b restarts;
+// then the plan is cancelled on cancel-a. cancel-a asks cancel-b to
+// cancel the step's run and journals it (step.cancelled_elsewhere); the
+// run on cancel-b ends cancelled and halt never ran. Only the step's
+// origin may cancel it, as cancel-b keeps it with the run: the same
+// request from another name is refused, and asking again answers how the
+// run ended.
 func TestPlanStepCancelCrosses(t *testing.T) {
 	t.Parallel()
-	dirB, cb := approvalEdge(t, "cancel-b", "cancel-a", "halt", "halt the line", "halted")
+	b, cfgB, cb := approvalEdge(t, "cancel-b", "cancel-a", "halt", "halt the line", "halted")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	a := daemontest.Start(t, daemon.Config{DataDir: daemontest.EmptyDataDir(t), Provider: byPrefix(nil), Join: cluster.LeafURLs(),
@@ -39,6 +40,17 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 	var acc keel.StepAcceptedData
 	json.Unmarshal(evs[len(evs)-1].Data, &acc)
 	daemontest.Follow(t, cb, acc.RemoteRun, keel.EventApprovalAsked)
+
+	// cancel-b restarts: what it accepted, and from whom, is in its
+	// store. Its new declaration comes after its subscriptions have
+	// crossed its link.
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitEdge(t, "cancel-b", false)
+	b = daemontest.Start(t, cfgB)
+	waitEdge(t, "cancel-b", true)
+	cb = daemontest.Dial(t, b.Dir)
 
 	// Another name may not cancel it.
 	if _, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", "someone-else", acc.RemoteRun); !errors.Is(err, edge.ErrRefused) {
@@ -68,7 +80,7 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 		t.Fatalf("step.cancelled_elsewhere = %+v, want one, of %s on cancel-b, cancelled; events %v", c, acc.RemoteRun, daemontest.Types(got.Events))
 	}
 
-	daemontest.Follow(t, daemontest.Dial(t, dirB), acc.RemoteRun)
+	daemontest.Follow(t, daemontest.Dial(t, b.Dir), acc.RemoteRun)
 	there, err := cb.GetRun(ctx, acc.RemoteRun)
 	if err != nil {
 		t.Fatal(err)

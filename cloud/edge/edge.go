@@ -65,6 +65,9 @@ type Sources struct {
 	// Start starts a run for a step the cloud hands off (engine.Start).
 	// Nil: the edge accepts no steps.
 	Start func(context.Context, keel.StartRequest) (keel.Run, error)
+	// Offers keeps the steps handed to the edge with its runs (the
+	// daemon's store): who offered each. Required with Start.
+	Offers Offers
 	// Spans is a run's trace spans (engine.Store's Spans), which the
 	// edge gives the origin of a step it ran, as the run's labels allow
 	// (SpansSubject). Nil: no spans cross.
@@ -124,9 +127,6 @@ type Edge struct {
 	// storing it would; dead is set then.
 	cut  func(keel.Event) bool
 	dead bool
-	// origins are the edges that handed off the runs of steps, as
-	// their offers said: only a run's origin may cancel it.
-	origins map[keel.RunID]string
 
 	load     atomic.Int32
 	mirrored atomic.Bool
@@ -147,6 +147,9 @@ func Join(ctx context.Context, cfg Config, src Sources) (*Edge, error) {
 	}
 	if src.Describe == nil {
 		return nil, errors.New("edge: no declaration source")
+	}
+	if src.Start != nil && src.Offers == nil {
+		return nil, errors.New("edge: steps are started, but their offers are not kept")
 	}
 	if cfg.Name == "" {
 		h, _ := os.Hostname()

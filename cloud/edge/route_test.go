@@ -275,7 +275,7 @@ func descends(byID map[string]keel.Span, sp keel.Span, ancestor string) bool {
 // cloud routes a step to any edge that declares its tool.)
 func TestPlanStepWaitsAcrossRestart(t *testing.T) {
 	t.Parallel()
-	_, cb := approvalEdge(t, "resume-b", "resume-a", "tick", "tick the clock", "ticked once")
+	_, _, cb := approvalEdge(t, "resume-b", "resume-a", "tick", "tick the clock", "ticked once")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dirA := daemontest.EmptyDataDir(t)
@@ -330,17 +330,18 @@ func TestPlanStepWaitsAcrossRestart(t *testing.T) {
 // approvalEdge starts a joined daemon named name whose tool (canned,
 // non-idempotent) needs approval there and whose model calls it once for
 // goal and then answers answer; it returns once the cloud routes a need
-// of tool, asked by origin, to an edge, with the daemon's data
-// directory and a client of it.
-func approvalEdge(t *testing.T, name, origin, tool, goal, answer string) (string, *client.Client) {
+// of tool, asked by origin, to an edge, with the daemon, its
+// configuration (to start it again) and a client of it.
+func approvalEdge(t *testing.T, name, origin, tool, goal, answer string) (*daemontest.Daemon, daemon.Config, *client.Client) {
 	t.Helper()
 	files := map[string][]byte{}
 	canned(files, tool, "non_idempotent_write", false)
-	d := daemontest.Start(t, daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
+	cfg := daemon.Config{DataDir: daemontest.DataDir(t, files), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
 		EdgeName: name, EdgeHeartbeat: 100 * time.Millisecond, RequireApproval: []keel.SideEffect{keel.SideEffectNonIdempotentWrite},
 		Provider: byPrefix(map[string][]scripted.Step{
 			goal: {scripted.CallTools(keel.ToolCall{ID: "c1", Name: tool, Arguments: json.RawMessage(`{}`)}), scripted.Answer(answer)},
-		})})
+		})}
+	d := daemontest.Start(t, cfg)
 	c := daemontest.Dial(t, d.Dir)
 	daemontest.WaitTools(t, c, name+"'s tools", daemontest.HasTool(tool))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -356,7 +357,7 @@ func approvalEdge(t *testing.T, name, origin, tool, goal, answer string) (string
 	}); err != nil {
 		t.Fatalf("%s was not declared with %s: %v", name, tool, err)
 	}
-	return d.Dir, c
+	return d, cfg, c
 }
 
 // jaegerJoined waits until Jaeger holds trace traceID with route-b's

@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud/route"
+	"github.com/keel-runtime/keel/internal/logkey"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -82,8 +83,21 @@ type HandedOffData struct {
 	Need     route.Need     `json:"need"`
 }
 
-// serveStep answers a step handed to this edge: it starts the run and
-// replies with its ID.
+// Offers keeps the steps handed to an edge beside the runs that carry
+// them out (the daemon's store, store.Store's methods): who offered each,
+// so that only its origin may cancel its run, after a restart too.
+type Offers interface {
+	// OfferStep records origin as the origin of the step whose run has
+	// idempotency key key, unless one is recorded, and returns the offer
+	// as recorded (the first origin).
+	OfferStep(ctx context.Context, key, origin string) (keel.StepOffer, error)
+	// StepOfferOf returns the offer of the step run carries out, or an
+	// error wrapping keel.ErrNotFound.
+	StepOfferOf(ctx context.Context, run keel.RunID) (keel.StepOffer, error)
+}
+
+// serveStep answers a step handed to this edge: it records the offer
+// (its origin), starts the run and replies with its ID.
 func (e *Edge) serveStep(m *nats.Msg) {
 	reply := func(a Accepted) {
 		a.Edge = e.cfg.Name
@@ -97,7 +111,15 @@ func (e *Edge) serveStep(m *nats.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req := keel.StartRequest{Goal: s.Goal, Model: s.Model, MaxSteps: s.MaxSteps, IdempotencyKey: "step-" + s.ID,
+	key := "step-" + s.ID
+	// The offer is kept before the run starts: a run of a step is never
+	// without its origin.
+	if _, err := e.src.Offers.OfferStep(ctx, key, s.Need.Origin); err != nil {
+		e.log.Warn("edge: keep a step's offer", logkey.Step, s.ID, logkey.Err, err)
+		reply(Accepted{Error: "the step's offer could not be kept"})
+		return
+	}
+	req := keel.StartRequest{Goal: s.Goal, Model: s.Model, MaxSteps: s.MaxSteps, IdempotencyKey: key,
 		Policy: keel.RunPolicy{Labels: s.Need.Labels, Tools: s.Tools}}
 	run, err := e.src.Start(ctx, req)
 	if err != nil {
@@ -111,14 +133,6 @@ func (e *Edge) serveStep(m *nats.Msg) {
 	if !e.steps[run.ID] && !run.Status.Terminal() {
 		e.steps[run.ID] = true
 		e.load.Add(1)
-	}
-	if s.Need.Origin != "" {
-		if e.origins == nil {
-			e.origins = map[keel.RunID]string{}
-		}
-		if _, ok := e.origins[run.ID]; !ok {
-			e.origins[run.ID] = s.Need.Origin // the first offer's
-		}
 	}
 	e.mu.Unlock()
 	reply(Accepted{RunID: run.ID})

@@ -1,0 +1,61 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/keel-runtime/keel"
+)
+
+// The steps other environments hand to this one (cloud/edge): their
+// offers are kept beside the runs that carry them out, so that what the
+// edge promised (only a step's origin may cancel its run) holds after a
+// restart.
+
+// offerCols reads a step_offers row o with its run r (LEFT JOIN).
+const offerCols = `o.idempotency_key, o.origin, COALESCE(r.id, '')`
+
+// OfferStep records origin as the origin of the step whose run has
+// idempotency key key, unless an offer of key is recorded already, and
+// returns the offer as recorded: the first offer's origin, and the run of
+// key if there is one.
+func (s *Store) OfferStep(ctx context.Context, key, origin string) (keel.StepOffer, error) {
+	var o keel.StepOffer
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO step_offers (idempotency_key, origin, created_at) VALUES (?, ?, ?)
+ON CONFLICT (idempotency_key) DO NOTHING`, key, origin, nanos(time.Now())); err != nil {
+			return err
+		}
+		var err error
+		o, err = scanOffer(tx.QueryRowContext(ctx, `SELECT `+offerCols+` FROM step_offers o LEFT JOIN runs r ON r.idempotency_key = o.idempotency_key
+WHERE o.idempotency_key = ?`, key))
+		return err
+	})
+	if err != nil {
+		return keel.StepOffer{}, fmt.Errorf("offer of step %s: %w", key, mapErr(err))
+	}
+	return o, nil
+}
+
+// StepOfferOf returns the offer of the step run carries out, or an error
+// wrapping keel.ErrNotFound when run is not the run of a step offered.
+func (s *Store) StepOfferOf(ctx context.Context, run keel.RunID) (keel.StepOffer, error) {
+	o, err := scanOffer(s.r.QueryRowContext(ctx, `SELECT `+offerCols+` FROM runs r JOIN step_offers o ON o.idempotency_key = r.idempotency_key
+WHERE r.id = ?`, string(run)))
+	if err != nil {
+		return keel.StepOffer{}, fmt.Errorf("offer of the step of run %s: %w", run, mapErr(err))
+	}
+	return o, nil
+}
+
+func scanOffer(row *sql.Row) (keel.StepOffer, error) {
+	var o keel.StepOffer
+	var run string
+	if err := row.Scan(&o.Key, &o.Origin, &run); err != nil {
+		return keel.StepOffer{}, err
+	}
+	o.Run = keel.RunID(run)
+	return o, nil
+}

@@ -1,0 +1,43 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/keel-runtime/keel"
+)
+
+// TestStepOffers: the first offer of a step's key keeps its origin; the
+// offer is found from the run of that key, after the store is opened
+// again; a run of no offer has none.
+func TestStepOffers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keel.db")
+	s := open(t, path)
+	if o, err := s.OfferStep(ctx, "step-p.s.1", "edge-a"); err != nil || o != (keel.StepOffer{Key: "step-p.s.1", Origin: "edge-a"}) {
+		t.Fatalf("OfferStep(edge-a) = %+v, %v; want edge-a's, no run", o, err)
+	}
+	r := newRun("r1")
+	r.IdempotencyKey = "step-p.s.1"
+	if err := s.CreateRun(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateRun(ctx, newRun("r2")); err != nil {
+		t.Fatal(err)
+	}
+	want := keel.StepOffer{Key: "step-p.s.1", Origin: "edge-a", Run: "r1"}
+	if o, err := s.OfferStep(ctx, "step-p.s.1", "edge-b"); err != nil || o != want {
+		t.Errorf("OfferStep(edge-b) after edge-a's = %+v, %v; want %+v", o, err, want)
+	}
+	s.Close()
+	s = open(t, path)
+	if o, err := s.StepOfferOf(ctx, "r1"); err != nil || o != want {
+		t.Errorf("StepOfferOf(r1) after a reopen = %+v, %v; want %+v", o, err, want)
+	}
+	if _, err := s.StepOfferOf(ctx, "r2"); !errors.Is(err, keel.ErrNotFound) {
+		t.Errorf("StepOfferOf(r2) = %v, want ErrNotFound", err)
+	}
+}
