@@ -66,6 +66,8 @@ type StepOffer struct {
 	Origin string `json:"origin"`
 	// Run is the run of Key, "" while there is none.
 	Run RunID `json:"run,omitempty"`
+	// Cancelled: the origin cancelled the step; no run of Key starts.
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 // StepHandedOffData is the payload of EventStepHandedOff: a plan step's
@@ -137,10 +139,13 @@ type StepCompletedElsewhereData struct {
 // EventStepCancelledElsewhere: the parent asked the environment that
 // runs a step handed off to cancel its run there.
 type StepCancelledElsewhereData struct {
-	StepID    string `json:"step_id"`
-	Run       RunID  `json:"run"`
-	Env       string `json:"env"`
-	RemoteRun RunID  `json:"remote_run"`
+	StepID string `json:"step_id"`
+	Run    RunID  `json:"run"`
+	Env    string `json:"env"`
+	// RemoteRun is the step's run there; "" when its acceptance was not
+	// known: the step was cancelled there by its key, and no run of it
+	// starts there.
+	RemoteRun RunID `json:"remote_run"`
 	// Status is the run's status there after the request (cancelled,
 	// or how it had ended already); Error is why the request failed.
 	Status RunStatus `json:"status,omitempty"`

@@ -49,10 +49,10 @@ func (s *placerSlot) Await(ctx context.Context, env string, run keel.RunID, pare
 	return p.Await(ctx, env, run, parentSpan)
 }
 
-func (s *placerSlot) Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error) {
+func (s *placerSlot) Cancel(ctx context.Context, env string, key, run keel.RunID) (keel.RunStatus, error) {
 	p, err := s.get()
 	if err != nil {
 		return "", err
 	}
-	return p.Cancel(ctx, env, run)
+	return p.Cancel(ctx, env, key, run)
 }

@@ -410,9 +410,9 @@ func (e *Engine) cancelChildren(ctx context.Context, id keel.RunID) {
 		if h := st.handed[d.Run]; h != nil {
 			// Its run elsewhere is asked to stop; the parent's journal
 			// is closed, so nothing is journaled.
-			if h.remote != "" && h.done == nil && e.cfg.Placer != nil {
+			if h.done == nil && e.cfg.Placer != nil {
 				cctx, cancel := context.WithTimeout(ctx, cancelRemoteWait)
-				if _, err := e.cfg.Placer.Cancel(cctx, h.data.Placement.Env, h.remote); err != nil {
+				if _, err := e.cfg.Placer.Cancel(cctx, h.data.Placement.Env, h.data.Run, h.remote); err != nil {
 					e.log.Warn("cancel a step's run elsewhere", logkey.Run, id, logkey.Child, d.Run, logkey.Edge, h.data.Placement.Env, logkey.Err, err)
 				}
 				cancel()

@@ -47,10 +47,13 @@ type Placer interface {
 	// returns how, as far as it may cross, with its spans under
 	// parentSpan. An error (but ctx's) is tried again.
 	Await(ctx context.Context, env string, run keel.RunID, parentSpan string) (keel.StepOutcome, error)
-	// Cancel asks env to cancel run, its run of a step handed off by
-	// this environment, and returns the run's status there: cancelled,
-	// or how it had ended already (asking again is harmless).
-	Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error)
+	// Cancel asks env to cancel the step handed off under key
+	// (HandOff.Key) by this environment, whose run there is run, or ""
+	// when its acceptance is not known (an offer may be under way): env
+	// then cancels the run of key if it has one, and starts none for key
+	// from then on. It returns the run's status there: cancelled, or how
+	// it had ended already (asking again is harmless).
+	Cancel(ctx context.Context, env string, key, run keel.RunID) (keel.RunStatus, error)
 }
 
 // handoff is a step attempt handed off, as the parent's journal says.
@@ -389,17 +392,16 @@ func (f *flowRun) importSpans(ctx context.Context, h *handoff, spans []keel.Span
 
 // cancelRemote asks the environment that runs hand-off h to cancel its
 // run there, and journals what it answered (step.cancelled_elsewhere).
-// A hand-off not accepted yet has no run there to name; its waiter,
-// stopped, asks no more, and an offer under way may still start it
-// there (docs/cloud.md).
+// A hand-off not accepted yet is cancelled by its key: an offer under
+// way finds it cancelled there and starts nothing (docs/cloud.md).
 func (f *flowRun) cancelRemote(ctx context.Context, d keel.StepData, h *handoff) {
-	if h.remote == "" || h.done != nil {
+	if h.done != nil {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, cancelRemoteWait)
 	defer cancel()
 	c := keel.StepCancelledElsewhereData{StepID: d.StepID, Run: d.Run, Env: h.data.Placement.Env, RemoteRun: h.remote}
-	st, err := f.e.cfg.Placer.Cancel(cctx, c.Env, c.RemoteRun)
+	st, err := f.e.cfg.Placer.Cancel(cctx, c.Env, h.data.Run, c.RemoteRun)
 	c.Status = st
 	if err != nil {
 		c.Error = err.Error()

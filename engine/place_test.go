@@ -31,7 +31,11 @@ type fakePlacer struct {
 	asked    []keel.HandOff            // every HandOff, in order
 	runs     map[keel.RunID]keel.RunID // key → the run there
 	accepted chan keel.RunID
-	cancels  []keel.RunID // every Cancel, in order
+	cancels  [][2]keel.RunID // every Cancel's key and run, in order
+	// hold, when set, keeps every HandOff waiting until it is closed or
+	// its context ends (an offer under way), once it has said so on
+	// holding.
+	hold, holding chan struct{}
 }
 
 func newFakePlacer() *fakePlacer {
@@ -49,8 +53,18 @@ func (p *fakePlacer) Place(ctx context.Context, need keel.StepNeed) (keel.Placem
 
 func (p *fakePlacer) HandOff(ctx context.Context, env string, h keel.HandOff) (keel.RunID, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.asked = append(p.asked, h)
+	p.mu.Unlock()
+	if p.hold != nil {
+		p.holding <- struct{}{}
+		select {
+		case <-p.hold:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	r, ok := p.runs[h.Key]
 	if !ok {
 		r = keel.RunID("there-" + string(h.Key))
@@ -80,10 +94,10 @@ func (p *fakePlacer) Await(ctx context.Context, env string, run keel.RunID, pare
 		Tokens: p.tokens, CostUSD: p.usd}, nil
 }
 
-func (p *fakePlacer) Cancel(ctx context.Context, env string, run keel.RunID) (keel.RunStatus, error) {
+func (p *fakePlacer) Cancel(ctx context.Context, env string, key, run keel.RunID) (keel.RunStatus, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cancels = append(p.cancels, run)
+	p.cancels = append(p.cancels, [2]keel.RunID{key, run})
 	return keel.RunCancelled, nil
 }
 
@@ -300,7 +314,7 @@ func TestDAGCancelEndsHandOff(t *testing.T) {
 	pl.mu.Lock()
 	cancels := slices.Clone(pl.cancels)
 	pl.mu.Unlock()
-	if !slices.Equal(cancels, []keel.RunID{there}) {
+	if !slices.Equal(cancels, [][2]keel.RunID{{childRunID(r.ID, "far", 1), there}}) {
 		t.Errorf("cancels sent %v, want one, of %s", cancels, there)
 	}
 	var c []keel.StepCancelledElsewhereData
@@ -318,6 +332,51 @@ func TestDAGCancelEndsHandOff(t *testing.T) {
 	}
 	if len(c) != 1 || c[0].RemoteRun != there || c[0].Env != "other" || c[0].Status != keel.RunCancelled || c[0].Error != "" {
 		t.Errorf("step.cancelled_elsewhere = %+v, want one, of %s on other, cancelled", c, there)
+	}
+}
+
+// TestDAGCancelBeforeAccepted: a parent cancelled while its step's
+// offer is under way (no answer yet) asks the environment to cancel the
+// step by its key, with no run to name, and journals the answer; the
+// step ends here, cancelled.
+func TestDAGCancelBeforeAccepted(t *testing.T) {
+	t.Parallel()
+	pl := newFakePlacer()
+	pl.hold, pl.holding = make(chan struct{}), make(chan struct{}, 8) // never answered
+	h := newFlowHarness(t, (&fakeModel{}).provider(), engine.Config{Placer: pl})
+	r := h.start(t, engine.StartRequest{Kind: keel.KindDAG, Plan: &keel.Plan{Steps: []keel.PlanStep{{ID: "far", Goal: "far away", Tools: []string{"far"}}}}})
+	select {
+	case <-pl.holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the step was not offered within 30 s")
+	}
+	if _, err := h.eng.Cancel(context.Background(), r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitRun(t, h.eng, h.st, r.ID); got.Status != keel.RunCancelled {
+		t.Fatalf("parent = %s, want cancelled", got.Status)
+	}
+	key := childRunID(r.ID, "far", 1)
+	pl.mu.Lock()
+	cancels := slices.Clone(pl.cancels)
+	pl.mu.Unlock()
+	if !slices.Equal(cancels, [][2]keel.RunID{{key, ""}}) {
+		t.Errorf("cancels sent %v, want one, of step %s with no run", cancels, key)
+	}
+	evs := journal(t, h.st, r.ID)
+	var c []keel.StepCancelledElsewhereData
+	for _, ev := range evs {
+		if ev.Type == keel.EventStepCancelledElsewhere {
+			var d keel.StepCancelledElsewhereData
+			json.Unmarshal(ev.Data, &d)
+			c = append(c, d)
+		}
+	}
+	if len(c) != 1 || c[0].Run != key || c[0].RemoteRun != "" || c[0].Status != keel.RunCancelled {
+		t.Errorf("step.cancelled_elsewhere = %+v, want one, of step %s, no run there, cancelled; journal %v", c, key, types(evs))
+	}
+	if f := stepEvents(t, evs, keel.EventStepFinished); len(f) != 1 || f[0].Status != keel.RunCancelled {
+		t.Errorf("step.finished = %+v, want far cancelled", f)
 	}
 }
 

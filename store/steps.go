@@ -15,7 +15,10 @@ import (
 // restart.
 
 // offerCols reads a step_offers row o with its run r (LEFT JOIN).
-const offerCols = `o.idempotency_key, o.origin, COALESCE(r.id, '')`
+const offerCols = `o.idempotency_key, o.origin, COALESCE(r.id, ''), o.cancelled`
+
+// qOffer reads the offer of a key with its run.
+const qOffer = `SELECT ` + offerCols + ` FROM step_offers o LEFT JOIN runs r ON r.idempotency_key = o.idempotency_key WHERE o.idempotency_key = ?`
 
 // OfferStep records origin as the origin of the step whose run has
 // idempotency key key, unless an offer of key is recorded already, and
@@ -29,12 +32,32 @@ ON CONFLICT (idempotency_key) DO NOTHING`, key, origin, nanos(time.Now())); err 
 			return err
 		}
 		var err error
-		o, err = scanOffer(tx.QueryRowContext(ctx, `SELECT `+offerCols+` FROM step_offers o LEFT JOIN runs r ON r.idempotency_key = o.idempotency_key
-WHERE o.idempotency_key = ?`, key))
+		o, err = scanOffer(tx.QueryRowContext(ctx, qOffer, key))
 		return err
 	})
 	if err != nil {
 		return keel.StepOffer{}, fmt.Errorf("offer of step %s: %w", key, mapErr(err))
+	}
+	return o, nil
+}
+
+// CancelStepOffer records that origin cancelled the step whose run has
+// idempotency key key, if origin is the step's origin or no offer of key
+// is recorded yet (origin becomes its origin), and returns the offer as
+// recorded: another origin's offer is returned unchanged.
+func (s *Store) CancelStepOffer(ctx context.Context, key, origin string) (keel.StepOffer, error) {
+	var o keel.StepOffer
+	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO step_offers (idempotency_key, origin, cancelled, created_at) VALUES (?, ?, 1, ?)
+ON CONFLICT (idempotency_key) DO UPDATE SET cancelled = 1 WHERE step_offers.origin = excluded.origin`, key, origin, nanos(time.Now())); err != nil {
+			return err
+		}
+		var err error
+		o, err = scanOffer(tx.QueryRowContext(ctx, qOffer, key))
+		return err
+	})
+	if err != nil {
+		return keel.StepOffer{}, fmt.Errorf("cancel the offer of step %s: %w", key, mapErr(err))
 	}
 	return o, nil
 }
@@ -53,7 +76,7 @@ WHERE r.id = ?`, string(run)))
 func scanOffer(row *sql.Row) (keel.StepOffer, error) {
 	var o keel.StepOffer
 	var run string
-	if err := row.Scan(&o.Key, &o.Origin, &run); err != nil {
+	if err := row.Scan(&o.Key, &o.Origin, &run, &o.Cancelled); err != nil {
 		return keel.StepOffer{}, err
 	}
 	o.Run = keel.RunID(run)

@@ -11,7 +11,8 @@ import (
 
 // TestStepOffers: the first offer of a step's key keeps its origin; the
 // offer is found from the run of that key, after the store is opened
-// again; a run of no offer has none.
+// again; a run of no offer has none. Only the origin's cancel marks it
+// cancelled, and a cancel that comes before the offer is kept for it.
 func TestStepOffers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -39,5 +40,23 @@ func TestStepOffers(t *testing.T) {
 	}
 	if _, err := s.StepOfferOf(ctx, "r2"); !errors.Is(err, keel.ErrNotFound) {
 		t.Errorf("StepOfferOf(r2) = %v, want ErrNotFound", err)
+	}
+
+	// A cancel by another origin changes nothing; the origin's own
+	// cancels; a cancel before any offer is kept, and the offer that
+	// follows finds it.
+	if o, err := s.CancelStepOffer(ctx, "step-p.s.1", "edge-b"); err != nil || o != want {
+		t.Errorf("CancelStepOffer(edge-b) = %+v, %v; want %+v unchanged", o, err, want)
+	}
+	want.Cancelled = true
+	if o, err := s.CancelStepOffer(ctx, "step-p.s.1", "edge-a"); err != nil || o != want {
+		t.Errorf("CancelStepOffer(edge-a) = %+v, %v; want %+v", o, err, want)
+	}
+	early := keel.StepOffer{Key: "step-p.s.2", Origin: "edge-a", Cancelled: true}
+	if o, err := s.CancelStepOffer(ctx, "step-p.s.2", "edge-a"); err != nil || o != early {
+		t.Errorf("CancelStepOffer before an offer = %+v, %v; want %+v", o, err, early)
+	}
+	if o, err := s.OfferStep(ctx, "step-p.s.2", "edge-a"); err != nil || o != early {
+		t.Errorf("OfferStep after its cancel = %+v, %v; want %+v", o, err, early)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/keel-runtime/keel"
 	"github.com/keel-runtime/keel/cloud/edge"
+	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/keel-runtime/keel/daemon"
 	"github.com/keel-runtime/keel/internal/daemontest"
 	"github.com/keel-runtime/keel/ipc/protocol"
@@ -41,6 +42,18 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 	json.Unmarshal(evs[len(evs)-1].Data, &acc)
 	daemontest.Follow(t, cb, acc.RemoteRun, keel.EventApprovalAsked)
 
+	// A step cancelled by its key before its offer came (the origin had
+	// no answer yet): nothing runs it, and the cancel is kept.
+	late := edge.Step{ID: string(acc.Run) + "-late", Goal: "halt the line", Tools: []string{"halt"},
+		Need: route.Need{Tools: []string{"halt"}, Origin: "cancel-a"}}
+	if st, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", edge.CancelRequest{Key: late.ID, Origin: "cancel-a"}); err != nil || st != keel.RunCancelled {
+		t.Fatalf("a cancel of step %s before its offer = %s, %v; want cancelled", late.ID, st, err)
+	}
+	// Another origin may not cancel cancel-a's step by its key either.
+	if _, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", edge.CancelRequest{Key: string(acc.Run), Origin: "someone-else"}); !errors.Is(err, edge.ErrRefused) {
+		t.Fatalf("a cancel of cancel-a's step by key from someone else = %v, want refused", err)
+	}
+
 	// cancel-b restarts: what it accepted, and from whom, is in its
 	// store. Its new declaration comes after its subscriptions have
 	// crossed its link.
@@ -52,8 +65,12 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 	waitEdge(t, "cancel-b", true)
 	cb = daemontest.Dial(t, b.Dir)
 
+	// The late offer, after the restart, is refused.
+	if a, err := edge.Offer(ctx, nc, ns, "cancel-b", late); !errors.Is(err, edge.ErrRefused) {
+		t.Errorf("the offer of step %s after its cancel = %+v, %v; want refused", late.ID, a, err)
+	}
 	// Another name may not cancel it.
-	if _, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", "someone-else", acc.RemoteRun); !errors.Is(err, edge.ErrRefused) {
+	if _, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", edge.CancelRequest{Run: acc.RemoteRun, Origin: "someone-else"}); !errors.Is(err, edge.ErrRefused) {
 		t.Fatalf("a cancel from someone else = %v, want refused", err)
 	}
 	if _, err := ca.CancelRun(ctx, run.ID); err != nil {
@@ -95,8 +112,11 @@ func TestPlanStepCancelCrosses(t *testing.T) {
 	if len(audit) != 0 {
 		t.Errorf("halt ran %d times on cancel-b, want never", len(audit))
 	}
+	if runs, err := cb.ListRuns(ctx, 10); err != nil || len(runs) != 1 {
+		t.Errorf("cancel-b's runs = %d, %v; want the step's only (none for the step cancelled before its offer)", len(runs), err)
+	}
 	// Asking again is harmless: it answers how the run ended.
-	if st, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", "cancel-a", acc.RemoteRun); err != nil || st != keel.RunCancelled {
+	if st, err := edge.RemoteCancel(ctx, nc, ns, "cancel-b", edge.CancelRequest{Run: acc.RemoteRun, Origin: "cancel-a"}); err != nil || st != keel.RunCancelled {
 		t.Errorf("a second cancel = %s, %v; want cancelled", st, err)
 	}
 }

@@ -110,6 +110,10 @@ type Edge struct {
 	// cancelSub answers the origins of steps that cancel their runs.
 	cancelSub *nats.Subscription
 
+	// offerMu orders the offers and cancels of steps: a cancel of a key
+	// comes before its offer's start or after it.
+	offerMu sync.Mutex
+
 	mu    sync.Mutex
 	queue []keel.Event
 	wake  chan struct{}

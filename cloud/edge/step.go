@@ -91,6 +91,10 @@ type Offers interface {
 	// idempotency key key, unless one is recorded, and returns the offer
 	// as recorded (the first origin).
 	OfferStep(ctx context.Context, key, origin string) (keel.StepOffer, error)
+	// CancelStepOffer records that origin cancelled the step of key, if
+	// it is the step's origin or none is recorded (origin becomes it),
+	// and returns the offer as recorded.
+	CancelStepOffer(ctx context.Context, key, origin string) (keel.StepOffer, error)
 	// StepOfferOf returns the offer of the step run carries out, or an
 	// error wrapping keel.ErrNotFound.
 	StepOfferOf(ctx context.Context, run keel.RunID) (keel.StepOffer, error)
@@ -113,10 +117,18 @@ func (e *Edge) serveStep(m *nats.Msg) {
 	defer cancel()
 	key := "step-" + s.ID
 	// The offer is kept before the run starts: a run of a step is never
-	// without its origin.
-	if _, err := e.src.Offers.OfferStep(ctx, key, s.Need.Origin); err != nil {
+	// without its origin. A cancel of the key waits for the start, and
+	// an offer after the cancel starts nothing.
+	e.offerMu.Lock()
+	defer e.offerMu.Unlock()
+	off, err := e.src.Offers.OfferStep(ctx, key, s.Need.Origin)
+	if err != nil {
 		e.log.Warn("edge: keep a step's offer", logkey.Step, s.ID, logkey.Err, err)
 		reply(Accepted{Error: "the step's offer could not be kept"})
+		return
+	}
+	if off.Cancelled {
+		reply(Accepted{Error: "the step was cancelled by its origin"})
 		return
 	}
 	req := keel.StartRequest{Goal: s.Goal, Model: s.Model, MaxSteps: s.MaxSteps, IdempotencyKey: key,
