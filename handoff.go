@@ -64,6 +64,9 @@ type StepOffer struct {
 	// Origin is the environment whose offer came first: only it may
 	// cancel the step's run.
 	Origin string `json:"origin"`
+	// TraceParent is the W3C trace context the first offer carried
+	// (HandOff.TraceParent): the run's spans belong in that trace.
+	TraceParent string `json:"traceparent,omitempty"`
 	// Run is the run of Key, "" while there is none.
 	Run RunID `json:"run,omitempty"`
 	// Cancelled: the origin cancelled the step; no run of Key starts.

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
@@ -28,21 +29,34 @@ type engineStore struct {
 
 // openTelemetry reads telemetry.json and makes the exporter. A run's
 // spans are exported only if its policy (eng's, once made) allows the
-// telemetry action to the collector. A file that does not load fails the
+// telemetry action to the collector; a joined edge exports the run of a
+// step handed to it in the trace its offer carried. A file that does not load fails the
 // start with its file and field.
 func openTelemetry(cfg Config, st *store.Store, eng *atomic.Pointer[engine.Engine], log *slog.Logger) (*telemetry.Exporter, error) {
 	tc, err := telemetry.LoadConfig(filepath.Join(cfg.DataDir, TelemetryConfigFile))
 	if err != nil {
 		return nil, err
 	}
-	x, err := telemetry.New(telemetry.Options{Config: tc, Runs: st, Version: Version, Logger: log,
+	opts := telemetry.Options{Config: tc, Runs: st, Version: Version, Logger: log,
 		Policy: func(run keel.Run) *policy.Policy {
 			if e := eng.Load(); e != nil {
 				p, _ := e.PolicyOf(run)
 				return p
 			}
 			return nil
-		}})
+		}}
+	if cfg.Join != "" {
+		// The run of a step another edge handed this one is exported in
+		// that edge's trace, under its hand-off span, as its offer said.
+		opts.TraceParent = func(ctx context.Context, run keel.RunID) string {
+			o, err := st.StepOfferOf(ctx, run)
+			if err != nil {
+				return ""
+			}
+			return o.TraceParent
+		}
+	}
+	x, err := telemetry.New(opts)
 	if err != nil {
 		return nil, err
 	}

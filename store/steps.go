@@ -15,28 +15,28 @@ import (
 // restart.
 
 // offerCols reads a step_offers row o with its run r (LEFT JOIN).
-const offerCols = `o.idempotency_key, o.origin, COALESCE(r.id, ''), o.cancelled`
+const offerCols = `o.idempotency_key, o.origin, o.traceparent, COALESCE(r.id, ''), o.cancelled`
 
 // qOffer reads the offer of a key with its run.
 const qOffer = `SELECT ` + offerCols + ` FROM step_offers o LEFT JOIN runs r ON r.idempotency_key = o.idempotency_key WHERE o.idempotency_key = ?`
 
-// OfferStep records origin as the origin of the step whose run has
-// idempotency key key, unless an offer of key is recorded already, and
-// returns the offer as recorded: the first offer's origin, and the run of
-// key if there is one.
-func (s *Store) OfferStep(ctx context.Context, key, origin string) (keel.StepOffer, error) {
+// OfferStep records offer (its Key, Origin and TraceParent) as the offer
+// of the step whose run has idempotency key offer.Key, unless one is
+// recorded already, and returns the offer as recorded: the first offer's
+// origin and trace context, and the run of the key if there is one.
+func (s *Store) OfferStep(ctx context.Context, offer keel.StepOffer) (keel.StepOffer, error) {
 	var o keel.StepOffer
 	err := s.wr.write(ctx, func(ctx context.Context, tx *wtx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO step_offers (idempotency_key, origin, created_at) VALUES (?, ?, ?)
-ON CONFLICT (idempotency_key) DO NOTHING`, key, origin, nanos(time.Now())); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO step_offers (idempotency_key, origin, traceparent, created_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (idempotency_key) DO NOTHING`, offer.Key, offer.Origin, offer.TraceParent, nanos(time.Now())); err != nil {
 			return err
 		}
 		var err error
-		o, err = scanOffer(tx.QueryRowContext(ctx, qOffer, key))
+		o, err = scanOffer(tx.QueryRowContext(ctx, qOffer, offer.Key))
 		return err
 	})
 	if err != nil {
-		return keel.StepOffer{}, fmt.Errorf("offer of step %s: %w", key, mapErr(err))
+		return keel.StepOffer{}, fmt.Errorf("offer of step %s: %w", offer.Key, mapErr(err))
 	}
 	return o, nil
 }
@@ -76,7 +76,7 @@ WHERE r.id = ?`, string(run)))
 func scanOffer(row *sql.Row) (keel.StepOffer, error) {
 	var o keel.StepOffer
 	var run string
-	if err := row.Scan(&o.Key, &o.Origin, &run, &o.Cancelled); err != nil {
+	if err := row.Scan(&o.Key, &o.Origin, &o.TraceParent, &run, &o.Cancelled); err != nil {
 		return keel.StepOffer{}, err
 	}
 	o.Run = keel.RunID(run)

@@ -68,6 +68,13 @@ type Options struct {
 	// (the telemetry action, to the collector's URL). Nil, or a nil
 	// policy: the export is allowed.
 	Policy func(run keel.Run) *policy.Policy
+	// TraceParent returns the W3C traceparent a top-level run was
+	// started under, when another environment handed it (a plan's step,
+	// docs/cloud.md), or "": the run's spans are exported in that trace,
+	// its root span under that span. It is asked once per run, from the
+	// export goroutine. Nil, or "" (or a traceparent that does not
+	// parse): the run is a trace of its own.
+	TraceParent func(ctx context.Context, run keel.RunID) string
 	// Client replaces the OTLP client Config describes (tests use one in
 	// memory); Config.Endpoint must still be set for spans to be
 	// exported. New starts it and Close stops it. UploadTraces must not
@@ -87,10 +94,12 @@ type Exporter struct {
 	log    *slog.Logger
 	runs   Runs
 	policy func(keel.Run) *policy.Policy
-	client otlptrace.Client // nil when export is off
-	res    *resource.Resource
-	enc    *encoder // owned by the worker
-	m      *metrics // nil when metrics are off
+	// traceParent is Options.TraceParent.
+	traceParent func(context.Context, keel.RunID) string
+	client      otlptrace.Client // nil when export is off
+	res         *resource.Resource
+	enc         *encoder // owned by the worker
+	m           *metrics // nil when metrics are off
 
 	q        *queue        // nil when export and metrics are off
 	wake     chan struct{} // the queue holds a batch
@@ -239,7 +248,7 @@ func New(opts Options) (*Exporter, error) {
 		version = keel.Version
 	}
 	cfg := opts.Config
-	x := &Exporter{cfg: cfg, log: log, runs: opts.Runs, policy: opts.Policy,
+	x := &Exporter{cfg: cfg, log: log, runs: opts.Runs, policy: opts.Policy, traceParent: opts.TraceParent,
 		res:    resource.NewSchemaless(attribute.String("service.name", cfg.serviceName()), attribute.String("service.version", version)),
 		enc:    newEncoder(cfg.serviceName(), version, scopeName),
 		states: map[keel.RunID]*runState{}, allowedRuns: map[keel.RunID]bool{}, tops: map[keel.RunID]keel.RunID{},
@@ -908,7 +917,18 @@ func (x *Exporter) learn(ctx context.Context, rs *runState, run keel.Run) *runSt
 			// stopped first): start afresh rather than grow.
 			clear(x.states)
 		}
-		rs = &runState{info: runInfo{trace: traceIDOf(x.top(ctx, run))}}
+		top := x.top(ctx, run)
+		rs = &runState{info: runInfo{trace: traceIDOf(top)}}
+		if x.traceParent != nil {
+			// A run handed from another environment: its trace is the
+			// origin's, its root under the hand-off span there.
+			if tid, sid, ok := parseTraceParent(x.traceParent(ctx, top)); ok {
+				rs.info.trace = tid
+				if top == id {
+					rs.info.parent = sid
+				}
+			}
+		}
 		x.states[id] = rs
 	}
 	rs.info.run = run

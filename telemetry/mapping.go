@@ -90,6 +90,21 @@ func traceIDOf(top keel.RunID) trace.TraceID {
 	return id
 }
 
+// parseTraceParent returns the trace and span IDs of W3C traceparent tp,
+// and whether it parsed.
+func parseTraceParent(tp string) (trace.TraceID, trace.SpanID, bool) {
+	if tp == "" {
+		return trace.TraceID{}, trace.SpanID{}, false
+	}
+	t, sp, err := keel.ParseTraceParent(tp)
+	if err != nil {
+		return trace.TraceID{}, trace.SpanID{}, false
+	}
+	tid, err1 := trace.TraceIDFromHex(t)
+	sid, err2 := trace.SpanIDFromHex(sp)
+	return tid, sid, err1 == nil && err2 == nil
+}
+
 // spanIDOf is the OTel span ID of keel span id.
 func spanIDOf(id string) trace.SpanID {
 	var buf [64]byte
@@ -513,6 +528,9 @@ func (p *attrScanner) skip() {
 type runInfo struct {
 	run   keel.Run
 	trace trace.TraceID
+	// parent, when valid, is the parent of the run's root span in
+	// another environment (a step handed to this one): a remote parent.
+	parent trace.SpanID
 }
 
 // spanContent is what was said in a span, when it may be exported.

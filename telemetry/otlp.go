@@ -414,7 +414,9 @@ const (
 //
 // A top-level run is one trace; a sub-agent's root span is the child of
 // the step of its parent run that it carries out (its parent is remote:
-// another run's). The fields are written in the order of their numbers,
+// another run's); a run handed from another environment is in that
+// environment's trace, its root span the child of the hand-off span
+// there (runInfo.parent). The fields are written in the order of their numbers,
 // as protobuf's own encoder writes them.
 func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string, c *spanContent, withheld bool) {
 	e.n++
@@ -434,7 +436,12 @@ func (e *encoder) add(sp *keel.Span, a *spanAttrs, ri *runInfo, labels []string,
 	b = append(b, fieldSpanID<<3|byte(protowire.BytesType), byte(len(sid)))
 	b = append(b, sid[:]...)
 	flags := flagsLocal
-	if sp.ParentID != "" {
+	if sp.ParentID == "" && sp.Kind == keel.SpanRun && ri.parent.IsValid() {
+		// The root of a run handed from another environment.
+		b = append(b, fieldParentSpanID<<3|byte(protowire.BytesType), byte(len(ri.parent)))
+		b = append(b, ri.parent[:]...)
+		flags = flagsRemote
+	} else if sp.ParentID != "" {
 		pid, ok := e.parents[sp.ParentID]
 		if !ok {
 			pid = e.spanID(sp.ParentID)

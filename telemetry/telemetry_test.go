@@ -1005,3 +1005,66 @@ func TestRetrievalSpan(t *testing.T) {
 		})
 	}
 }
+
+// TestHandedRunInOriginTrace: a top-level run another environment handed
+// this one (Options.TraceParent) is exported in the origin's trace, its
+// root span under the origin's span (a remote parent), and its
+// sub-agents with it; a run handed with no traceparent, or one that does
+// not parse, is a trace of its own.
+func TestHandedRunInOriginTrace(t *testing.T) {
+	t.Parallel()
+	const origin = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	runs := &fakeRuns{runs: map[keel.RunID]keel.Run{
+		"run_h":   {ID: "run_h", Model: "keel-tiny", Status: keel.RunSucceeded, Kind: keel.KindDAG},
+		"run_sub": {ID: "run_sub", Model: "keel-tiny", Status: keel.RunSucceeded, ParentID: "run_h", ParentStep: "s1"},
+		"run_own": {ID: "run_own", Model: "keel-tiny", Status: keel.RunSucceeded},
+		"run_bad": {ID: "run_bad", Model: "keel-tiny", Status: keel.RunSucceeded},
+	}}
+	mem := &memClient{}
+	x, err := New(Options{Config: Config{Endpoint: "http://127.0.0.1:4317", Insecure: true, FlushIntervalMS: 10}, Runs: runs, Client: mem,
+		TraceParent: func(_ context.Context, run keel.RunID) string {
+			return map[keel.RunID]string{"run_h": origin, "run_bad": "00-not-a-trace-01"}[run]
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(context.Background())
+	tr := x.Tracer(nopTracer{})
+	finish(t, tr, agentRun("run_h")...)
+	finish(t, tr, keel.Span{ID: "root_run_sub", RunID: "run_sub", ParentID: "step_run_h", Kind: keel.SpanRun, Name: "agent", Start: t0, Duration: time.Second, Status: keel.SpanOK})
+	finish(t, tr, agentRun("run_own")...)
+	finish(t, tr, agentRun("run_bad")...)
+	if err := x.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wantTrace, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	wantParent, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	for _, s := range mem.GetSpans() {
+		run := keel.RunID(attrsOf(s)[keyRunID].AsString())
+		want := traceIDOf(run)
+		if run == "run_h" || run == "run_sub" {
+			want = wantTrace
+		}
+		if s.SpanContext.TraceID() != want {
+			t.Errorf("span %s of %s in trace %s, want %s", s.Name, run, s.SpanContext.TraceID(), want)
+		}
+		root := attrsOf(s)[keyRunID].AsString() != "" && s.SpanContext.SpanID() == spanIDOf("root_"+string(run))
+		switch {
+		case root && run == "run_h":
+			if s.Parent.SpanID() != wantParent || !s.Parent.IsRemote() {
+				t.Errorf("root of run_h: parent %s (remote %v), want the origin's span %s, remote", s.Parent.SpanID(), s.Parent.IsRemote(), wantParent)
+			}
+		case root && run == "run_sub":
+			if s.Parent.SpanID() != spanIDOf("step_run_h") {
+				t.Errorf("root of run_sub: parent %s, want run_h's step", s.Parent.SpanID())
+			}
+		case root:
+			if s.Parent.IsValid() {
+				t.Errorf("root of %s has parent %s, want none", run, s.Parent.SpanID())
+			}
+		}
+	}
+	if n := len(mem.GetSpans()); n != 16 {
+		t.Errorf("exported %d spans, want 16", n)
+	}
+}

@@ -65,6 +65,21 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	canned(files, "bump", "non_idempotent_write", false)
 	canned(files, "peek", "read_only", true)
 	dirB := daemontest.DataDir(t, files)
+	// With a Jaeger at hand, both edges export their traces there: route-a
+	// its run's, route-b the step's run, in route-a's trace.
+	dirA := daemontest.EmptyDataDir(t)
+	jaeger, service := os.Getenv("KEEL_TEST_JAEGER_QUERY"), fmt.Sprintf("keel-route-%d", time.Now().UnixNano())
+	if jaeger != "" && os.Getenv("KEEL_TEST_OTLP_GRPC") != "" {
+		for dir, name := range map[string]string{dirA: service, dirB: service + "-b"} {
+			cfg, _ := json.Marshal(map[string]any{"protocol": "grpc", "endpoint": os.Getenv("KEEL_TEST_OTLP_GRPC"), "insecure": true,
+				"service_name": name, "flush_interval_ms": 100})
+			if err := os.WriteFile(filepath.Join(dir, daemon.TelemetryConfigFile), cfg, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	} else {
+		jaeger = ""
+	}
 	b := daemontest.Start(t, daemon.Config{DataDir: dirB, Join: cluster.LeafURLs(), JoinCredentials: credentials(t), EdgeName: "route-b",
 		EdgeHeartbeat: 100 * time.Millisecond, Provider: byPrefix(map[string][]scripted.Step{
 			"bump the counter":  {scripted.CallTools(keel.ToolCall{ID: "c1", Name: "bump", Arguments: json.RawMessage(`{}`)}), scripted.Answer("bumped once")},
@@ -79,18 +94,6 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 	secrets := t.TempDir()
 	if out, errs, code := daemontest.CLI(ctx, b.Dir, "tools", "grant", "peek", "fs:/workspace="+secrets, "--private"); code != 0 {
 		t.Fatalf("keel tools grant peek --private = %d:\n%s%s", code, out, errs)
-	}
-	// With a Jaeger at hand, route-a exports its trace there.
-	dirA := daemontest.EmptyDataDir(t)
-	jaeger, service := os.Getenv("KEEL_TEST_JAEGER_QUERY"), fmt.Sprintf("keel-route-%d", time.Now().UnixNano())
-	if jaeger != "" && os.Getenv("KEEL_TEST_OTLP_GRPC") != "" {
-		cfg, _ := json.Marshal(map[string]any{"protocol": "grpc", "endpoint": os.Getenv("KEEL_TEST_OTLP_GRPC"), "insecure": true,
-			"service_name": service, "flush_interval_ms": 100})
-		if err := os.WriteFile(filepath.Join(dirA, daemon.TelemetryConfigFile), cfg, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		jaeger = ""
 	}
 	a := daemontest.Start(t, daemon.Config{DataDir: dirA, Provider: byPrefix(nil), Join: cluster.LeafURLs(), JoinCredentials: credentials(t),
 		EdgeName: "route-a", EdgeHeartbeat: 100 * time.Millisecond})
@@ -194,7 +197,10 @@ func TestPlanStepRoutedToEdge(t *testing.T) {
 		t.Errorf("keel trace --json %s = %d, stderr %q; want the hand-off span and route-b's call of bump in:\n%s", got.Run.ID, code, errs, out)
 	}
 	if jaeger != "" {
-		jaegerJoined(t, jaeger, keel.TraceID(got.Run.ID))
+		// route-a's copy of route-b's spans (what crossed back), and
+		// route-b's own export of them.
+		jaegerJoined(t, jaeger, keel.TraceID(got.Run.ID), service)
+		jaegerJoined(t, jaeger, keel.TraceID(got.Run.ID), service+"-b")
 	}
 
 	// The private step.
@@ -361,14 +367,15 @@ func approvalEdge(t *testing.T, name, origin, tool, goal, answer string) (*daemo
 }
 
 // jaegerJoined waits until Jaeger holds trace traceID with route-b's
-// call of bump in it, under route-b's root span, under the hand-off
-// span: one trace for both sides. It polls (Jaeger offers nothing to wait
-// on) and fails after a minute.
-func jaegerJoined(t *testing.T, query, traceID string) {
+// call of bump in it, exported by service, under route-b's root span,
+// under the hand-off span: one trace for both sides. It polls (Jaeger
+// offers nothing to wait on) and fails after a minute.
+func jaegerJoined(t *testing.T, query, traceID, service string) {
 	t.Helper()
 	type span struct {
 		SpanID        string `json:"spanID"`
 		OperationName string `json:"operationName"`
+		ProcessID     string `json:"processID"`
 		References    []struct {
 			RefType string `json:"refType"`
 			SpanID  string `json:"spanID"`
@@ -382,7 +389,10 @@ func jaegerJoined(t *testing.T, query, traceID string) {
 		}
 		var body struct {
 			Data []struct {
-				Spans []span `json:"spans"`
+				Spans     []span `json:"spans"`
+				Processes map[string]struct {
+					ServiceName string `json:"serviceName"`
+				} `json:"processes"`
 			} `json:"data"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&body)
@@ -403,8 +413,9 @@ func jaegerJoined(t *testing.T, query, traceID string) {
 			}
 			return span{}
 		}
+		procs := body.Data[0].Processes
 		for _, sp := range last {
-			if sp.OperationName != "execute_tool bump" {
+			if sp.OperationName != "execute_tool bump" || procs[sp.ProcessID].ServiceName != service {
 				continue
 			}
 			for p, i := parent(sp), 0; p.SpanID != "" && i < 8; p, i = parent(p), i+1 {
@@ -418,5 +429,5 @@ func jaegerJoined(t *testing.T, query, traceID string) {
 	for _, sp := range last {
 		names = append(names, sp.OperationName)
 	}
-	t.Fatalf("Jaeger's trace %s has no call of bump under the hand-off span within a minute; its spans: %v", traceID, names)
+	t.Fatalf("Jaeger's trace %s has no call of bump by %s under the hand-off span within a minute; its spans: %v", traceID, service, names)
 }

@@ -87,10 +87,10 @@ type HandedOffData struct {
 // them out (the daemon's store, store.Store's methods): who offered each,
 // so that only its origin may cancel its run, after a restart too.
 type Offers interface {
-	// OfferStep records origin as the origin of the step whose run has
-	// idempotency key key, unless one is recorded, and returns the offer
-	// as recorded (the first origin).
-	OfferStep(ctx context.Context, key, origin string) (keel.StepOffer, error)
+	// OfferStep records offer as the offer of the step whose run has
+	// idempotency key offer.Key, unless one is recorded, and returns the
+	// offer as recorded (the first one's origin and trace context).
+	OfferStep(ctx context.Context, offer keel.StepOffer) (keel.StepOffer, error)
 	// CancelStepOffer records that origin cancelled the step of key, if
 	// it is the step's origin or none is recorded (origin becomes it),
 	// and returns the offer as recorded.
@@ -121,7 +121,7 @@ func (e *Edge) serveStep(m *nats.Msg) {
 	// an offer after the cancel starts nothing.
 	e.offerMu.Lock()
 	defer e.offerMu.Unlock()
-	off, err := e.src.Offers.OfferStep(ctx, key, s.Need.Origin)
+	off, err := e.src.Offers.OfferStep(ctx, keel.StepOffer{Key: key, Origin: s.Need.Origin, TraceParent: s.TraceParent})
 	if err != nil {
 		e.log.Warn("edge: keep a step's offer", logkey.Step, s.ID, logkey.Err, err)
 		reply(Accepted{Error: "the step's offer could not be kept"})
