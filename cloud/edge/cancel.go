@@ -51,7 +51,14 @@ func (e *Edge) serveCancel(m *nats.Msg) {
 		m.Respond(b)
 	}
 	var req CancelRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.Run == "" && req.Key == "" || req.Origin == "" {
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		reply(CancelReply{Error: "not a cancel request"})
+		return
+	}
+	if asker, ok := askerOf(m, CancelSubject(e.cfg.Namespace, e.cfg.Name)); ok {
+		req.Origin = asker // an edge cancels as itself
+	}
+	if req.Run == "" && req.Key == "" || req.Origin == "" {
 		reply(CancelReply{Error: "not a cancel request"})
 		return
 	}
@@ -111,7 +118,7 @@ func RemoteCancel(ctx context.Context, nc *nats.Conn, ns, edge string, req Cance
 	if err != nil {
 		return "", err
 	}
-	m, err := nc.RequestWithContext(ctx, CancelSubject(ns, edge), b)
+	m, err := nc.RequestWithContext(ctx, AskSubject(CancelSubject(ns, edge), req.Origin), b)
 	if err != nil {
 		return "", fmt.Errorf("cancel %s on %s: %w", what, edge, err)
 	}

@@ -104,11 +104,9 @@ type Edge struct {
 	local  jetstream.JetStream
 	cloud  jetstream.JetStream
 	filter *Filter
-	sub    *nats.Subscription
-	// spansSub answers the origins of steps for their runs' spans.
-	spansSub *nats.Subscription
-	// cancelSub answers the origins of steps that cancel their runs.
-	cancelSub *nats.Subscription
+	// subs answer the steps handed to the edge, their runs' spans and
+	// their cancels (each on its subject, and with an asker's name).
+	subs []*nats.Subscription
 
 	// offerMu orders the offers and cancels of steps: a cancel of a key
 	// comes before its offer's start or after it.
@@ -246,20 +244,33 @@ func (e *Edge) connect(ctx context.Context) error {
 		nc.Close()
 		return fmt.Errorf("edge: outbox: %w", err)
 	}
+	// Each service answers on its subject (the cloud's requests) and on
+	// the subject with the asker's name after it (an edge's, which its
+	// credentials bind to its name: AskerOf).
+	serve := func(subject string, h nats.MsgHandler) error {
+		for _, subj := range []string{subject, subject + ".*"} {
+			sub, err := nc.Subscribe(subj, h)
+			if err != nil {
+				return err
+			}
+			e.subs = append(e.subs, sub)
+		}
+		return nil
+	}
 	if e.src.Start != nil {
-		if e.sub, err = nc.Subscribe(StepSubject(e.cfg.Namespace, e.cfg.Name), e.serveStep); err != nil {
+		if err := serve(StepSubject(e.cfg.Namespace, e.cfg.Name), e.serveStep); err != nil {
 			nc.Close()
 			return err
 		}
 	}
 	if e.src.Spans != nil {
-		if e.spansSub, err = nc.Subscribe(SpansSubject(e.cfg.Namespace, e.cfg.Name), e.serveSpans); err != nil {
+		if err := serve(SpansSubject(e.cfg.Namespace, e.cfg.Name), e.serveSpans); err != nil {
 			nc.Close()
 			return err
 		}
 	}
 	if e.src.Cancel != nil && e.src.Start != nil {
-		if e.cancelSub, err = nc.Subscribe(CancelSubject(e.cfg.Namespace, e.cfg.Name), e.serveCancel); err != nil {
+		if err := serve(CancelSubject(e.cfg.Namespace, e.cfg.Name), e.serveCancel); err != nil {
 			nc.Close()
 			return err
 		}
@@ -497,14 +508,8 @@ func (e *Edge) ensureMirror(ctx context.Context, kv jetstream.KeyValue) error {
 // outbox, the leaf server stops. A second Close does nothing.
 func (e *Edge) Close(ctx context.Context) error {
 	e.closed.Do(func() {
-		if e.sub != nil {
-			e.sub.Unsubscribe()
-		}
-		if e.spansSub != nil {
-			e.spansSub.Unsubscribe()
-		}
-		if e.cancelSub != nil {
-			e.cancelSub.Unsubscribe()
+		for _, sub := range e.subs {
+			sub.Unsubscribe()
 		}
 		e.cancel()
 		e.wg.Wait()

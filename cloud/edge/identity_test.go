@@ -2,9 +2,11 @@ package edge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/keel-runtime/keel/capabilities"
 	"github.com/keel-runtime/keel/cloud/edge"
 	"github.com/keel-runtime/keel/cloud/natstest"
+	"github.com/keel-runtime/keel/cloud/route"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -29,7 +32,7 @@ import (
 func TestEdgeIdentity(t *testing.T) {
 	t.Parallel()
 	users := []natstest.LeafUser{}
-	for _, n := range []string{"id-a", "id-b", "id-c"} {
+	for _, n := range []string{"id-a", "id-b", "id-c", "id-q"} {
 		pub, sub := edge.Permissions(ns, n, "")
 		users = append(users, natstest.LeafUser{User: n, Password: n + "-secret-0123", Publish: pub, Subscribe: sub})
 	}
@@ -52,14 +55,21 @@ func TestEdgeIdentity(t *testing.T) {
 	if err := edge.Setup(ctx, hjs, ns, 1, ttl); err != nil {
 		t.Fatal(err)
 	}
-	join := func(name string, j *journal) *edge.Edge {
+	credsOf := func(name string) string {
 		creds := filepath.Join(t.TempDir(), name+".creds")
 		if err := os.WriteFile(creds, []byte(name+":"+name+"-secret-0123\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		e, err := edge.Join(ctx, edge.Config{URL: cl.LeafURLs(), Credentials: creds, Name: name, Dir: t.TempDir(), Heartbeat: 100 * time.Millisecond},
-			edge.Sources{Describe: func(context.Context) (capabilities.Environment, error) { return capabilities.Environment{}, nil },
-				Labels: func(context.Context, keel.RunID) ([]string, error) { return nil, nil }, Journal: j})
+		return creds
+	}
+	join := func(name string, j *journal, with ...func(*edge.Sources)) *edge.Edge {
+		creds := credsOf(name)
+		src := edge.Sources{Describe: func(context.Context) (capabilities.Environment, error) { return capabilities.Environment{}, nil },
+			Labels: func(context.Context, keel.RunID) ([]string, error) { return nil, nil }, Journal: j}
+		for _, f := range with {
+			f(&src)
+		}
+		e, err := edge.Join(ctx, edge.Config{URL: cl.LeafURLs(), Credentials: creds, Name: name, Dir: t.TempDir(), Heartbeat: 100 * time.Millisecond}, src)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,4 +183,105 @@ func TestEdgeIdentity(t *testing.T) {
 	if _, err := kv.Get(ctx, "id-c"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("the default account's edges bucket: id-c: %v, want not found", err)
 	}
+
+	// Hand-offs between edges under per-edge credentials: an edge asks
+	// on the subjects with its own name after them (AskSubject), and the
+	// edge that answers takes the origin from there, not from what the
+	// request says. Through id-a's link, a step offered as id-a but
+	// saying id-p is id-a's; one offered in id-p's name, and a cancel in
+	// it, are refused by the server (no answer).
+	offers := &memOffers{}
+	join("id-q", &journal{}, func(src *edge.Sources) {
+		src.Offers = offers
+		src.Start = func(_ context.Context, req keel.StartRequest) (keel.Run, error) {
+			return keel.Run{ID: keel.RunID("run_" + req.IdempotencyKey), Status: keel.RunRunning}, nil
+		}
+		src.Cancel = func(_ context.Context, id keel.RunID) (keel.Run, error) {
+			return keel.Run{ID: id, Status: keel.RunCancelled}, nil
+		}
+	})
+	var acc edge.Accepted
+	for acc, err = edge.Offer(ctx, nc, ns, "id-q", edge.Step{ID: "mine", Goal: "g", Need: route.Need{Origin: "id-a"}}); errors.Is(err, nats.ErrNoResponders); {
+		select { // id-q's subscriptions are on their way
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		acc, err = edge.Offer(ctx, nc, ns, "id-q", edge.Step{ID: "mine", Goal: "g", Need: route.Need{Origin: "id-a"}})
+	}
+	if err != nil {
+		t.Fatalf("id-a offers a step to id-q as itself: %v", err)
+	}
+	b, _ := json.Marshal(edge.Step{ID: "claims-p", Goal: "g", Need: route.Need{Origin: "id-p"}})
+	if _, err := nc.Request(edge.AskSubject(edge.StepSubject(ns, "id-q"), "id-a"), b, 10*time.Second); err != nil {
+		t.Fatalf("id-a offers a step saying id-p on its own subject: %v", err)
+	}
+	if o := offers.origin("step-claims-p"); o != "id-a" {
+		t.Errorf("the origin id-q keeps for a step id-a offered saying id-p = %q, want id-a", o)
+	}
+	octx, ocancel := context.WithTimeout(ctx, time.Second)
+	if a, err := edge.Offer(octx, nc, ns, "id-q", edge.Step{ID: "spoofed", Goal: "g", Need: route.Need{Origin: "id-p"}}); err == nil {
+		t.Errorf("an offer in id-p's name through id-a's link = %+v, want no answer", a)
+	}
+	if st, err := edge.RemoteCancel(octx, nc, ns, "id-q", edge.CancelRequest{Run: acc.RunID, Origin: "id-p"}); err == nil {
+		t.Errorf("a cancel in id-p's name through id-a's link = %s, want no answer", st)
+	}
+	ocancel()
+	if o := offers.origin("step-spoofed"); o != "" {
+		t.Errorf("id-q kept an offer in id-p's name from id-a's link (origin %q)", o)
+	}
+	// id-a's own cancel of its step is answered.
+	if st, err := edge.RemoteCancel(ctx, nc, ns, "id-q", edge.CancelRequest{Run: acc.RunID, Origin: "id-a"}); err != nil || st != keel.RunCancelled {
+		t.Errorf("id-a cancels its step on id-q = %s, %v; want cancelled", st, err)
+	}
+}
+
+// memOffers keeps the offers of an edge of the tests in memory.
+type memOffers struct {
+	mu     sync.Mutex
+	offers map[string]keel.StepOffer
+}
+
+func (m *memOffers) OfferStep(_ context.Context, o keel.StepOffer) (keel.StepOffer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.offers == nil {
+		m.offers = map[string]keel.StepOffer{}
+	}
+	if got, ok := m.offers[o.Key]; ok {
+		return got, nil
+	}
+	o.Run = keel.RunID("run_" + o.Key) // as the tests' Start names it
+	m.offers[o.Key] = o
+	return o, nil
+}
+
+func (m *memOffers) CancelStepOffer(_ context.Context, key, origin string) (keel.StepOffer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.offers[key]
+	if !ok {
+		o = keel.StepOffer{Key: key, Origin: origin}
+	}
+	if o.Origin == origin {
+		o.Cancelled = true
+	}
+	m.offers[key] = o
+	return o, nil
+}
+
+func (m *memOffers) StepOfferOf(_ context.Context, run keel.RunID) (keel.StepOffer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, o := range m.offers {
+		if o.Run == run {
+			return o, nil
+		}
+	}
+	return keel.StepOffer{}, keel.ErrNotFound
+}
+
+func (m *memOffers) origin(key string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.offers[key].Origin
 }

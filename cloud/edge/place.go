@@ -32,6 +32,9 @@ type SpansRequest struct {
 	// ParentSpan is the span of the asker's trace that the run's root
 	// span goes under.
 	ParentSpan string `json:"parent_span,omitempty"`
+	// Origin, when set, is the edge that asks (AskSubject): the edge
+	// answers an edge only for a run of a step that edge handed it.
+	Origin string `json:"origin,omitempty"`
 }
 
 // SpansReply is an edge's answer to a SpansRequest.
@@ -74,6 +77,13 @@ func (e *Edge) serveSpans(m *nats.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if asker, ok := askerOf(m, SpansSubject(e.cfg.Namespace, e.cfg.Name)); ok && e.src.Offers != nil {
+		// An edge is given the spans of the runs of its own steps only.
+		if off, err := e.src.Offers.StepOfferOf(ctx, req.Run); err != nil || off.Origin != asker {
+			reply(SpansReply{Error: fmt.Sprintf("run %s is not a step %s handed to %s", req.Run, asker, e.cfg.Name)})
+			return
+		}
+	}
 	spans, err := e.src.Spans(ctx, req.Run)
 	if err != nil {
 		reply(SpansReply{Error: err.Error()})
@@ -212,7 +222,7 @@ func (p *Placer) Await(ctx context.Context, env string, run keel.RunID, parentSp
 		return keel.StepOutcome{}, err
 	}
 	o := keel.StepOutcome{Status: c.Status, Result: c.Result, Error: c.Error, Withheld: c.Withheld, Labels: c.Labels}
-	r, err := RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan})
+	r, err := RemoteSpans(ctx, p.e.nc, p.e.cfg.Namespace, env, SpansRequest{Run: run, ParentSpan: parentSpan, Origin: p.e.cfg.Name})
 	if err != nil {
 		p.e.log.Warn("edge: the spans of a step run elsewhere", logkey.Edge, env, logkey.Run, run, logkey.Err, err)
 	}
@@ -229,7 +239,7 @@ func RemoteSpans(ctx context.Context, nc *nats.Conn, ns, edge string, req SpansR
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m, err := nc.RequestWithContext(rctx, SpansSubject(ns, edge), b)
+	m, err := nc.RequestWithContext(rctx, AskSubject(SpansSubject(ns, edge), req.Origin), b)
 	if err != nil {
 		return SpansReply{}, err
 	}

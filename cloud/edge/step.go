@@ -113,6 +113,9 @@ func (e *Edge) serveStep(m *nats.Msg) {
 		reply(Accepted{Error: "not a step"})
 		return
 	}
+	if asker, ok := askerOf(m, StepSubject(e.cfg.Namespace, e.cfg.Name)); ok {
+		s.Need.Origin = asker // an edge hands off as itself
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key := "step-" + s.ID
@@ -191,12 +194,14 @@ func Handoff(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, ns stri
 }
 
 // Offer hands step to edge and returns its answer: the run it started.
+// It asks under the name of step.Need.Origin (AskSubject): an edge's
+// credentials let it offer steps as itself only.
 func Offer(ctx context.Context, nc *nats.Conn, ns, edge string, step Step) (Accepted, error) {
 	b, err := json.Marshal(step)
 	if err != nil {
 		return Accepted{}, err
 	}
-	m, err := nc.RequestWithContext(ctx, StepSubject(ns, edge), b)
+	m, err := nc.RequestWithContext(ctx, AskSubject(StepSubject(ns, edge), step.Need.Origin), b)
 	if err != nil {
 		return Accepted{}, fmt.Errorf("hand-off to %s: %w", edge, err)
 	}
