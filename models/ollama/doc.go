@@ -1,8 +1,10 @@
 // Package ollama owns the Ollama backend of the model layer: a
 // models.Provider that lists local models with their capabilities and
 // context length (/api/tags, /api/show), streams chat replies
-// (/api/chat) and pulls models from the registry with progress
-// (/api/pull), through the official github.com/ollama/ollama/api client.
+// (/api/chat), pulls models from the registry with progress
+// (/api/pull) and embeds text (/api/embed for several inputs,
+// /api/embeddings, the cheaper call, for one, normalized alike), through
+// the official github.com/ollama/ollama/api client.
 //
 // Tool calling works with every completion model. A model whose template
 // renders tools (capability "tools") gets them natively; for any other

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 
 // fake is an httptest server speaking the parts of Ollama's API the
 // provider uses: /api/tags, /api/show, streamed NDJSON /api/chat,
-// /api/pull and /api/embed.
+// /api/pull, /api/embed and /api/embeddings.
 type fake struct {
 	srv *httptest.Server
 
@@ -41,6 +41,7 @@ type fake struct {
 	chats   []string                     // /api/chat request bodies
 	pulls   []string                     // /api/pull request bodies
 	embeds  []string                     // /api/embed request bodies
+	legacy  []string                     // /api/embeddings request bodies
 	models  map[string]*api.ShowResponse // by name without ":latest"
 	digests map[string]string            // what /api/tags lists as each model's digest
 	// tagsStatus, when set, is the status /api/tags fails with.
@@ -55,6 +56,8 @@ type fake struct {
 	pull func(w http.ResponseWriter, r *http.Request)
 	// embed answers /api/embed; by default with no embedding.
 	embed func(w http.ResponseWriter, r *http.Request)
+	// embeddings answers /api/embeddings; by default with no embedding.
+	embeddings func(w http.ResponseWriter, r *http.Request)
 }
 
 func newFake(t *testing.T) *fake {
@@ -77,6 +80,7 @@ func newFake(t *testing.T) *fake {
 	f.reply = func(w http.ResponseWriter, r *http.Request) { ndjson(w, f.lines...) }
 	f.pull = func(w http.ResponseWriter, r *http.Request) { ndjson(w, api.ProgressResponse{Status: "success"}) }
 	f.embed = func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(api.EmbedResponse{}) }
+	f.embeddings = func(w http.ResponseWriter, r *http.Request) { json.NewEncoder(w).Encode(api.EmbeddingResponse{}) }
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
@@ -168,6 +172,11 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request) {
 		f.embeds = append(f.embeds, string(body))
 		f.mu.Unlock()
 		f.embed(w, r)
+	case "/api/embeddings":
+		f.mu.Lock()
+		f.legacy = append(f.legacy, string(body))
+		f.mu.Unlock()
+		f.embeddings(w, r)
 	default:
 		http.NotFound(w, r)
 	}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ollama/ollama/api"
@@ -96,6 +97,9 @@ type Provider struct {
 	readersMu  sync.Mutex // guards closed and readers.Add
 	closed     bool
 	readers    sync.WaitGroup
+
+	// noLegacyEmbed: the server has no /api/embeddings (see Embed).
+	noLegacyEmbed atomic.Bool
 
 	mu      sync.Mutex
 	shows   map[string]showEntry
@@ -893,7 +897,8 @@ func (p *Provider) wrap(ctx context.Context, op, model string, err error) error 
 			e.Kind, e.Msg = models.KindNotFound, fmt.Sprintf("%s: pull it with `keel models pull %s`", op, model)
 		case code == http.StatusInternalServerError && isFormatError(se.ErrorMessage):
 			e.Kind, e.Msg = models.KindInvalidRequest, op+": Ollama refused the output schema"
-		case code == http.StatusBadRequest && isTooLong(se.ErrorMessage):
+		case (code == http.StatusBadRequest || code == http.StatusInternalServerError) && isTooLong(se.ErrorMessage):
+			// 500: /api/embeddings passes the runner's 400 on as one.
 			e.Kind, e.Msg = models.KindContextTooLong, fmt.Sprintf("%s: the prompt is longer than the context Ollama was given for %s; it was refused, not cut", op, model)
 		case code >= 500 && isCrash(se.ErrorMessage):
 			e.Kind, e.Msg = models.KindCrashed, crashMsg(op, model, p.Endpoint())

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -343,6 +344,26 @@ func TestRealEmbed(t *testing.T) {
 	}
 	if _, err := p.Embed(t.Context(), models.EmbedRequest{Model: "keel-no-such-model", Input: []string{"x"}}); !errors.Is(err, models.ErrModelNotFound) {
 		t.Errorf("Embed(unknown model) error = %v, want ErrModelNotFound", err)
+	}
+	// One input goes through /api/embeddings, normalized by Embed: the
+	// same vector as /api/embed's, to float32 rounding.
+	for i, in := range []string{"a cat", "a dog"} {
+		one, err := p.Embed(t.Context(), models.EmbedRequest{Model: tiny, Input: []string{in}})
+		if err != nil {
+			t.Fatalf("Embed(%q) error = %v", in, err)
+		}
+		if len(one.Vectors) != 1 || len(one.Vectors[0]) != len(resp.Vectors[i]) {
+			t.Fatalf("Embed(%q) = %d vectors, want 1 of dimension %d", in, len(one.Vectors), len(resp.Vectors[i]))
+		}
+		for d, f := range one.Vectors[0] {
+			if diff := math.Abs(float64(f - resp.Vectors[i][d])); diff > 1e-5 {
+				t.Errorf("Embed(%q) alone, dimension %d = %v, want %v as in a batch (/api/embed)", in, d, f, resp.Vectors[i][d])
+				break
+			}
+		}
+	}
+	if _, err := p.Embed(t.Context(), models.EmbedRequest{Model: "keel-no-such-model", Input: []string{"x", "y"}}); !errors.Is(err, models.ErrModelNotFound) {
+		t.Errorf("Embed(unknown model, two inputs) error = %v, want ErrModelNotFound", err)
 	}
 }
 
