@@ -190,19 +190,19 @@ func TestMatchExpr(t *testing.T) {
 
 func TestFuse(t *testing.T) {
 	t.Parallel()
-	h := func(id, text string) Hit { return Hit{ChunkID: id, hash: text} }
-	bm := []Hit{h("a", "A"), h("b", "B"), h("c", "C")}
-	vec := []Hit{h("c", "C"), h("d", "D"), h("e", "A")} // e has a's text
+	h := func(row int64) Hit { return Hit{row: row} }
+	bm := []Hit{h(1), h(2), h(3)}
+	vec := []Hit{h(3), h(4), h(5)}
 	got := fuse(bm, vec)
-	var ids []string
+	var rows []int64
 	for _, x := range got {
-		ids = append(ids, x.ChunkID)
+		rows = append(rows, x.row)
 	}
-	// c: 1/63 + 1/61 beats a: 1/61; b (1/62) ties d (1/62): BM25's first.
-	if want := []string{"c", "a", "b", "d"}; !cmp.Equal(ids, want) {
-		t.Errorf("fuse() order = %v, want %v", ids, want)
+	// 3: 1/63 + 1/61 beats 1: 1/61; 2 (1/62) ties 4 (1/62): BM25's first.
+	if want := []int64{3, 1, 2, 4, 5}; !cmp.Equal(rows, want) {
+		t.Errorf("fuse() order = %v, want %v", rows, want)
 	}
 	if got[0].BM25Rank != 3 || got[0].VectorRank != 1 || got[3].BM25Rank != 0 || got[3].VectorRank != 2 {
-		t.Errorf("fuse() ranks = %+v, want c 3/1 and d 0/2", got)
+		t.Errorf("fuse() ranks = %+v, want 3 at 3/1 and 4 at 0/2", got)
 	}
 }

@@ -26,7 +26,10 @@
 // few and any word is asked for. Hybrid ranking fuses the BM25 list and
 // the vector list by reciprocal rank fusion (k = 60); the query's
 // embedding is asked for first and the BM25 list is made while the
-// model computes it, and only the fused hits' text is read.
+// model computes it. The vector list is of chunk ids alone when only
+// scopes filter (every vector of a scope searched passes); after the
+// fusion one statement reads the hits returned, chunk, document, text
+// and labels, a copied text passed over.
 //
 // Vector search is held in memory per scope: every vector, normalized.
 // Up to 16,384 vectors a query is a dot product with each; a larger set

@@ -2,9 +2,7 @@ package knowledge
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -71,7 +69,11 @@ type Hit struct {
 	// ranking; 0 when absent from it.
 	BM25Rank, VectorRank int
 
+	row  int64  // the chunk's row id
 	hash string // of Text: hits are compared by it before their text is read
+	// bare: only row and the ranking's fields are set (a vector hit not
+	// yet read); finish reads the rest.
+	bare bool
 }
 
 // Search finds the chunks that best match q within q.Scopes and the
@@ -149,24 +151,25 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 		return nil, v.err
 	}
 	if mode == ModeVector {
-		return ix.finish(ctx, dedupe(v.hits), limit)
+		return ix.finish(ctx, v.hits, limit)
 	}
 	return ix.finish(ctx, fuse(bm, v.hits), limit)
 }
 
-// fuse merges two rankings by reciprocal rank fusion.
+// fuse merges two rankings by reciprocal rank fusion (by chunk; hits
+// with the same text are left for finish to drop).
 func fuse(bm, vec []Hit) []Hit {
-	byID := map[string]int{}
-	var out []Hit
+	byRow := make(map[int64]int, len(bm))
+	out := make([]Hit, 0, len(bm)+len(vec))
 	for i, h := range bm {
 		h.BM25Rank = i + 1
 		h.Score = 1.0 / float64(rrfK+i+1)
-		byID[h.ChunkID] = len(out)
+		byRow[h.row] = len(out)
 		out = append(out, h)
 	}
 	for i, h := range vec {
 		s := 1.0 / float64(rrfK+i+1)
-		if j, ok := byID[h.ChunkID]; ok {
+		if j, ok := byRow[h.row]; ok {
 			out[j].VectorRank = i + 1
 			out[j].Score += s
 			continue
@@ -183,7 +186,7 @@ func fuse(bm, vec []Hit) []Hit {
 		}
 		return 0
 	})
-	return dedupe(out)
+	return out
 }
 
 // dedupe drops hits whose text (by its hash) an earlier hit has.
@@ -200,62 +203,90 @@ func dedupe(hs []Hit) []Hit {
 	return out
 }
 
-// finish cuts hs to limit and reads the hits' text and their scopes'
-// labels, in one query: the rankings before carry neither, so that only
-// the text returned is read.
+// finish returns the best limit of the ranked hits hs, each text once,
+// with their text and their scopes' labels: the rankings before carry
+// neither (and a vector hit nothing but its chunk), so that only the text
+// returned is read. It reads the hits in ranked order, a few more than
+// are still wanted at a time (a hit whose text an earlier one has, or
+// whose chunk was deleted since the ranking, is passed over), usually in
+// one statement.
 func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error) {
-	if len(hs) > limit {
-		hs = hs[:limit]
-	}
-	if len(hs) == 0 {
-		return hs, nil
-	}
-	ids := make([]byte, 0, 8*len(hs))
-	ids = append(ids, '[')
-	at := make(map[int64]int, len(hs))
-	for i, h := range hs {
-		id := chunkRowID(h.ChunkID)
-		at[id] = i
-		if i > 0 {
-			ids = append(ids, ',')
+	out := make([]Hit, 0, min(limit, len(hs)))
+	seen := make(map[string]bool, limit)
+	ids := make([]byte, 0, 16*(limit+finishSlack))
+	at := make(map[int64]int, limit+finishSlack)
+	found := make([]bool, 0, limit+finishSlack)
+	for len(hs) > 0 && len(out) < limit {
+		w := hs[:min(len(hs), limit-len(out)+finishSlack)]
+		hs = hs[len(w):]
+		ids = append(ids[:0], '[')
+		clear(at)
+		for i, h := range w {
+			at[h.row] = i
+			if i > 0 {
+				ids = append(ids, ',')
+			}
+			ids = strconv.AppendInt(ids, h.row, 10)
 		}
-		ids = strconv.AppendInt(ids, id, 10)
+		ids = append(ids, ']')
+		found = found[:len(w)]
+		clear(found)
+		if err := ix.readHits(ctx, ids, w, at, found); err != nil {
+			return nil, err
+		}
+		for i, h := range w {
+			if !found[i] || seen[h.hash] {
+				continue
+			}
+			seen[h.hash] = true
+			out = append(out, h)
+			if len(out) == limit {
+				break
+			}
+		}
 	}
-	ids = append(ids, ']')
-	rows, err := ix.query(ctx, `SELECT c.id, c.text, s.labels FROM json_each(?) j
+	return out, nil
+}
+
+// finishSlack is how many hits past those still wanted finish reads at a
+// time, for duplicates to be passed over without a second statement.
+const finishSlack = 2
+
+// readHits fills in the hits w[at[row]] of the chunks listed in ids (a
+// JSON array of row ids): their text, their scope's labels, and, for a
+// bare hit, its chunk's and document's columns; found[i] says w[i]'s
+// chunk was read (not deleted since the ranking).
+func (ix *Index) readHits(ctx context.Context, ids []byte, w []Hit, at map[int64]int, found []bool) error {
+	rows, err := ix.query(ctx, `SELECT `+hitColumns+`, c.text, s.labels FROM json_each(?) j
 		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
 		LEFT JOIN kn_scopes s ON s.name = d.scope`, string(ids))
 	if err != nil {
-		return nil, fmt.Errorf("knowledge: search: %w", err)
+		return fmt.Errorf("knowledge: search: %w", err)
 	}
 	defer rows.Close()
-	found := 0
 	for rows.Next() {
-		var id int64
 		var text string
 		var labels sql.NullString
-		if err := rows.Scan(&id, &text, &labels); err != nil {
-			return nil, fmt.Errorf("knowledge: search: %w", err)
+		r, err := scanHit(rows, &text, &labels)
+		if err != nil {
+			return fmt.Errorf("knowledge: search: %w", err)
 		}
-		if i, ok := at[id]; ok {
-			hs[i].Text, hs[i].Labels = text, splitLabels(labels.String)
-			found++
+		i, ok := at[r.row]
+		if !ok {
+			continue
 		}
+		found[i] = true
+		h := &w[i]
+		if h.bare {
+			r.Score, r.BM25Rank, r.VectorRank = h.Score, h.BM25Rank, h.VectorRank
+			*h = r
+		}
+		h.Text, h.Labels = text, splitLabels(labels.String)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("knowledge: search: %w", err)
+		return fmt.Errorf("knowledge: search: %w", err)
 	}
-	if found < len(hs) {
-		// A chunk deleted between the ranking and now: leave it out.
-		out := hs[:0]
-		for _, h := range hs {
-			if h.Text != "" || h.hash == emptyHash {
-				out = append(out, h)
-			}
-		}
-		hs = out
-	}
-	return hs, nil
+	return nil
 }
 
 // filter is a query's conditions on documents, as SQL over kn_docs d.
@@ -311,21 +342,9 @@ func scanHit(r scanner, extra ...any) (Hit, error) {
 	var cid, did int64
 	var scope string
 	err := r.Scan(append([]any{&cid, &did, &h.Source, &h.Type, &h.Heading, &scope, &h.StartLine, &h.EndLine, &h.hash}, extra...)...)
-	h.ChunkID, h.DocID, h.Scope = chunkID(cid), docID(did), Scope(scope)
+	h.ChunkID, h.DocID, h.Scope, h.row = chunkID(cid), docID(did), Scope(scope), cid
 	return h, err
 }
-
-// chunkRowID is the row id of a chunk ID made by chunkID.
-func chunkRowID(id string) int64 {
-	n, _ := strconv.ParseInt(strings.TrimPrefix(id, "c"), 10, 64)
-	return n
-}
-
-// emptyHash is a chunk hash of the empty text (see writeDoc).
-var emptyHash = func() string {
-	sum := sha256.Sum256(nil)
-	return hex.EncodeToString(sum[:16])
-}()
 
 // matchExpr turns free text into an FTS5 query: its words (letters,
 // digits, '_'), each quoted, any of them; English stop words are left out

@@ -317,7 +317,9 @@ func embedInput(heading, text string, max int) string {
 }
 
 // searchVector returns the n chunks of scopes nearest to text's vector
-// that pass f. The filter, when it has conditions besides the scopes, is
+// that pass f. When f names the scopes and nothing else, every vector
+// searched passes, and the hits are bare (their chunk and rank only: the
+// caller reads the few it returns). A filter with other conditions is
 // applied to the 4n nearest, so a very selective filter may leave fewer
 // than n.
 func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, f filter, n int) ([]Hit, error) {
@@ -347,6 +349,13 @@ func (ix *Index) searchVector(ctx context.Context, text string, scopes []Scope, 
 	best := h.best()
 	if len(best) == 0 {
 		return nil, nil
+	}
+	if f.scopesOnly {
+		out := make([]Hit, len(best))
+		for i, b := range best {
+			out[i] = Hit{row: b.id, Score: float64(b.sim), VectorRank: i + 1, bare: true}
+		}
+		return out, nil
 	}
 	ids := make([]byte, 0, 8*len(best))
 	ids = append(ids, '[')

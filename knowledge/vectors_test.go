@@ -136,3 +136,62 @@ func TestCompact(t *testing.T) {
 		t.Errorf("Search(words) = %d hits, %v, want 8", len(hits), err)
 	}
 }
+
+// TestHybridHits: a hybrid or vector search returns whole hits (chunk,
+// document, source, lines, text, the scope's labels) for the hits found
+// by their vector alone too, which the ranking carries bare; a text
+// copied into several documents is returned once, also when its copies
+// fill more than the first rows read.
+func TestHybridHits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, err := Open(ctx, filepath.Join(t.TempDir(), "k.db"), Options{Embedder: hashEmbedder{}, EmbedModel: "hash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	o := AddOptions{Scope: ScopeUser, Labels: []string{"private"}}
+	docs := map[string]string{"keel:c": "gamma delta", "keel:d": "epsilon zeta", "keel:e": "eta theta"}
+	for i := range 5 {
+		docs[fmt.Sprintf("keel:copy%d", i)] = "alpha beta"
+	}
+	for src, text := range docs {
+		if _, err := ix.AddText(ctx, src, "", text, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		mode  Mode
+		limit int
+		want  int
+	}{{ModeHybrid, 8, 4}, {ModeHybrid, 2, 2}, {ModeVector, 8, 4}, {ModeVector, 3, 3}} {
+		hits, err := ix.Search(ctx, Query{Text: "alpha beta", Scopes: []Scope{ScopeUser}, Mode: tc.mode, Limit: tc.limit})
+		if err != nil {
+			t.Fatalf("Search(%s, limit %d) error = %v", tc.mode, tc.limit, err)
+		}
+		if len(hits) != tc.want {
+			t.Errorf("Search(%s, limit %d) = %d hits, want %d (four texts, one of them in five documents)", tc.mode, tc.limit, len(hits), tc.want)
+		}
+		texts := map[string]bool{}
+		vecOnly := 0
+		for i, h := range hits {
+			if texts[h.Text] {
+				t.Errorf("Search(%s, limit %d)[%d]: text %q returned twice", tc.mode, tc.limit, i, h.Text)
+			}
+			texts[h.Text] = true
+			if h.BM25Rank == 0 {
+				vecOnly++
+			}
+			if h.Text == "" || docs[h.Source] != h.Text || h.ChunkID == "" || h.DocID == "" || h.Scope != ScopeUser ||
+				h.StartLine == 0 || h.Type != "text" || !slices.Equal(h.Labels, []string{"private"}) || h.VectorRank == 0 {
+				t.Errorf("Search(%s, limit %d)[%d] = %+v, want a whole hit of its document with the scope's labels and a vector rank", tc.mode, tc.limit, i, h)
+			}
+		}
+		if tc.limit == 8 && vecOnly == 0 {
+			t.Errorf("Search(%s, limit 8): no hit found by its vector alone, want the texts without alpha", tc.mode)
+		}
+		if !texts["alpha beta"] {
+			t.Errorf("Search(%s, limit %d): the text searched for is missing", tc.mode, tc.limit)
+		}
+	}
+}
