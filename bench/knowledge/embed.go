@@ -29,6 +29,30 @@ type embedFigures struct {
 	// of it (total_duration; load_duration is finding the model and its
 	// runner, before the runner computes).
 	httpEmbed, ollamaTotal, ollamaLoad []time.Duration
+	// The same by plain net/http through /api/embeddings, the path
+	// keel's client takes for one input.
+	httpLegacy []time.Duration
+	// keel's part of a hybrid query alone: the same search with the
+	// query's vector given (computed before the timed rounds), so BM25,
+	// the vector search, the fusion and the text read.
+	given []time.Duration
+}
+
+// givenVectors is an Embedder that answers the bench's queries with
+// their vectors computed beforehand; it times keel's part of a search
+// apart from the model's. The hybrid figures do not use it.
+type givenVectors map[string][]float32
+
+func (g givenVectors) Embed(_ context.Context, req models.EmbedRequest) (models.EmbedResponse, error) {
+	out := models.EmbedResponse{Model: req.Model}
+	for _, in := range req.Input {
+		v, ok := g[in]
+		if !ok {
+			return out, fmt.Errorf("no vector given for %q", in)
+		}
+		out.Vectors = append(out.Vectors, v)
+	}
+	return out, nil
 }
 
 // embedRun ingests the first files of the tree (up to limit chunks) with
@@ -75,8 +99,17 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 	o := knowledge.Options{Embedder: p, EmbedModel: model, ModelDigest: p.Digest}
 	if reuse {
 		// The vectors a -keep run left, if any: then only the queries
-		// are timed.
+		// are timed. They carry the digest of the model as that run's
+		// Ollama made it, and a server started afresh (../shared/ollama/start
+		// creates keel-tiny again) gives the same model another digest,
+		// under which keel would search no vector at all: the kept
+		// vectors are labelled with this server's digest.
 		f.dim, _ = vectorDim(ctx, keelDB)
+		if f.dim > 0 {
+			if err := relabelVectors(ctx, keelDB, model, digest); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if f.dim == 0 {
 		fmt.Fprintf(os.Stderr, "embedding: %d chunks of %d files with %s\n", f.chunks, f.files, model)
@@ -118,9 +151,34 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 		return nil, err
 	}
 	defer ix.Close()
+	given := givenVectors{}
+	for _, q := range queries {
+		r, err := p.Embed(ctx, models.EmbedRequest{Model: model, Input: []string{q}})
+		if err != nil {
+			return nil, err
+		}
+		given[q] = r.Vectors[0]
+	}
+	gix, err := knowledge.Open(ctx, keelDB, knowledge.Options{Embedder: given, EmbedModel: model, ModelDigest: p.Digest})
+	if err != nil {
+		return nil, err
+	}
+	defer gix.Close()
 	scopes := []knowledge.Scope{scope}
 	plainHTTP := &http.Client{}
 	url := p.Endpoint() + "/api/embed"
+	post := func(path string, body any, into any) error {
+		b, _ := json.Marshal(body)
+		resp, err := plainHTTP.Post(p.Endpoint()+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", path, resp.Status)
+		}
+		return json.NewDecoder(resp.Body).Decode(into)
+	}
 	times, err := inTurns(len(keel.bm25), func(q string) error {
 		_, err := ix.Search(ctx, knowledge.Query{Text: q, Scopes: scopes, Mode: knowledge.ModeHybrid, Limit: 8})
 		return err
@@ -148,11 +206,20 @@ func embedRun(ctx context.Context, root, dir, keelDB string, scope knowledge.Sco
 		f.ollamaTotal = append(f.ollamaTotal, time.Duration(r.Total))
 		f.ollamaLoad = append(f.ollamaLoad, time.Duration(r.Load))
 		return nil
+	}, func(q string) error {
+		var r struct {
+			Embedding []float64 `json:"embedding"`
+		}
+		return post("/api/embeddings", map[string]any{"model": model, "prompt": q,
+			"keep_alive": ollama.DefaultKeepAlive.String(), "options": map[string]any{"num_thread": threads}}, &r)
+	}, func(q string) error {
+		_, err := gix.Search(ctx, knowledge.Query{Text: q, Scopes: scopes, Mode: knowledge.ModeHybrid, Limit: 8})
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	keel.hybrid, f.scan, f.queryEmbed, f.httpEmbed = times[0], times[1], times[2], times[3]
+	keel.hybrid, f.scan, f.queryEmbed, f.httpEmbed, f.httpLegacy, f.given = times[0], times[1], times[2], times[3], times[4], times[5]
 	// The untimed rounds came first.
 	f.ollamaTotal = f.ollamaTotal[len(f.ollamaTotal)-len(f.httpEmbed):]
 	f.ollamaLoad = f.ollamaLoad[len(f.ollamaLoad)-len(f.httpEmbed):]
@@ -232,4 +299,22 @@ func vectorDim(ctx context.Context, path string) (int, error) {
 	var n int
 	err = db.QueryRowContext(ctx, `SELECT length(vec) / 4 FROM kn_vectors LIMIT 1`).Scan(&n)
 	return n, err
+}
+
+// relabelVectors gives the vectors of model in the keel index at path
+// the digest digest.
+func relabelVectors(ctx context.Context, path, model, digest string) error {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := db.ExecContext(ctx, `UPDATE kn_vectors SET digest = ? WHERE model = ? AND digest != ?`, digest, model, digest)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		fmt.Fprintf(os.Stderr, "embedding: %d kept vectors of %s relabelled with this server's digest\n", n, model)
+	}
+	return nil
 }

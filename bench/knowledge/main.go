@@ -16,8 +16,10 @@
 //     whole corpus, measured in turns (timing.MeasureTurns): BM25 in all
 //     three (raw FTS5 written two ways: ORDER BY rank, and a top-N sort by
 //     bm25() then the text); hybrid in keel
-//     (BM25 + the query embedded by the real Ollama + an exact scan of
-//     every chunk's vector + reciprocal rank fusion).
+//     (BM25 + the query embedded by the real Ollama + the search of
+//     every chunk's vector + reciprocal rank fusion), with its parts: the
+//     query's embedding by keel's client and by plain net/http, and
+//     keel's part alone (the same search with the query's vector given).
 //
 //   - ingest with embeddings from the real Ollama: embedding the whole
 //     tree with even the tiny model takes long, so keel adds the first
@@ -363,8 +365,10 @@ func run(root string, n, embedLimit int, model string, threads int, keep bool, r
 	if emb != nil {
 		fmt.Printf("hybrid p50: %s (target <= 10ms); vector mode alone (the query's embedding + the search of %d vectors of dim %d) p50 %s\n",
 			timing.Pct(keel.hybrid, 0.5), len(chunks), emb.dim, timing.Pct(emb.scan, 0.5))
-		fmt.Printf("the query's embedding alone, p50: keel's client %s; the same request by plain net/http %s; Ollama's total_duration %s, of which load_duration %s\n",
-			timing.Pct(emb.queryEmbed, 0.5), timing.Pct(emb.httpEmbed, 0.5), timing.Pct(emb.ollamaTotal, 0.5), timing.Pct(emb.ollamaLoad, 0.5))
+		fmt.Printf("the query's embedding alone, p50: keel's client (/api/embeddings) %s; plain net/http: /api/embeddings %s, /api/embed %s (Ollama's total_duration %s, of which load_duration %s)\n",
+			timing.Pct(emb.queryEmbed, 0.5), timing.Pct(emb.httpLegacy, 0.5), timing.Pct(emb.httpEmbed, 0.5), timing.Pct(emb.ollamaTotal, 0.5), timing.Pct(emb.ollamaLoad, 0.5))
+		fmt.Printf("keel's part alone (the same hybrid search, the query's vector given): p50 %s, p99 %s\n",
+			timing.Pct(emb.given, 0.5), timing.Pct(emb.given, 0.99))
 		fmt.Println("(every query is embedded: keel keeps no cache of query embeddings, Ollama's runner none of prompts for embeddings)")
 	}
 	if emb != nil && emb.rate > 0 {
