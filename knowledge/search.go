@@ -151,9 +151,9 @@ func (ix *Index) Search(ctx context.Context, q Query) ([]Hit, error) {
 		return nil, v.err
 	}
 	if mode == ModeVector {
-		return ix.finish(ctx, v.hits, limit)
+		return ix.finish(ctx, v.hits, limit, q.Scopes)
 	}
-	return ix.finish(ctx, fuse(bm, v.hits), limit)
+	return ix.finish(ctx, fuse(bm, v.hits), limit, q.Scopes)
 }
 
 // fuse merges two rankings by reciprocal rank fusion (by chunk; hits
@@ -209,8 +209,10 @@ func dedupe(hs []Hit) []Hit {
 // returned is read. It reads the hits in ranked order, a few more than
 // are still wanted at a time (a hit whose text an earlier one has, or
 // whose chunk was deleted since the ranking, is passed over), usually in
-// one statement.
-func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error) {
+// one statement. A chunk found outside scopes is passed over too: a bare
+// vector hit was filtered by no statement, and a vector set that lagged
+// behind the table must not show another scope's text.
+func (ix *Index) finish(ctx context.Context, hs []Hit, limit int, scopes []Scope) ([]Hit, error) {
 	out := make([]Hit, 0, min(limit, len(hs)))
 	seen := make(map[string]bool, limit)
 	ids := make([]byte, 0, 16*(limit+finishSlack))
@@ -231,7 +233,7 @@ func (ix *Index) finish(ctx context.Context, hs []Hit, limit int) ([]Hit, error)
 		ids = append(ids, ']')
 		found = found[:len(w)]
 		clear(found)
-		if err := ix.readHits(ctx, ids, w, at, found); err != nil {
+		if err := ix.readHits(ctx, ids, w, at, scopes, found); err != nil {
 			return nil, err
 		}
 		for i, h := range w {
@@ -255,8 +257,8 @@ const finishSlack = 2
 // readHits fills in the hits w[at[row]] of the chunks listed in ids (a
 // JSON array of row ids): their text, their scope's labels, and, for a
 // bare hit, its chunk's and document's columns; found[i] says w[i]'s
-// chunk was read (not deleted since the ranking).
-func (ix *Index) readHits(ctx context.Context, ids []byte, w []Hit, at map[int64]int, found []bool) error {
+// chunk was read (not deleted since the ranking) and is in one of scopes.
+func (ix *Index) readHits(ctx context.Context, ids []byte, w []Hit, at map[int64]int, scopes []Scope, found []bool) error {
 	rows, err := ix.query(ctx, `SELECT `+hitColumns+`, c.text, s.labels FROM json_each(?) j
 		CROSS JOIN kn_chunks c ON c.id = j.value CROSS JOIN kn_docs d ON d.id = c.doc_id
 		LEFT JOIN kn_scopes s ON s.name = d.scope`, string(ids))
@@ -272,7 +274,7 @@ func (ix *Index) readHits(ctx context.Context, ids []byte, w []Hit, at map[int64
 			return fmt.Errorf("knowledge: search: %w", err)
 		}
 		i, ok := at[r.row]
-		if !ok {
+		if !ok || !slices.Contains(scopes, r.Scope) {
 			continue
 		}
 		found[i] = true

@@ -195,3 +195,58 @@ func TestHybridHits(t *testing.T) {
 		}
 	}
 }
+
+// TestVectorHitOutsideScope: a vector set that holds a chunk of another
+// scope (one lagging behind the table) does not show that chunk's text:
+// the vector hits, which no statement filtered, are checked against the
+// scopes searched when they are read.
+func TestVectorHitOutsideScope(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ix, err := Open(ctx, filepath.Join(t.TempDir(), "k.db"), Options{Embedder: hashEmbedder{}, EmbedModel: "hash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	other, err := ParseScope("workspace:/elsewhere")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ix.AddText(ctx, "keel:mine", "", "alpha beta", AddOptions{Scope: ScopeUser}); err != nil {
+		t.Fatal(err)
+	}
+	secret, err := ix.AddText(ctx, "keel:theirs", "", "gamma secret", AddOptions{Scope: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := Query{Text: "gamma secret", Scopes: []Scope{ScopeUser}, Mode: ModeVector}
+	if _, err := ix.Search(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	// The other scope's chunk, put into the user scope's loaded set.
+	theirs, err := ix.vectors(ctx, other)
+	if err != nil || len(theirs.ids) != 1 {
+		t.Fatalf("vectors(%s) = %v, %v, want one vector", other, theirs, err)
+	}
+	mine, _ := ix.vecs.get(ScopeUser, "hash", "")
+	if mine == nil {
+		t.Fatal("no vector set cached for the user scope after a search")
+	}
+	mine.ids = append(mine.ids, theirs.ids[0])
+	mine.vecs = append(mine.vecs, theirs.vecs...)
+	for _, mode := range []Mode{ModeVector, ModeHybrid} {
+		q.Mode = mode
+		hits, err := ix.Search(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hits {
+			if h.Scope != ScopeUser || h.DocID == secret.ID {
+				t.Errorf("Search(%s, scope user) returned %s of %s: %q", mode, h.ChunkID, h.Scope, h.Text)
+			}
+		}
+		if len(hits) != 1 {
+			t.Errorf("Search(%s, scope user) = %d hits, want the user scope's one", mode, len(hits))
+		}
+	}
+}
